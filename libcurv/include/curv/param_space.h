@@ -1,0 +1,68 @@
+// Parameter space: the named, ordered parameter tensors of a model, and vectors in that space
+// (one tensor per parameter) with the dot products, norms and axpy that every algorithm needs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace curv {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;  // position of the first element in the flat (concatenated) vector
+};
+
+// The layout of a model's parameters: names, shapes, order. Cheap to copy.
+class ParamSpace {
+ public:
+  ParamSpace() = default;
+  ParamSpace(const std::vector<std::string>& names, const std::vector<at::Tensor>& like);
+
+  size_t size() const { return params_.size(); }
+  int64_t numel() const { return numel_; }
+  const ParamInfo& operator[](size_t i) const { return params_[i]; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  std::vector<std::string> names() const;
+  std::optional<size_t> find(const std::string& name) const;
+  // Index of `name`; throws InvalidArgument naming the closest existing names if absent.
+  size_t index(const std::string& name) const;
+
+ private:
+  std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, size_t> by_name_;
+  int64_t numel_ = 0;
+};
+
+// A vector in parameter space: tensors aligned with a ParamSpace, in its order.
+using ParamVector = std::vector<at::Tensor>;
+
+// Elementwise helpers. Reductions accumulate in float64 whatever the tensors' dtype.
+double dot(const ParamVector& a, const ParamVector& b);
+double squared_norm(const ParamVector& a);
+double norm(const ParamVector& a);
+// Dot product restricted to the parameters listed in `indices`.
+double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices);
+void axpy(double alpha, const ParamVector& x, ParamVector& y);  // y += alpha * x (in place)
+ParamVector scaled(const ParamVector& x, double alpha);        // alpha * x (new tensors)
+ParamVector add(const ParamVector& a, const ParamVector& b);   // a + b (new tensors)
+ParamVector sub(const ParamVector& a, const ParamVector& b);   // a - b (new tensors)
+ParamVector zeros_like(const ParamVector& x);
+ParamVector clone(const ParamVector& x);  // detached copies
+ParamVector detached(const ParamVector& x);
+// x restricted to `indices`: the other parameters become zero tensors.
+ParamVector masked(const ParamVector& x, const std::vector<size_t>& indices);
+bool all_finite(const ParamVector& x);
+
+// Conversion to and from one contiguous float64 buffer of length space.numel(), as Spectra and
+// Eigen expect. `like` supplies dtype and device of the tensors created by from_flat.
+void to_flat(const ParamVector& x, double* out);
+ParamVector from_flat(const double* data, const ParamSpace& space, const ParamVector& like);
+
+}  // namespace curv

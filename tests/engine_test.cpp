@@ -1,0 +1,229 @@
+#include "curv/engine.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "curv/error.h"
+#include "curv/linear_operator.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+
+namespace {
+
+Eigen::VectorXd flat(const ParamVector& x, int64_t n) {
+  Eigen::VectorXd out(n);
+  to_flat(x, out.data());
+  return out;
+}
+
+double relative(const Eigen::VectorXd& a, const Eigen::VectorXd& b) {
+  return (a - b).norm() / b.norm();
+}
+
+}  // namespace
+
+TEST_CASE("HVP on a quadratic objective is exactly A v", "[engine]") {
+  QuadraticObjective q(7);
+  CurvatureEngine engine(q, dummy_probe(5, 2));
+  const int64_t n = engine.space().numel();
+  Eigen::Map<const Eigen::MatrixXd> a(q.hessian().contiguous().data_ptr<double>(), n, n);
+  for (uint64_t seed : {1, 2, 3}) {
+    ParamVector v = random_direction(q, seed);
+    Eigen::VectorXd expected = a * flat(v, n);
+    Eigen::VectorXd got = flat(engine.hvp(v), n);
+    INFO("seed " << seed << " relative error " << relative(got, expected));
+    CHECK(relative(got, expected) <= 1e-14);
+  }
+  // Loss and gradient too: L = ½θᵀAθ + bᵀθ, g = Aθ + b.
+  Eigen::VectorXd theta = flat(engine.parameters(), n);
+  Eigen::Map<const Eigen::VectorXd> b(q.linear().data_ptr<double>(), n);
+  CHECK(engine.loss() == Approx(0.5 * theta.dot(a * theta) + b.dot(theta)).epsilon(1e-14));
+  CHECK(relative(flat(engine.gradient(), n), a * theta + b) <= 1e-14);
+}
+
+TEST_CASE("HVP equals the dense Hessian times v on tiny models in float64", "[engine]") {
+  for (const auto& config : {tiny_mlp_config(), tiny_gpt_config()}) {
+    auto model = make_model(config, ModelInit{3, at::kDouble});
+    ProbeSet probe = config.arch == "mlp" ? mlp_probe(11, 24, 10) : gpt_probe(11, 6, 4);
+    CurvatureEngine engine(*model, probe);
+    const int64_t n = engine.space().numel();
+    Eigen::MatrixXd h = dense_hessian(engine);
+    CHECK((h - h.transpose()).norm() <= 1e-12 * h.norm());
+    for (uint64_t seed : {1, 2}) {
+      ParamVector v = random_direction(*model, seed);
+      const double err = relative(flat(engine.hvp(v), n), h * flat(v, n));
+      INFO(config.describe() << " seed " << seed << " relative error " << err);
+      CHECK(err <= 1e-10);
+    }
+  }
+}
+
+TEST_CASE("u·Hv equals v·Hu", "[engine]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{5, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(2, 8, 3));
+  ParamVector u = random_direction(*model, 10), v = random_direction(*model, 20);
+  const double uhv = dot(u, engine.hvp(v));
+  const double vhu = dot(v, engine.hvp(u));
+  INFO("u·Hv = " << uhv << ", v·Hu = " << vhu);
+  CHECK(std::abs(uhv - vhu) <= 1e-12 * std::max(std::abs(uhv), 1.0));
+}
+
+TEST_CASE("finite-difference HVP agrees with the exact one on smooth models", "[engine]") {
+  SECTION("float64 MLP and GPT") {
+    for (const auto& config : {tiny_mlp_config(), tiny_gpt_config()}) {
+      auto model = make_model(config, ModelInit{3, at::kDouble});
+      ProbeSet probe = config.arch == "mlp" ? mlp_probe(4, 32, 32) : gpt_probe(4, 8, 8);
+      CurvatureEngine engine(*model, probe);
+      ParamVector v = random_direction(*model, 9);
+      const double err = relative_error(engine.hvp_finite_difference(v), engine.hvp_exact(v));
+      INFO(config.describe() << ": relative error " << err);
+      CHECK(err <= 1e-7);
+    }
+  }
+  SECTION("float32 GPT, looser as rounding allows") {
+    auto model = make_model(tiny_gpt_config(), ModelInit{3, at::kFloat});
+    CurvatureEngine engine(*model, gpt_probe(4, 8, 8));
+    ParamVector v = random_direction(*model, 9);
+    const double err = relative_error(engine.hvp_finite_difference(v), engine.hvp_exact(v));
+    INFO("relative error " << err);
+    CHECK(err <= 2e-3);
+  }
+  SECTION("the FD method is selectable through the options") {
+    QuadraticObjective q(1);
+    EngineOptions options;
+    options.hvp_method = HvpMethod::kFiniteDifference;
+    CurvatureEngine engine(q, dummy_probe(1, 1), options);
+    ParamVector v = random_direction(q, 2);
+    // Central differences are exact on a quadratic up to rounding.
+    CHECK(relative_error(engine.hvp(v), engine.hvp_exact(v)) <= 1e-9);
+  }
+}
+
+TEST_CASE("HVP over three uneven batches equals the HVP on their concatenation", "[engine]") {
+  auto model = make_model(tiny_mlp_config(), ModelInit{8, at::kDouble});
+  ProbeSet whole = mlp_probe(3, 23, 0);
+  std::vector<Batch> parts;
+  const auto& all = whole[0];
+  int64_t start = 0;
+  for (int64_t len : {5, 11, 7}) {
+    parts.push_back(Batch{all.inputs.narrow(0, start, len), all.targets.narrow(0, start, len)});
+    start += len;
+  }
+  CurvatureEngine one(*model, whole);
+  ParamVector v = random_direction(*model, 4);
+  ParamVector expected = one.hvp(v);
+  const double expected_loss = one.loss();
+  CurvatureEngine three(*model, ProbeSet(parts));
+  CHECK(relative_error(three.hvp(v), expected) <= 1e-13);
+  CHECK(three.loss() == Approx(expected_loss).epsilon(1e-14));
+  CHECK(relative_error(three.gradient(), one.gradient()) <= 1e-13);
+}
+
+TEST_CASE("graph-reused HVPs equal recomputed ones", "[engine]") {
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    auto model = make_model(tiny_gpt_config(), ModelInit{6, dtype});
+    ProbeSet probe = gpt_probe(5, 9, 4);
+    EngineOptions reuse, recompute, partial;
+    recompute.reuse_graph = false;
+    partial.max_kept_graphs = 1;
+    CurvatureEngine a(*model, probe, reuse), b(*model, probe, recompute), c(*model, probe, partial);
+    for (uint64_t seed : {1, 2, 3}) {
+      ParamVector v = random_direction(*model, seed);
+      ParamVector ha = a.hvp(v), hb = b.hvp(v), hc = c.hvp(v);
+      CHECK(relative_error(ha, hb) <= 1e-12);
+      CHECK(relative_error(hc, hb) <= 1e-12);
+    }
+    CHECK(a.kept_graphs() == 3);
+    CHECK(b.kept_graphs() == 0);
+    CHECK(c.kept_graphs() == 1);
+    // Reuse: one forward + first backward per batch, then one second backward per batch and HVP.
+    CHECK(a.counters().forwards == 3);
+    CHECK(a.counters().second_backwards == 9);
+    CHECK(b.counters().forwards == 3 + 9);
+  }
+}
+
+TEST_CASE("loss_at restores the parameters exactly and keeps graphs valid", "[engine]") {
+  QuadraticObjective q(3);
+  CurvatureEngine engine(q, dummy_probe(4, 4));
+  ParamVector before = engine.parameters();
+  ParamVector u = random_direction(q, 5);
+  ParamVector hu = engine.hvp(u);
+  // Realized change on a quadratic equals g·u + ½uᵀHu exactly.
+  const double predicted = dot(engine.gradient(), u) + 0.5 * dot(u, hu);
+  const double realized = engine.loss_at(u) - engine.loss();
+  CHECK(realized == Approx(predicted).epsilon(1e-12));
+  ParamVector after = engine.parameters();
+  for (size_t i = 0; i < before.size(); ++i) CHECK(at::equal(before[i], after[i]));
+  CHECK(relative_error(engine.hvp(u), hu) == 0.0);
+}
+
+TEST_CASE("NaN in the loss stops with NumericalError and a hint", "[engine]") {
+  auto model = make_model(tiny_mlp_config(), ModelInit{1, at::kDouble});
+  ParamVector theta = snapshot_parameters(*model);
+  theta[0][0][0] = std::numeric_limits<double>::quiet_NaN();
+  load_parameters(*model, theta);
+  CurvatureEngine engine(*model, mlp_probe(1, 4, 4));
+  CURV_CHECK_THROWS(engine.loss(), NumericalError,
+                       Catch::Matchers::Contains("NaN") && Catch::Matchers::Contains("hint"));
+}
+
+TEST_CASE("a batch that does not fit the model is a ModelError naming the shapes", "[engine]") {
+  auto mlp = make_model(tiny_mlp_config(), ModelInit{1, at::kDouble});
+  auto x = at::randn({4, 7}, at::kDouble);
+  auto y = at::zeros({4}, at::kLong);
+  CurvatureEngine engine(*mlp, ProbeSet::split(x, y, 4));
+  CURV_CHECK_THROWS(engine.loss(), ModelError, Catch::Matchers::Contains("[4, 7]"));
+
+  auto gpt = make_model(tiny_gpt_config(), ModelInit{1, at::kDouble});
+  auto tokens = at::full({2, 4}, 9, at::kLong);  // vocabulary is 5
+  CurvatureEngine bad_tokens(*gpt, ProbeSet::split(tokens, tokens, 2));
+  CURV_CHECK_THROWS(bad_tokens.loss(), ModelError, Catch::Matchers::Contains("vocabulary"));
+  CHECK_THROWS_AS(ProbeSet::split(at::zeros({3, 2}), at::zeros({4}), 2), InvalidArgument);
+}
+
+TEST_CASE("a loss without double backward, or without a gradient, is a ModelError", "[engine]") {
+  // grid_sampler's backward has no derivative in ATen: the gradient exists, the HVP does not.
+  struct GridSample : Objective {
+    GridSample()
+        : p{at::randn({1, 1, 4, 4}, at::kDouble).set_requires_grad(true)}, s({"image"}, p) {}
+    const ParamSpace& space() const override { return s; }
+    ParamVector parameters() override { return p; }
+    at::Tensor loss(const Batch&) override {
+      auto grid = at::rand({1, 2, 2, 2}, at::kDouble) * 1.6 - 0.8;
+      return at::grid_sampler(p[0], grid, 0, 0, false).pow(2).sum();
+    }
+    std::string describe() const override { return "grid-sample"; }
+    ParamVector p;
+    ParamSpace s;
+  } grid_sample;
+  CurvatureEngine engine(grid_sample, dummy_probe(2, 2));
+  CHECK_NOTHROW(engine.gradient());
+  CURV_CHECK_THROWS(engine.hvp(random_direction(grid_sample, 1)), ModelError,
+                       Catch::Matchers::Contains("twice differentiable"));
+
+  // A loss that does not depend on the parameters has no gradient graph at all.
+  struct Detached : Objective {
+    Detached() : p{at::ones({3}, at::kDouble).set_requires_grad(true)}, s({"p"}, p) {}
+    const ParamSpace& space() const override { return s; }
+    ParamVector parameters() override { return p; }
+    at::Tensor loss(const Batch&) override { return (p[0].detach() * 2).sum(); }
+    std::string describe() const override { return "detached"; }
+    ParamVector p;
+    ParamSpace s;
+  } detached;
+  CurvatureEngine detached_engine(detached, dummy_probe(2, 2));
+  CURV_CHECK_THROWS(detached_engine.gradient(), ModelError, Catch::Matchers::Contains("detached"));
+}
+
+TEST_CASE("engine options are validated", "[engine]") {
+  EngineOptions options;
+  options.max_kept_graphs = -1;
+  CURV_CHECK_THROWS(options.validate(), InvalidArgument,
+                       Catch::Matchers::Contains("max_kept_graphs"));
+  CHECK(parse_hvp_method("fd") == HvpMethod::kFiniteDifference);
+  CHECK_THROWS_AS(parse_hvp_method("approx"), InvalidArgument);
+}

@@ -1,0 +1,69 @@
+#include "fixtures.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace curv_test {
+
+QuadraticObjective::QuadraticObjective(uint64_t seed, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  auto m = at::randn({10, 10}, gen, opts);
+  a_ = ((m + m.t()) / 2).to(dtype);
+  b_ = at::randn({10}, gen, opts).to(dtype);
+  params_ = {at::randn({2, 3}, gen, opts).to(dtype).set_requires_grad(true),
+             at::randn({4}, gen, opts).to(dtype).set_requires_grad(true)};
+  space_ = curv::ParamSpace({"w", "b"}, params_);
+}
+
+at::Tensor QuadraticObjective::loss(const curv::Batch&) {
+  auto theta = at::cat({params_[0].reshape(-1), params_[1]});
+  return 0.5 * at::dot(theta, at::mv(a_, theta)) + at::dot(b_, theta);
+}
+
+curv::ProbeSet dummy_probe(int64_t n, int64_t batch_size) {
+  auto x = at::zeros({n, 1}, at::kDouble);
+  return curv::ProbeSet::split(x, x, batch_size);
+}
+
+curv::ModelConfig tiny_mlp_config() {
+  return curv::ModelConfig::from_json(
+      R"({"arch": "mlp", "sizes": [3, 5, 3], "activation": "tanh", "loss": "cross_entropy"})");
+}
+
+curv::ModelConfig tiny_gpt_config() {
+  return curv::ModelConfig::from_json(
+      R"({"arch": "gpt", "vocab_size": 5, "block_size": 4, "n_layer": 1, "n_head": 2,
+          "n_embd": 4, "bias": true, "tied": false})");
+}
+
+curv::ProbeSet mlp_probe(uint64_t seed, int64_t n, int64_t batch_size) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = at::randn({n, 3}, gen, at::TensorOptions().dtype(at::kDouble));
+  auto y = at::randint(0, 3, {n}, gen, at::TensorOptions().dtype(at::kLong));
+  return curv::ProbeSet::split(x, y, batch_size);
+}
+
+curv::ProbeSet gpt_probe(uint64_t seed, int64_t n, int64_t batch_size, int64_t vocab, int64_t t) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto tokens = at::randint(0, vocab, {n, t + 1}, gen, at::TensorOptions().dtype(at::kLong));
+  return curv::ProbeSet::split(tokens.narrow(1, 0, t).contiguous(),
+                               tokens.narrow(1, 1, t).contiguous(), batch_size);
+}
+
+curv::ParamVector random_direction(curv::Objective& objective, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  curv::ParamVector out;
+  for (const auto& p : objective.parameters()) {
+    out.push_back(at::randn(p.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+  }
+  return out;
+}
+
+double relative_error(const curv::ParamVector& a, const curv::ParamVector& b) {
+  curv::ParamVector a64, b64;
+  for (const auto& t : a) a64.push_back(t.to(at::kDouble));
+  for (const auto& t : b) b64.push_back(t.to(at::kDouble));
+  return curv::norm(curv::sub(a64, b64)) / std::max(curv::norm(b64), 1e-300);
+}
+
+}  // namespace curv_test

@@ -1,0 +1,45 @@
+// Objectives with known answers and tiny models shared by the test files.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include "curv/models.h"
+#include "curv/objective.h"
+#include "curv/probe_set.h"
+
+namespace curv_test {
+
+// L(θ) = ½ θᵀAθ + bᵀθ over two parameter tensors (a 2x3 matrix and a vector of 4): the Hessian
+// is exactly A whatever the batch, so every second-order quantity has a closed form.
+class QuadraticObjective : public curv::Objective {
+ public:
+  explicit QuadraticObjective(uint64_t seed, at::ScalarType dtype = at::kDouble);
+  const curv::ParamSpace& space() const override { return space_; }
+  curv::ParamVector parameters() override { return params_; }
+  at::Tensor loss(const curv::Batch& batch) override;
+  std::string describe() const override { return "quadratic"; }
+  const at::Tensor& hessian() const { return a_; }  // 10 x 10, symmetric, indefinite
+  const at::Tensor& linear() const { return b_; }
+
+ private:
+  curv::ParamVector params_;
+  curv::ParamSpace space_;
+  at::Tensor a_, b_;
+};
+
+// A probe set of `n` dummy examples split into batches of `batch_size` (for objectives that
+// ignore the data).
+curv::ProbeSet dummy_probe(int64_t n, int64_t batch_size);
+
+curv::ModelConfig tiny_mlp_config();  // 3-5-3 tanh, cross-entropy: 38 parameters
+curv::ModelConfig tiny_gpt_config();  // 1 layer, 2 heads, width 4, vocab 5, block 4: untied head
+curv::ProbeSet mlp_probe(uint64_t seed, int64_t n, int64_t batch_size);
+curv::ProbeSet gpt_probe(uint64_t seed, int64_t n, int64_t batch_size, int64_t vocab = 5,
+                         int64_t t = 4);
+// A seeded random direction in the objective's parameter space, in float64.
+curv::ParamVector random_direction(curv::Objective& objective, uint64_t seed);
+double relative_error(const curv::ParamVector& a, const curv::ParamVector& b);
+
+}  // namespace curv_test

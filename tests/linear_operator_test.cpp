@@ -1,0 +1,49 @@
+#include "curv/linear_operator.h"
+
+#include <Spectra/SymEigsSolver.h>
+#include <catch2/catch.hpp>
+
+#include <Eigen/Eigenvalues>
+
+#include "curv/engine.h"
+#include "curv/spectra_adapter.h"
+#include "fixtures.h"
+
+using namespace curv;
+using namespace curv_test;
+
+TEST_CASE("Spectra finds the extreme eigenvalues of a DenseOperator through the adapter",
+          "[linear_operator]") {
+  Eigen::MatrixXd m = Eigen::MatrixXd::Random(40, 40);
+  Eigen::MatrixXd a = (m + m.transpose()) / 2;
+  DenseOperator op(a);
+  SpectraOperator adapter(op);
+  Spectra::SymEigsSolver<SpectraOperator> solver(adapter, 3, 12);
+  solver.init();
+  solver.compute(Spectra::SortRule::LargestAlge, 1000, 1e-12);
+  REQUIRE(solver.info() == Spectra::CompInfo::Successful);
+  Eigen::VectorXd exact = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(a).eigenvalues();
+  for (int i = 0; i < 3; ++i) CHECK(solver.eigenvalues()[i] == Approx(exact[39 - i]).epsilon(1e-10));
+  CHECK(op.num_applies() > 0);
+}
+
+TEST_CASE("HessianOperator restricted to parameters is the principal sub-matrix",
+          "[linear_operator]") {
+  auto model = make_model(tiny_mlp_config(), ModelInit{2, at::kDouble});
+  CurvatureEngine engine(*model, mlp_probe(3, 20, 7));
+  Eigen::MatrixXd h = dense_hessian(engine);
+  HessianOperator whole(engine);
+  CHECK((to_dense(whole) - h).norm() <= 1e-10 * h.norm());
+  // Parameters 2 and 0 (layers.1.weight, layers.0.weight), in that order.
+  HessianOperator sub(engine, {2, 0});
+  const auto& space = engine.space();
+  std::vector<int64_t> index;
+  for (size_t p : {size_t{2}, size_t{0}}) {
+    for (int64_t k = 0; k < space[p].numel; ++k) index.push_back(space[p].offset + k);
+  }
+  Eigen::MatrixXd expected(index.size(), index.size());
+  for (size_t r = 0; r < index.size(); ++r)
+    for (size_t c = 0; c < index.size(); ++c) expected(r, c) = h(index[r], index[c]);
+  CHECK(sub.rows() == static_cast<int64_t>(index.size()));
+  CHECK((to_dense(sub) - expected).norm() <= 1e-10 * expected.norm());
+}

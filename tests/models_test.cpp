@@ -1,0 +1,84 @@
+#include "curv/models.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "curv/engine.h"
+#include "curv/error.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+
+TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]") {
+  auto config = tiny_gpt_config();
+  config.gpt.tied = true;
+  auto model = make_model(config, ModelInit{0, at::kFloat});
+  const std::vector<std::string> expected = {
+      "transformer.wte.weight", "transformer.wpe.weight",
+      "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
+      "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
+      "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+      "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias",
+      "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
+      "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
+      "transformer.ln_f.weight", "transformer.ln_f.bias"};
+  CHECK(model->space().names() == expected);
+  config.gpt.tied = false;
+  config.gpt.bias = false;
+  auto untied = make_model(config, ModelInit{0, at::kFloat});
+  CHECK(untied->space().names().back() == "lm_head.weight");
+  CHECK(untied->space().size() == 2 + 6 + 1 + 1);
+}
+
+TEST_CASE("the same seed gives the same model in every dtype", "[models]") {
+  auto a = make_model(tiny_gpt_config(), ModelInit{42, at::kFloat});
+  auto b = make_model(tiny_gpt_config(), ModelInit{42, at::kDouble});
+  auto c = make_model(tiny_gpt_config(), ModelInit{43, at::kDouble});
+  auto pa = a->parameters(), pb = b->parameters(), pc = c->parameters();
+  CHECK(at::allclose(pa[0].to(at::kDouble), pb[0], 1e-7, 1e-9));
+  CHECK_FALSE(at::allclose(pb[0], pc[0]));
+}
+
+TEST_CASE("a GPT starts near the uniform loss and its loss is causal", "[models]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{1, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(3, 16, 8));
+  CHECK(engine.loss() == Approx(std::log(5.0)).epsilon(0.05));
+  // Changing a later token must not change the logits of earlier positions: compare per-position
+  // losses through a batch whose last input token differs.
+  auto tokens = at::randint(0, 5, {1, 4}, at::kLong);
+  auto changed = tokens.clone();
+  changed[0][3] = (tokens[0][3].item<int64_t>() + 1) % 5;
+  auto first3 = [&](const at::Tensor& t) {
+    return model->loss(Batch{t.narrow(1, 0, 3), t.narrow(1, 0, 3)}).item<double>();
+  };
+  CHECK(first3(tokens) == first3(changed));
+}
+
+TEST_CASE("model configs reject bad JSON, unknown keys and bad values by name", "[models]") {
+  CURV_CHECK_THROWS(ModelConfig::from_json("{", "cfg.json"), FormatError,
+                       Catch::Matchers::Contains("cfg.json"));
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "gpt", "n_layers": 2})"), FormatError,
+                       Catch::Matchers::Contains("n_layers") &&
+                           Catch::Matchers::Contains("n_layer"));
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"n_embd": 10, "n_head": 4})"), InvalidArgument,
+                       Catch::Matchers::Contains("n_embd"));
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "cnn"})"), InvalidArgument,
+                       Catch::Matchers::Contains("cnn"));
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "gpt", "n_layer": "two"})"), FormatError,
+                       Catch::Matchers::Contains("wrong type"));
+  CHECK_THROWS_AS(ModelConfig::from_file("/nonexistent/cfg.json"), FormatError);
+  auto config = tiny_gpt_config();
+  CHECK(ModelConfig::from_json(config.to_json()).to_json() == config.to_json());
+  auto mlp = tiny_mlp_config();
+  CHECK(ModelConfig::from_json(mlp.to_json()).describe() == mlp.describe());
+}
+
+TEST_CASE("MLP with mse loss takes float targets of the output's shape", "[models]") {
+  auto config = ModelConfig::from_json(R"({"arch": "mlp", "sizes": [2, 3, 2], "loss": "mse"})");
+  auto model = make_model(config, ModelInit{0, at::kDouble});
+  auto x = at::randn({5, 2}, at::kDouble);
+  CHECK(std::isfinite(model->loss(Batch{x, at::zeros({5, 2}, at::kDouble)}).item<double>()));
+  CHECK_THROWS_AS(model->loss(Batch{x, at::zeros({5}, at::kDouble)}), ModelError);
+}

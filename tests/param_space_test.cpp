@@ -1,0 +1,76 @@
+#include "curv/param_space.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "curv/blocks.h"
+#include "curv/error.h"
+#include "curv/models.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+
+TEST_CASE("ParamSpace records names, shapes and flat offsets", "[param_space]") {
+  ParamVector like = {at::zeros({2, 3}), at::zeros({4}), at::zeros({})};
+  ParamSpace space({"a.weight", "a.bias", "scale"}, like);
+  CHECK(space.size() == 3);
+  CHECK(space.numel() == 11);
+  CHECK(space[1].offset == 6);
+  CHECK(space[2].numel == 1);
+  CHECK(space.index("scale") == 2);
+  CURV_CHECK_THROWS(space.index("a.weigth"), InvalidArgument,
+                       Catch::Matchers::Contains("did you mean 'a.weight'"));
+  CHECK_THROWS_AS(ParamSpace({"x", "x"}, {at::zeros({1}), at::zeros({1})}), InvalidArgument);
+}
+
+TEST_CASE("vector operations accumulate in float64 and round-trip through flat buffers",
+          "[param_space]") {
+  ParamVector a = {at::arange(6, at::kFloat).reshape({2, 3}), at::full({2}, 0.5, at::kDouble)};
+  ParamVector b = {at::ones({2, 3}, at::kFloat), at::full({2}, 2.0, at::kDouble)};
+  CHECK(dot(a, b) == 15.0 + 2.0);
+  CHECK(dot(a, b, {1}) == 2.0);
+  CHECK(squared_norm(b) == 6.0 + 8.0);
+  ParamVector y = clone(b);
+  axpy(2.0, a, y);
+  CHECK(y[0][1][2].item<float>() == 11.0f);
+  ParamVector m = masked(a, {0});
+  CHECK(m[1].abs().sum().item<double>() == 0.0);
+
+  ParamSpace space({"a", "b"}, a);
+  std::vector<double> buffer(space.numel());
+  to_flat(a, buffer.data());
+  CHECK(buffer[5] == 5.0);
+  CHECK(buffer[6] == 0.5);
+  ParamVector back = from_flat(buffer.data(), space, a);
+  CHECK(back[0].scalar_type() == at::kFloat);
+  CHECK(at::equal(back[0], a[0]));
+  CHECK(at::equal(back[1], a[1]));
+}
+
+TEST_CASE("blocks by layer follow nanoGPT names: embeddings, layers, head", "[blocks]") {
+  auto config = ModelConfig::from_json(R"({"arch": "gpt", "n_layer": 3, "n_head": 2, "n_embd": 8,
+                                          "vocab_size": 11, "block_size": 4, "tied": false})");
+  auto model = make_model(config, ModelInit{0, at::kFloat});
+  auto blocks = BlockPartition::by_rule(model->space(), BlockRule::kLayer);
+  REQUIRE(blocks.names() == std::vector<std::string>{"embeddings", "transformer.h.0",
+                                                     "transformer.h.1", "transformer.h.2", "head"});
+  CHECK(blocks[0].params.size() == 2);   // wte, wpe
+  CHECK(blocks[1].params.size() == 12);  // ln_1, c_attn, c_proj, ln_2, c_fc, c_proj (w + b)
+  CHECK(blocks[4].params.size() == 3);   // ln_f weight + bias, lm_head
+  size_t covered = 0;
+  for (const auto& b : blocks.blocks()) covered += b.params.size();
+  CHECK(covered == model->space().size());
+
+  CHECK(BlockPartition::by_rule(model->space(), BlockRule::kTensor).size() == model->space().size());
+  CHECK(BlockPartition::by_rule(model->space(), BlockRule::kWhole).size() == 1);
+
+  auto groups = BlockPartition::by_regex(model->space(), {{"attention", R"(\.attn\.)"},
+                                                          {"mlp", R"(\.mlp\.)"}});
+  CHECK(groups.names() == std::vector<std::string>{"attention", "mlp", "rest"});
+  CHECK(groups[0].params.size() == 12);
+  CURV_CHECK_THROWS(BlockPartition::by_regex(model->space(), {{"none", "conv"}}),
+                       InvalidArgument, Catch::Matchers::Contains("none"));
+  CHECK_THROWS_AS(BlockPartition::by_regex(model->space(), {{"bad", "("}}), InvalidArgument);
+  CHECK_THROWS_AS(BlockPartition::parse_rule("layers"), InvalidArgument);
+}

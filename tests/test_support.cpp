@@ -1,0 +1,56 @@
+#include "test_support.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <sys/wait.h>
+
+namespace curv_test {
+
+TempDir::TempDir() {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    auto candidate = base / ("curv_test_" + std::to_string(rd()));
+    if (std::filesystem::create_directory(candidate)) {
+      path_ = candidate.string();
+      return;
+    }
+  }
+  FAIL("could not create a temporary directory under " << base);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+int run_command(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* pipe = popen(full.c_str(), "r");
+  if (!pipe) return -1;
+  std::string text;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) text.append(buffer, n);
+  int status = pclose(pipe);
+  if (output) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void run_python(const std::string& script, const std::vector<std::string>& args) {
+  std::string command = std::string(CURV_TEST_PYTHON) + " " + CURV_TEST_PYDIR + "/" + script;
+  for (const auto& arg : args) command += " '" + arg + "'";
+  std::string output;
+  int status = run_command(command, &output);
+  INFO("command: " << command << "\noutput:\n" << output);
+  REQUIRE(status == 0);
+}
+
+std::string tool_path(const std::string& name) {
+  return std::string(CURV_TOOLS_DIR) + "/" + name + "/" + name;
+}
+
+}  // namespace curv_test

@@ -1,0 +1,42 @@
+// Helpers shared by the test files: temporary directories, running Debian's system python3 on
+// the fixture scripts in tests/python, and per-dtype tolerances.
+#pragma once
+
+#include <string>
+#include <vector>
+
+// Checks that `expr` throws `Type` and that its what() satisfies `matcher` (a Catch string
+// matcher such as Catch::Matchers::Contains). Evaluates `expr` twice.
+#define CURV_CHECK_THROWS(expr, Type, matcher) \
+  do {                                         \
+    CHECK_THROWS_AS(expr, Type);               \
+    CHECK_THROWS_WITH(expr, matcher);          \
+  } while (false)
+
+namespace curv_test {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Runs `python3 tests/python/<script> args...`; fails the test (with its output) on non-zero exit.
+void run_python(const std::string& script, const std::vector<std::string>& args);
+
+// Runs a shell command, returns its exit status; stdout+stderr are captured into `output`.
+int run_command(const std::string& command, std::string* output = nullptr);
+
+// Path of a built tool, e.g. tool_path("ndsprobe").
+std::string tool_path(const std::string& name);
+
+constexpr double kTolFloat64 = 1e-10;
+constexpr double kTolFloat32 = 1e-4;
+
+}  // namespace curv_test
