@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds libcurv, its tools, tests and benchmarks into build/ (Release, Ninja).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${CURV_BUILD_DIR:-$root/build}"
+jobs="${CURV_JOBS:-$(nproc)}"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$jobs"
