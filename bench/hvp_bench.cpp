@@ -1,0 +1,182 @@
+// Cost of loss, gradient and Hessian-vector products on the reference GPT, relative to a
+// gradient, and the peak memory each needs. Each measurement runs in its own process (this
+// binary re-invoked with --op), so allocator reuse from an earlier measurement cannot hide memory.
+//
+//   hvp_bench [--threads 2] [--repeats 5]            all ops, float32 and float64, a Markdown table
+//   hvp_bench --op hvp_reused --dtype float32        one measurement, one JSON line
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "curv/engine.h"
+#include "curv/models.h"
+#include "curv/runtime.h"
+
+namespace {
+
+// The reference configuration of docs/performance.md.
+curv::ModelConfig reference_config() {
+  return curv::ModelConfig::from_json(R"({"arch": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128,
+                                          "vocab_size": 512, "block_size": 64, "tied": true})");
+}
+
+long status_kib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
+  }
+  return -1;
+}
+
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode) {
+  const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
+  auto config = reference_config();
+  auto model = curv::make_model(config, curv::ModelInit{0, dtype});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  auto tokens = at::randint(0, config.gpt.vocab_size, {32, config.gpt.block_size + 1}, gen,
+                            at::TensorOptions().dtype(at::kLong));
+  curv::ProbeSet probe({curv::Batch{tokens.narrow(1, 0, 64).contiguous(),
+                                    tokens.narrow(1, 1, 64).contiguous()}});
+  curv::ParamVector v;
+  for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
+
+  // Warm-up outside the measurement: thread pool and first touch of the weights.
+  {
+    at::NoGradGuard no_grad;
+    model->loss(probe[0]);
+  }
+  std::vector<double> times;
+  const long baseline = status_kib("VmRSS:");
+  reset_peak_rss();
+  for (int r = 0; r < repeats; ++r) {
+    curv::EngineOptions options;
+    if (op == "loss") {
+      at::NoGradGuard no_grad;
+      auto start = std::chrono::steady_clock::now();
+      model->loss(probe[0]).item<double>();
+      times.push_back(seconds_since(start));
+    } else if (op == "gradient") {
+      options.reuse_graph = false;
+      curv::CurvatureEngine engine(*model, probe, options);
+      auto start = std::chrono::steady_clock::now();
+      engine.gradient();
+      times.push_back(seconds_since(start));
+    } else if (op == "hvp_first") {
+      curv::CurvatureEngine engine(*model, probe, options);
+      auto start = std::chrono::steady_clock::now();
+      engine.hvp(v);
+      times.push_back(seconds_since(start));
+    } else if (op == "hvp_reused") {
+      static curv::CurvatureEngine* engine = nullptr;
+      if (!engine) {
+        engine = new curv::CurvatureEngine(*model, probe, options);
+        engine->hvp(v);
+      }
+      auto start = std::chrono::steady_clock::now();
+      engine->hvp(v);
+      times.push_back(seconds_since(start));
+    } else if (op == "hvp_fd") {
+      options.reuse_graph = false;
+      curv::CurvatureEngine engine(*model, probe, options);
+      auto start = std::chrono::steady_clock::now();
+      engine.hvp_finite_difference(v);
+      times.push_back(seconds_since(start));
+    } else {
+      std::fprintf(stderr, "unknown --op %s\n", op.c_str());
+      return 2;
+    }
+  }
+  const long peak = status_kib("VmHWM:");
+  std::printf("{\"op\": \"%s\", \"dtype\": \"%s\", \"seconds\": %.6f, \"peak_extra_mib\": %.1f, "
+              "\"params\": %lld}\n", op.c_str(), dtype_name.c_str(), median(times),
+              (peak - baseline) / 1024.0, static_cast<long long>(model->space().numel()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string op, dtype = "float32";
+  int threads = 2, repeats = 5;
+  bool memory_mode = false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--op") op = value;
+    else if (flag == "--dtype") dtype = value;
+    else if (flag == "--threads") threads = std::stoi(value);
+    else if (flag == "--repeats") repeats = std::stoi(value);
+    else if (flag == "--memory") memory_mode = value == "1";
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (memory_mode) {
+    // Every block above 128 KiB becomes its own mapping, returned to the system when freed, so
+    // the resident set tracks live tensors and its peak (VmHWM) is what an operation holds. The
+    // page faults this costs make such runs useless for timing: times come from separate runs.
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  }
+  curv::init_runtime(curv::RuntimeOptions{threads});
+  if (!op.empty()) return measure(op, dtype, repeats, memory_mode);
+
+  std::printf("%s; reference GPT %s, batch 32 x 64 tokens\n", curv::runtime_summary().c_str(),
+              reference_config().describe().c_str());
+  std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n\n",
+              curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));
+  std::printf("| dtype | op | median time (ms) | x gradient | peak extra memory (MiB) | x gradient |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const char* d : {"float32", "float64"}) {
+    std::map<std::string, std::pair<double, double>> results;
+    for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
+      auto run = [&](int memory, const char* key) {
+        const std::string command =
+            fmt::format("'{}' --op {} --dtype {} --threads {} --repeats {} --memory {}", argv[0],
+                        o, d, threads, repeats, memory);
+        FILE* pipe = popen(command.c_str(), "r");
+        char buffer[512] = {0};
+        const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
+        if (pipe) pclose(pipe);
+        const char* at = ok ? std::strstr(buffer, key) : nullptr;
+        if (!at) {
+          std::fprintf(stderr, "measurement failed: %s\n", command.c_str());
+          std::exit(1);
+        }
+        return std::atof(at + std::strlen(key));
+      };
+      results[o] = {run(0, "\"seconds\": "), run(1, "\"peak_extra_mib\": ")};
+    }
+    const auto grad = results["gradient"];
+    for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
+      const auto r = results[o];
+      std::printf("| %s | %s | %.1f | %.2f | %.1f | %.2f |\n", d, o, r.first * 1e3,
+                  r.first / grad.first, r.second, grad.second > 0 ? r.second / grad.second : 0.0);
+    }
+  }
+  return 0;
+}
