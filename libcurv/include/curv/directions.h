@@ -1,0 +1,59 @@
+// Directions u in parameter space along which curvature is audited: checkpoint deltas, the
+// negative gradient, seeded random baselines, and (registered by the optimizer module) the steps
+// optimizers would take. A registry maps names to factories, so new directions plug in.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "curv/param_space.h"
+
+namespace curv {
+
+class CurvatureEngine;
+struct Checkpoint;
+
+// Everything a direction may draw on at one checkpoint.
+struct DirectionContext {
+  CurvatureEngine* engine = nullptr;     // at θ_t; gives g and the probe set
+  const Checkpoint* current = nullptr;   // θ_t's checkpoint (optimizer state, meta), may be null
+  ParamVector theta;                     // θ_t
+  ParamVector theta_next;                // θ_{t+1}, empty when there is no next checkpoint
+  int64_t step = 0;                      // t
+  uint64_t seed = 0;                     // run seed; directions derive their own streams from it
+};
+
+class Direction {
+ public:
+  virtual ~Direction() = default;
+  // The name written to the output, e.g. "delta", "adamw", "muon.whatif".
+  virtual std::string name() const = 0;
+  // "" when the direction can be computed in this context, else the reason it cannot (written to
+  // the output's status table).
+  virtual std::string unavailable(const DirectionContext&) const { return ""; }
+  // The displacement u (θ_t + u is where the step lands).
+  virtual ParamVector compute(DirectionContext& context) = 0;
+};
+
+using DirectionFactory = std::function<std::unique_ptr<Direction>(const std::string& spec)>;
+
+// Registers a family of directions under `name` (specs "name" or "name:options"). Registering a
+// taken name replaces it.
+void register_direction(const std::string& name, DirectionFactory factory,
+                        const std::string& help);
+// Builds a direction from a spec such as "delta", "gradient", "random". InvalidArgument names
+// the spec and lists the known directions.
+std::unique_ptr<Direction> make_direction(const std::string& spec);
+// Known direction names with one-line help, sorted.
+std::vector<std::pair<std::string, std::string>> known_directions();
+
+// Built-ins, exposed for direct use.
+std::unique_ptr<Direction> make_delta_direction();     // θ_{t+1} − θ_t
+std::unique_ptr<Direction> make_gradient_direction();  // −g
+// Seeded Gaussian, rescaled block by block to the norms of a reference direction: the delta when
+// a next checkpoint exists, else −g. `blocks` are groups of parameter indices.
+std::unique_ptr<Direction> make_random_direction(std::vector<std::vector<size_t>> blocks);
+
+}  // namespace curv

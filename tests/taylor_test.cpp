@@ -1,0 +1,137 @@
+#include "curv/taylor.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "curv/engine.h"
+#include "curv/error.h"
+#include "curv/linear_operator.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+
+namespace {
+
+Eigen::VectorXd flat(const ParamVector& x, int64_t n) {
+  Eigen::VectorXd out(n);
+  to_flat(x, out.data());
+  return out;
+}
+
+// u restricted to a block, as a flat vector.
+Eigen::VectorXd block_flat(const ParamVector& u, const Block& block, int64_t n) {
+  return flat(masked(u, block.params), n);
+}
+
+}  // namespace
+
+TEST_CASE("on a quadratic the predicted change equals the realized one and NDS is exact",
+          "[taylor]") {
+  QuadraticObjective q(11);
+  CurvatureEngine engine(q, dummy_probe(3, 2));
+  const int64_t n = engine.space().numel();
+  Eigen::Map<const Eigen::MatrixXd> a(q.hessian().contiguous().data_ptr<double>(), n, n);
+  auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kTensor);
+  ParamVector u = random_direction(q, 4);
+  TaylorOptions options;
+  options.step_multipliers = {0.5, 2.0, -1.0};
+  TaylorResult r = taylor_audit(engine, u, blocks, options);
+  Eigen::VectorXd uf = flat(u, n);
+  const double uhu = uf.dot(a * uf);
+  CHECK(r.curvature == Approx(uhu).epsilon(1e-13));
+  CHECK(r.nds == Approx(uhu / uf.squaredNorm()).epsilon(1e-13));
+  CHECK(std::abs(r.realized - r.predicted) <= 1e-12 * std::max(1.0, std::abs(r.predicted)));
+  for (const auto& m : r.multipliers) {
+    INFO("eta " << m.eta);
+    CHECK(std::abs(m.realized - m.predicted) <= 1e-12 * std::max(1.0, std::abs(m.predicted)));
+  }
+  CHECK(r.update_norm == Approx(uf.norm()).epsilon(1e-14));
+  if (uhu > 0) {
+    CHECK(r.eta_star == Approx(-r.first_order / uhu));
+  } else {
+    CHECK(std::isnan(r.eta_star));
+  }
+}
+
+TEST_CASE("the coupling matrix is symmetric, sums to uᵀHu and has the dense block forms",
+          "[taylor]") {
+  for (const auto& config : {tiny_gpt_config(), tiny_mlp_config()}) {
+    auto model = make_model(config, ModelInit{2, at::kDouble});
+    ProbeSet probe = config.arch == "mlp" ? mlp_probe(5, 20, 8) : gpt_probe(5, 6, 3);
+    CurvatureEngine engine(*model, probe);
+    const int64_t n = engine.space().numel();
+    Eigen::MatrixXd h = dense_hessian(engine);
+    auto blocks = BlockPartition::by_rule(engine.space(), config.arch == "mlp" ? BlockRule::kTensor
+                                                                              : BlockRule::kLayer);
+    REQUIRE(blocks.size() >= 3);
+    ParamVector u = random_direction(*model, 8);
+    TaylorResult r = taylor_audit(engine, u, blocks);
+    const Eigen::MatrixXd& c = r.coupling;
+    INFO(config.describe());
+    CHECK((c - c.transpose()).norm() <= 1e-12 * c.norm());
+    CHECK(c.sum() == Approx(r.curvature).epsilon(1e-12));
+    const double uhu = flat(u, n).dot(h * flat(u, n));
+    CHECK(r.curvature == Approx(uhu).epsilon(1e-10));
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      for (size_t m = 0; m < blocks.size(); ++m) {
+        const double dense = block_flat(u, blocks[l], n).dot(h * block_flat(u, blocks[m], n));
+        INFO("C(" << blocks[l].name << ", " << blocks[m].name << ") = " << c(l, m) << ", dense "
+                  << dense);
+        CHECK(std::abs(c(l, m) - dense) <= 1e-10 * std::max(1.0, std::abs(dense)));
+      }
+      CHECK(r.blocks[l].curvature == c(l, l));
+      CHECK(r.blocks[l].row_sum == Approx(c.row(l).sum()).epsilon(1e-10).margin(1e-14));
+      CHECK(r.blocks[l].nds == Approx(c(l, l) / r.blocks[l].sq_norm));
+    }
+    CHECK(r.s_within + r.s_cross == Approx(r.nds).epsilon(1e-12));
+    CHECK(r.rho_within == Approx(r.s_within / r.nds));
+    CHECK(r.hvps == static_cast<int64_t>(blocks.size()));
+  }
+}
+
+TEST_CASE("the randomized coupling estimate is unbiased within its standard error", "[taylor]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{2, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(5, 6, 6));
+  auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kTensor);
+  ParamVector u = random_direction(*model, 8);
+  TaylorResult exact = taylor_audit(engine, u, blocks);
+  TaylorOptions options;
+  options.coupling = CouplingMode::kRandomized;
+  options.coupling_samples = 64;
+  options.seed = 3;
+  TaylorResult est = taylor_audit(engine, u, blocks, options);
+  CHECK(est.curvature == Approx(exact.curvature).epsilon(1e-12));
+  int outside = 0;
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const double err = std::abs(est.blocks[l].curvature - exact.blocks[l].curvature);
+    if (err > 4 * est.blocks[l].curvature_stderr + 1e-12) ++outside;
+    CHECK(est.blocks[l].row_sum == Approx(exact.blocks[l].row_sum).epsilon(1e-10).margin(1e-14));
+  }
+  // 4 standard errors: an unbiased estimator leaves none of ~16 blocks outside but by rare chance.
+  CHECK(outside <= 1);
+  CHECK(est.hvps == 65);
+  CHECK(est.coupling.size() == 0);
+
+  options.coupling = CouplingMode::kNone;
+  TaylorResult none = taylor_audit(engine, u, blocks, options);
+  CHECK(none.hvps == 1);
+  CHECK(std::isnan(none.blocks[0].curvature));
+  CHECK(none.nds == Approx(exact.nds).epsilon(1e-12));
+}
+
+TEST_CASE("taylor options and inputs are validated", "[taylor]") {
+  QuadraticObjective q(1);
+  CurvatureEngine engine(q, dummy_probe(1, 1));
+  auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kWhole);
+  CURV_CHECK_THROWS(taylor_audit(engine, zeros_like(q.parameters()), blocks), InvalidArgument,
+                    Catch::Matchers::Contains("zero"));
+  TaylorOptions options;
+  options.coupling = CouplingMode::kRandomized;
+  options.coupling_samples = 1;
+  CURV_CHECK_THROWS(options.validate(), InvalidArgument,
+                    Catch::Matchers::Contains("coupling_samples"));
+  CHECK(parse_coupling_mode("random") == CouplingMode::kRandomized);
+  CHECK_THROWS_AS(parse_coupling_mode("exact"), InvalidArgument);
+}
