@@ -4,10 +4,12 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "curv/error.h"
 #include "test_support.h"
@@ -29,8 +31,7 @@ std::string slurp(const std::string& path) {
 }
 
 // The contents check_h5.py expects; keep the two in step.
-void write_fixture(const std::string& path) {
-  H5Writer w(path);
+void fill_fixture(H5Writer& w) {
   w.attribute("/", "version", 3);
   w.attribute("/", "tool", "ndsprobe");
   w.dataset("/runs/adamw/step_100/blocks/nds", std::vector<double>{0.5, -1.25, kNaN, 1e300});
@@ -54,7 +55,96 @@ void write_fixture(const std::string& path) {
   t.add_column("block", std::vector<std::string>{"conv1", "fc", "conv1"});
   t.add_column("nds", std::vector<double>{0.1, kNaN, 0.3});
   w.table("/results", t);
+}
+
+void write_fixture(const std::string& path) {
+  H5Writer w(path);
+  fill_fixture(w);
   w.commit();
+}
+
+// The fixture plus every attribute kind on groups and datasets, empty and one-element vector
+// attributes, and empty groups: what H5Writer::load must carry over.
+void write_rich_fixture(const std::string& path) {
+  H5Writer w(path);
+  fill_fixture(w);
+  w.attribute("/runs/adamw/ids", "scale", 0.5);
+  w.attribute("/runs/adamw/ids", "offset", int64_t{-7});
+  w.attribute("/runs/adamw/ids", "unit", "count");
+  w.attribute("/runs/adamw/ids", "range", std::vector<double>{-3, 1e18});
+  w.attribute("/runs/adamw/ids", "tags", std::vector<std::string>{"a", "", "\xc3\xa9"});
+  w.attribute("/runs/adamw/names", "one", std::vector<double>{kNaN});
+  w.attribute("/runs/adamw/names", "one_name", std::vector<std::string>{"only"});
+  w.attribute("/attrs", "none", std::vector<double>{});
+  w.attribute("/attrs", "no_names", std::vector<std::string>{});
+  w.attribute("/attrs", "empty", "");
+  w.attribute("/attrs", "inf", -std::numeric_limits<double>::infinity());
+  w.attribute("/attrs", "min", std::numeric_limits<int64_t>::min());
+  w.group("/empty/group/below");
+  w.dataset("/deep/a/b/c/d", std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2});
+  w.commit();
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += "'" + p + "' ";
+  return out;
+}
+
+template <typename T>
+std::string join_numbers(const std::vector<T>& values) {
+  std::string out;
+  char buffer[64];
+  for (T v : values) {
+    if constexpr (std::is_same_v<T, double>) {
+      std::snprintf(buffer, sizeof buffer, "%.17g ", v);
+    } else {
+      std::snprintf(buffer, sizeof buffer, "%lld ", static_cast<long long>(v));
+    }
+    out += buffer;
+  }
+  return out;
+}
+
+// A text dump of everything H5Reader sees below `path`: groups, datasets with type, shape and
+// values, and attributes with values, in sorted order.
+void dump(const H5Reader& r, const std::string& path, std::string& out) {
+  for (const auto& name : r.attribute_names(path)) {
+    out += path + " @" + name + " = ";
+    try {
+      out += "s " + join(r.attribute_strings(path, name));
+    } catch (const curv::FormatError&) {
+      try {
+        out += "i " + std::to_string(r.attribute_int(path, name));
+      } catch (const curv::FormatError&) {
+        out += "d " + join_numbers(r.attribute_doubles(path, name));
+      }
+    }
+    out += "\n";
+  }
+  if (r.is_dataset(path)) {
+    std::vector<uint64_t> dims;
+    try {
+      auto values = r.int64s(path, &dims);
+      out += path + " int64 " + join_numbers(dims) + ": " + join_numbers(values) + "\n";
+    } catch (const curv::FormatError&) {
+      try {
+        auto values = r.doubles(path, &dims);
+        out += path + " double " + join_numbers(dims) + ": " + join_numbers(values) + "\n";
+      } catch (const curv::FormatError&) {
+        out += path + " strings: " + join(r.strings(path)) + "\n";
+      }
+    }
+    return;
+  }
+  out += path + " group\n";
+  for (const auto& child : r.children(path)) dump(r, (path == "/" ? "" : path) + "/" + child, out);
+}
+
+std::string dump(const std::string& file) {
+  std::string out;
+  dump(H5Reader(file), "/", out);
+  return out;
 }
 
 }  // namespace
@@ -354,4 +444,174 @@ TEST_CASE("H5Reader reads what h5py wrote", "[h5]") {
   CHECK(r.attribute_double("/", "float_attr") == 0.25);
   CHECK(r.attribute_doubles("/", "array_attr") == std::vector<double>{1, 2});
   CHECK(r.attribute_strings("/", "names_attr") == std::vector<std::string>{"p", "qq"});
+}
+
+TEST_CASE("H5Reader lists attribute names", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("names.h5");
+  write_fixture(path);
+  H5Reader r(path);
+  CHECK(r.attribute_names("/runs/adamw") ==
+        std::vector<std::string>{"blocks", "eigs", "lr", "steps"});
+  CHECK(r.attribute_names("/") == std::vector<std::string>{"tool", "version"});
+  CHECK(r.attribute_names("runs/adamw/matrix/") == std::vector<std::string>{"unit"});
+  CHECK(r.attribute_names("/results") == std::vector<std::string>{"columns"});
+  CHECK(r.attribute_names("/empty/doubles").empty());
+  CHECK(r.attribute_names("/runs").empty());
+  CURV_CHECK_THROWS(r.attribute_names("/runs/gone"), curv::FormatError,
+                    Catch::Contains("/runs/gone") && Catch::Contains(path));
+}
+
+TEST_CASE("H5Writer::load then commit reproduces the file", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("rich.h5");
+  const std::string original = dir.file("original.h5");
+  write_rich_fixture(path);
+  std::filesystem::copy_file(path, original);
+  const std::string before = dump(path);
+  CHECK(before.find("/deep/a/b/c/d int64 2 2 2 : 1 2 3 4 5 6 7 8") != std::string::npos);
+  CHECK(before.find("/empty/group/below group") != std::string::npos);
+
+  H5Writer w = H5Writer::load(path);
+  CHECK(w.path() == path);
+  CHECK(w.exists("/runs/adamw/step_100/blocks/nds"));
+  CHECK(w.exists("/empty/group/below"));
+  w.commit();
+  CHECK(dump(path) == before);
+  // h5py compares dtypes, shapes (scalar vs one-element attributes), values and storage.
+  curv_test::run_python("check_h5.py", {"same", original, path});
+  curv_test::run_python("check_h5.py", {"check", path});
+  H5Reader r(path);
+  CHECK(r.table("/results").names() == std::vector<std::string>{"step", "block", "nds"});
+  CHECK(r.attribute_int("/attrs", "min") == std::numeric_limits<int64_t>::min());
+
+  // A second load of the rewritten file changes nothing either.
+  H5Writer::load(path).commit();
+  curv_test::run_python("check_h5.py", {"same", original, path});
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+TEST_CASE("H5Writer::load of an h5py file converts to H5Writer's types", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("from_python.h5");
+  curv_test::run_python("check_h5.py", {"write", path});
+  H5Writer::load(path).commit();
+  H5Reader r(path);
+  std::vector<uint64_t> dims;
+  CHECK(r.doubles("/f32", &dims) == std::vector<double>{0.5, 1.5, -2.0});
+  CHECK(r.int64s("/i32") == std::vector<int64_t>{-1, 2, 3});
+  CHECK(r.int64s("/u8") == std::vector<int64_t>{0, 255});
+  CHECK(r.doubles("/scalar", &dims) == std::vector<double>{2.5});
+  CHECK(dims.empty());  // a scalar dataset stays scalar
+  CHECK(r.strings("/fixed") == std::vector<std::string>{"ab", "c", ""});
+  CHECK(r.strings("/vlen") == std::vector<std::string>{"x", "\xc3\xa9", ""});
+  CHECK(r.attribute_string("/", "fixed_attr") == "hello");
+  CHECK(r.attribute_string("/", "str_attr") == "w\xc3\xb6rld");
+  CHECK(r.attribute_int("/", "int_attr") == 42);
+  CHECK(r.attribute_double("/", "float_attr") == 0.25);
+  CHECK(r.attribute_doubles("/", "array_attr") == std::vector<double>{1, 2});
+  CHECK(r.attribute_strings("/", "names_attr") == std::vector<std::string>{"p", "qq"});
+}
+
+TEST_CASE("H5Writer::load then additions keep old and new content", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("resume.h5");
+  write_fixture(path);
+  {
+    H5Writer w = H5Writer::load(path);
+    w.dataset("/runs/sgd/step_100/blocks/nds", std::vector<double>{0.75});
+    w.attribute("/runs/sgd", "lr", 0.1);
+    w.attribute("/", "version", 4);  // replaces
+    Table more;
+    more.add_column("step", std::vector<int64_t>{300});
+    more.add_column("block", std::vector<std::string>{"fc"});
+    more.add_column("nds", std::vector<double>{0.5});
+    Table all = H5Reader(path).table("/results");
+    all.append_rows(more);
+    w.table("/results", all);
+    w.commit();
+  }
+  H5Reader r(path);
+  CHECK(r.children("/runs") == std::vector<std::string>{"adamw", "sgd"});
+  CHECK(r.doubles("/runs/sgd/step_100/blocks/nds") == std::vector<double>{0.75});
+  CHECK(r.attribute_double("/runs/sgd", "lr") == 0.1);
+  CHECK(r.attribute_int("/", "version") == 4);
+  CHECK(r.attribute_string("/", "tool") == "ndsprobe");
+  CHECK(r.doubles("/runs/adamw/step_100/blocks/nds")[3] == 1e300);
+  CHECK(r.strings("/runs/adamw/names")[2] == "\xc3\xa9t\xc3\xa9 \xe2\x88\x87");
+  CHECK(r.attribute_strings("/runs/adamw", "blocks") ==
+        std::vector<std::string>{"conv1", "fc\xc3\xa9"});
+  std::vector<uint64_t> dims;
+  CHECK(r.int64s("/empty/matrix", &dims).empty());
+  CHECK(dims == std::vector<uint64_t>{0, 4});
+  Table back = r.table("/results");
+  CHECK(back.num_rows() == 4);
+  CHECK(back.int64s("step") == std::vector<int64_t>{100, 100, 200, 300});
+  CHECK(back.strings("block")[3] == "fc");
+}
+
+TEST_CASE("H5Writer exists and remove edit the description", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("edit.h5");
+  write_fixture(path);
+  H5Writer w = H5Writer::load(path);
+  CHECK(w.exists("/"));
+  CHECK(w.exists("/runs/adamw"));
+  CHECK(w.exists("runs//adamw/matrix/"));
+  CHECK_FALSE(w.exists("/runs/sgd"));
+  CHECK_FALSE(w.exists("/runs/adamw/matrix/below"));
+  CHECK_THROWS_AS(w.exists("/runs/.."), curv::InvalidArgument);
+
+  w.remove("/runs/adamw/step_100");  // a group subtree
+  w.remove("/runs/adamw/matrix");    // a dataset with an attribute
+  w.remove("/runs/missing/deeper");  // absent: nothing happens
+  w.remove("/runs/adamw/ids/below");
+  CHECK_FALSE(w.exists("/runs/adamw/step_100"));
+  CHECK_FALSE(w.exists("/runs/adamw/step_100/blocks/nds"));
+  CHECK_FALSE(w.exists("/runs/adamw/matrix"));
+  CHECK(w.exists("/runs/adamw/ids"));
+  // A removed unit can be written anew, even with another kind.
+  w.dataset("/runs/adamw/step_100", std::vector<double>{1});
+  w.commit();
+  {
+    H5Reader r(path);
+    CHECK(r.children("/runs/adamw") == std::vector<std::string>{"ids", "names", "step_100"});
+    CHECK(r.is_dataset("/runs/adamw/step_100"));
+    CHECK(r.attribute_double("/runs/adamw", "lr") == 1e-3);
+    CHECK(r.table("/results").num_rows() == 3);
+  }
+  w.remove("/");
+  CHECK(w.exists("/"));
+  CHECK_FALSE(w.exists("/runs"));
+  w.commit();
+  H5Reader r(path);
+  CHECK(r.children("/").empty());
+  CHECK(r.attribute_names("/").empty());
+}
+
+TEST_CASE("H5Writer::load errors name the file and the object", "[h5]") {
+  TempDir dir;
+  const std::string missing = dir.file("missing.h5");
+  CURV_CHECK_THROWS(H5Writer::load(missing), curv::FormatError, Catch::Contains(missing));
+  const std::string text = dir.file("text.h5");
+  std::ofstream(text) << "this is not an HDF5 file\n";
+  CURV_CHECK_THROWS(H5Writer::load(text), curv::FormatError,
+                    Catch::Contains(text) && Catch::Contains("not an HDF5"));
+  CHECK_THROWS_AS(H5Writer::load(dir.path()), curv::FormatError);
+
+  curv_test::run_python("check_h5.py", {"unsupported", dir.path()});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"compound.h5", "/ok/pairs"},
+      {"bool_attr.h5", "/g/h attribute 'flag'"},
+      {"soft_link.h5", "/alias"},
+      {"null_attr.h5", "/d attribute 'nothing'"},
+      {"attr_2d.h5", "/m attribute 'grid'"}};
+  for (const auto& [file, object] : cases) {
+    const std::string bad = dir.file(file);
+    const std::string before = slurp(bad);
+    CURV_CHECK_THROWS(H5Writer::load(bad), curv::FormatError,
+                      Catch::Contains(bad) && Catch::Contains(object));
+    CHECK(slurp(bad) == before);
+  }
+  CHECK_THROWS_WITH(H5Writer::load(dir.file("compound.h5")), Catch::Contains("compound"));
 }

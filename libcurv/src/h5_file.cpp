@@ -405,7 +405,9 @@ void write_dataset(hid_t parent, const std::string& name, const std::string& pat
       },
       node.data);
   const std::string where = "dataset " + path;
-  Handle space = simple_space(node.dims);
+  // Empty dims only come from H5Writer::load of a scalar dataset.
+  Handle space =
+      node.dims.empty() ? Handle(H5Screate(H5S_SCALAR), H5Sclose) : simple_space(node.dims);
   if (!space.valid()) throw Error(ctx.fail(where, "cannot create dataspace"));
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (n > kCompressAbove) {
@@ -684,11 +686,9 @@ std::vector<std::string> read_strings(const Source& src, std::vector<uint64_t>* 
   return out;
 }
 
-}  // namespace
-
-H5Reader::H5Reader(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+// Opens an existing HDF5 file read-only; FormatError naming the path if that is not possible.
+Handle open_for_reading(const std::string& path) {
   namespace fs = std::filesystem;
-  quiet_hdf5();
   const std::string context = "cannot read HDF5 file '" + path + "': ";
   std::error_code ec;
   if (!fs::exists(path, ec)) throw FormatError(context + "no such file");
@@ -698,8 +698,32 @@ H5Reader::H5Reader(const std::string& path) : path_(path), file_(std::make_uniqu
     throw FormatError(context + "not an HDF5 file");
   }
   Handle fapl = file_access_plist();
-  file_->id = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (!file_->id.valid()) throw FormatError(context + "cannot open it" + hdf5_detail());
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid()) throw FormatError(context + "cannot open it" + hdf5_detail());
+  return file;
+}
+
+herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+// The attribute names of an open object, sorted; `where` names it in errors.
+std::vector<std::string> attribute_names_of(hid_t object, const std::string& where) {
+  std::vector<std::string> names;
+  hsize_t index = 0;
+  if (H5Aiterate2(object, H5_INDEX_NAME, H5_ITER_INC, &index, collect_attribute_name, &names) < 0) {
+    throw FormatError(where + ": cannot list attributes" + hdf5_detail());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+H5Reader::H5Reader(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+  quiet_hdf5();
+  file_->id = open_for_reading(path);
 }
 
 H5Reader::~H5Reader() = default;
@@ -827,6 +851,18 @@ std::vector<std::string> H5Reader::strings(const std::string& path) const {
   return read_strings(open_dataset(file_->id.get(), path_, path), nullptr);
 }
 
+std::vector<std::string> H5Reader::attribute_names(const std::string& object_path) const {
+  quiet_hdf5();
+  const std::string norm = normalize(object_path, "H5Reader for '" + path_ + "'");
+  const std::string where = reader_where(path_, norm);
+  if (object_type(file_->id.get(), norm) == H5I_BADID) {
+    throw FormatError(where + ": no such object");
+  }
+  Handle object(H5Oopen(file_->id.get(), norm.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!object.valid()) throw FormatError(where + ": cannot open object" + hdf5_detail());
+  return attribute_names_of(object.get(), where);
+}
+
 bool H5Reader::has_attribute(const std::string& object_path, const std::string& name) const {
   quiet_hdf5();
   const std::string norm = normalize(object_path, "H5Reader for '" + path_ + "'");
@@ -895,6 +931,160 @@ Table H5Reader::table(const std::string& group_path) const {
     }
   }
   return table;
+}
+
+// ---------------------------------------------------------------------------------------------
+// H5Writer::load and editing the description
+
+namespace {
+
+// Fails unless the object has a scalar or simple dataspace of rank at most `max_rank`.
+void check_space(const Source& src, int max_rank) {
+  Handle space = src.space();
+  if (!space.valid()) src.fail("cannot read dataspace");
+  if (H5Sget_simple_extent_type(space.get()) == H5S_NULL) {
+    src.fail("has a null dataspace, which H5Writer cannot write");
+  }
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) src.fail("cannot read dataspace");
+  if (rank > max_rank) {
+    src.fail("has rank " + std::to_string(rank) + ", H5Writer writes attributes of rank 0 or 1");
+  }
+}
+
+[[noreturn]] void unsupported_type(const Source& src, H5T_class_t c) {
+  src.fail(std::string("holds ") + class_name(c) + ", which H5Writer cannot write");
+}
+
+AttributeValue load_attribute(hid_t object, const std::string& object_path, const std::string& name,
+                              const std::string& file) {
+  Source src{Handle(H5Aopen(object, name.c_str(), H5P_DEFAULT), H5Aclose), true,
+             reader_where(file, object_path + " attribute '" + name + "'")};
+  if (!src.handle.valid()) src.fail("cannot open attribute");
+  check_space(src, 1);
+  std::vector<uint64_t> dims;
+  extent(src, &dims);
+  const bool scalar = dims.empty();
+  Handle type = src.type();
+  H5T_class_t c = H5Tget_class(type.get());
+  switch (c) {
+    case H5T_INTEGER:
+      if (scalar) return single(read_numbers<int64_t>(src, H5T_NATIVE_INT64, false, nullptr), src);
+      return read_numbers<double>(src, H5T_NATIVE_DOUBLE, true, nullptr);
+    case H5T_FLOAT:
+      if (scalar) return single(read_numbers<double>(src, H5T_NATIVE_DOUBLE, true, nullptr), src);
+      return read_numbers<double>(src, H5T_NATIVE_DOUBLE, true, nullptr);
+    case H5T_STRING:
+      if (scalar) return single(read_strings(src, nullptr), src);
+      return read_strings(src, nullptr);
+    default:
+      unsupported_type(src, c);
+  }
+}
+
+void load_attributes(hid_t object, const std::string& object_path, Node& node,
+                     const std::string& file) {
+  for (const auto& name : attribute_names_of(object, reader_where(file, object_path))) {
+    node.attributes[name] = load_attribute(object, object_path, name, file);
+  }
+}
+
+void load_dataset(Handle dataset, const std::string& path, Node& node, const std::string& file) {
+  Source src{std::move(dataset), false, reader_where(file, "dataset " + path)};
+  check_space(src, H5S_MAX_RANK);
+  Handle type = src.type();
+  H5T_class_t c = H5Tget_class(type.get());
+  node.is_dataset = true;
+  if (c == H5T_INTEGER) {
+    node.data = read_numbers<int64_t>(src, H5T_NATIVE_INT64, false, &node.dims);
+  } else if (c == H5T_FLOAT) {
+    node.data = read_numbers<double>(src, H5T_NATIVE_DOUBLE, true, &node.dims);
+  } else if (c == H5T_STRING) {
+    node.data = read_strings(src, &node.dims);
+  } else {
+    unsupported_type(src, c);
+  }
+  load_attributes(src.handle.get(), path, node, file);
+}
+
+struct Link {
+  std::string name;
+  H5L_type_t type;
+};
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* data) {
+  static_cast<std::vector<Link>*>(data)->push_back({name, info->type});
+  return 0;
+}
+
+void load_group(hid_t group, const std::string& path, Node& node, const std::string& file) {
+  load_attributes(group, path, node, file);
+  std::vector<Link> links;
+  hsize_t index = 0;
+  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &index, collect_link, &links) < 0) {
+    throw FormatError(reader_where(file, "group " + path) + ": cannot list members" +
+                      hdf5_detail());
+  }
+  for (const auto& link : links) {
+    const std::string child_path = (path == "/" ? "" : path) + "/" + link.name;
+    const std::string where = reader_where(file, child_path);
+    if (link.type != H5L_TYPE_HARD) {
+      throw FormatError(where + ": is a soft or external link, which H5Writer cannot write");
+    }
+    Handle object(H5Oopen(group, link.name.c_str(), H5P_DEFAULT), H5Oclose);
+    if (!object.valid()) throw FormatError(where + ": cannot open object" + hdf5_detail());
+    auto& child = node.children[link.name];
+    child = std::make_unique<Node>();
+    switch (H5Iget_type(object.get())) {
+      case H5I_GROUP:
+        load_group(object.get(), child_path, *child, file);
+        break;
+      case H5I_DATASET:
+        load_dataset(std::move(object), child_path, *child, file);
+        break;
+      default:
+        throw FormatError(where + ": is a named datatype or another object H5Writer cannot write");
+    }
+  }
+}
+
+}  // namespace
+
+H5Writer H5Writer::load(const std::string& path) {
+  quiet_hdf5();
+  Handle file = open_for_reading(path);
+  Handle root(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose);
+  if (!root.valid()) {
+    throw FormatError(reader_where(path, "group /") + ": cannot open it" + hdf5_detail());
+  }
+  H5Writer writer(path);
+  load_group(root.get(), "/", *writer.root_, path);
+  return writer;
+}
+
+bool H5Writer::exists(const std::string& path) const {
+  const Node* node = root_.get();
+  for (const auto& part : split_path(path, writer_context(path_))) {
+    auto it = node->children.find(part);  // a dataset has no children
+    if (it == node->children.end()) return false;
+    node = it->second.get();
+  }
+  return true;
+}
+
+void H5Writer::remove(const std::string& path) {
+  auto parts = split_path(path, writer_context(path_));
+  if (parts.empty()) {
+    root_ = std::make_unique<Node>();
+    return;
+  }
+  Node* node = root_.get();
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    auto it = node->children.find(parts[i]);
+    if (it == node->children.end()) return;
+    node = it->second.get();
+  }
+  node->children.erase(parts.back());
 }
 
 }  // namespace curv

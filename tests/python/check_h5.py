@@ -3,6 +3,9 @@
 check_h5.py check FILE  -- verifies the file written by write_fixture() in h5_file_test.cpp
 check_h5.py write FILE  -- writes h5py-native types (float32, fixed strings, scalars) for the
                            C++ reader to read back
+check_h5.py same A B    -- verifies that two files hold the same tree: groups, datasets (dtype,
+                           shape, values, compression) and attributes (dtype, shape, values)
+check_h5.py unsupported DIR -- writes one file per kind of content H5Writer::load rejects
 Exits non-zero with a message on the first mismatch.
 """
 import sys
@@ -93,13 +96,83 @@ def write(path):
         f.attrs["names_attr"] = np.array(["p", "qq"], dtype=h5py.string_dtype())
 
 
+def describe_dtype(dtype):
+    string = h5py.check_string_dtype(dtype)
+    if string is not None:
+        return ("string", string.encoding, string.length)
+    return (dtype.kind, dtype.itemsize)
+
+
+def same_values(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        return bool(np.array_equal(np.isnan(a), np.isnan(b)) and
+                    (a[~np.isnan(a)] == b[~np.isnan(b)]).all())
+    return bool((a == b).all())
+
+
+def same_attrs(where, a, b):
+    expect(sorted(a.keys()) == sorted(b.keys()),
+           "%s attribute names %s != %s" % (where, sorted(a.keys()), sorted(b.keys())))
+    for name in a.keys():
+        x, y = a.get_id(name), b.get_id(name)
+        what = "%s attribute %r" % (where, name)
+        expect(describe_dtype(x.dtype) == describe_dtype(y.dtype),
+               "%s dtype %s != %s" % (what, x.dtype, y.dtype))
+        expect(x.shape == y.shape, "%s shape %s != %s" % (what, x.shape, y.shape))
+        expect(same_values(a[name], b[name]), "%s values %r != %r" % (what, a[name], b[name]))
+
+
+def same(path_a, path_b):
+    with h5py.File(path_a, "r") as a, h5py.File(path_b, "r") as b:
+        names_a, names_b = [], []
+        a.visit(names_a.append)
+        b.visit(names_b.append)
+        expect(sorted(names_a) == sorted(names_b),
+               "object names %s != %s" % (sorted(names_a), sorted(names_b)))
+        same_attrs("/", a.attrs, b.attrs)
+        for name in names_a:
+            x, y = a[name], b[name]
+            expect(type(x) is type(y), "/%s is a %s and a %s" % (name, type(x), type(y)))
+            same_attrs("/" + name, x.attrs, y.attrs)
+            if isinstance(x, h5py.Dataset):
+                what = "dataset /" + name
+                expect(describe_dtype(x.dtype) == describe_dtype(y.dtype),
+                       "%s dtype %s != %s" % (what, x.dtype, y.dtype))
+                expect(x.shape == y.shape, "%s shape %s != %s" % (what, x.shape, y.shape))
+                expect((x.compression, x.chunks) == (y.compression, y.chunks),
+                       "%s storage %s %s != %s %s" %
+                       (what, x.compression, x.chunks, y.compression, y.chunks))
+                expect(same_values(x[()], y[()]), "%s values differ" % what)
+
+
+def unsupported(directory):
+    with h5py.File(directory + "/compound.h5", "w") as f:
+        f["ok/pairs"] = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])
+    with h5py.File(directory + "/bool_attr.h5", "w") as f:
+        f.create_group("g/h").attrs["flag"] = np.bool_(True)  # an HDF5 enum
+    with h5py.File(directory + "/soft_link.h5", "w") as f:
+        f["data"] = np.arange(3.0)
+        f["alias"] = h5py.SoftLink("/data")
+    with h5py.File(directory + "/null_attr.h5", "w") as f:
+        f["d"] = np.arange(3.0)
+        f["d"].attrs["nothing"] = h5py.Empty("f8")
+    with h5py.File(directory + "/attr_2d.h5", "w") as f:
+        f.create_group("m").attrs["grid"] = np.ones((2, 2))
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "write"):
-        fail("usage: check_h5.py check|write FILE")
+    modes = {"check": (check, 1), "write": (write, 1), "same": (same, 2),
+             "unsupported": (unsupported, 1)}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes or len(sys.argv) != 2 + modes[sys.argv[1]][1]:
+        fail("usage: check_h5.py check|write FILE, same A B or unsupported DIR")
+    function, _ = modes[sys.argv[1]]
     try:
-        (check if sys.argv[1] == "check" else write)(sys.argv[2])
+        function(*sys.argv[2:])
     except (OSError, KeyError) as e:
-        fail("%s: %s" % (sys.argv[2], e))
+        fail("%s: %s" % (" ".join(sys.argv[2:]), e))
 
 
 if __name__ == "__main__":

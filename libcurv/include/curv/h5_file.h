@@ -56,6 +56,16 @@ class Table {
 class H5Writer {
  public:
   explicit H5Writer(std::string path);  // nothing is touched on disk until commit()
+  // Loads every group, dataset and attribute of the existing file at `path` into a writer for
+  // the same path, so that a resumed run can add to it and commit again; load(p).commit()
+  // rewrites an equivalent file. Datasets of integer types become int64, float types double,
+  // string types strings, all keeping their shape (a scalar dataset stays scalar). Scalar
+  // attributes become int64 (integer types), double or string; 1-D attributes become
+  // vector<double> (integer or float types) or vector<string>. Throws FormatError naming the
+  // path for a missing or non-HDF5 file, and naming the file and object path for anything
+  // H5Writer cannot write: other type classes (compound, enum, ...), null dataspaces,
+  // attributes of rank over 1, soft or external links, named datatypes.
+  static H5Writer load(const std::string& path);
   ~H5Writer();
   H5Writer(H5Writer&&) noexcept;
   H5Writer& operator=(H5Writer&&) noexcept;
@@ -65,6 +75,12 @@ class H5Writer {
   const std::string& path() const { return path_; }
 
   void group(const std::string& path);
+  // Whether the description holds a group or dataset at `path`; "/" always exists.
+  bool exists(const std::string& path) const;
+  // Drops the group (with everything below it and its attributes) or dataset at `path` from the
+  // description; nothing happens if there is none. remove("/") empties the whole description.
+  // Removing one column of a table leaves its "columns" attribute as it was.
+  void remove(const std::string& path);
   // `dims` empty means 1-D; otherwise the product of dims must equal data.size() (row-major).
   // Datasets over 4096 elements are stored chunked with gzip level 4, smaller ones contiguous.
   void dataset(const std::string& path, std::vector<double> data, std::vector<uint64_t> dims = {});
@@ -134,6 +150,8 @@ class H5Reader {
   std::vector<int64_t> int64s(const std::string& path, std::vector<uint64_t>* dims = nullptr) const;
   std::vector<std::string> strings(const std::string& path) const;
 
+  // Names of the attributes of a group or dataset, sorted; FormatError if the object is missing.
+  std::vector<std::string> attribute_names(const std::string& object_path) const;
   // False when the object itself is missing.
   bool has_attribute(const std::string& object_path, const std::string& name) const;
   // The scalar getters accept a scalar or a one-element attribute.

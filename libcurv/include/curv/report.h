@@ -1,0 +1,78 @@
+// ProbeReport: the HDF5 results file of ndsprobe and the in-training probe (schema in
+// docs/hdf5-schema.md). Each finished unit is committed by rewriting the whole file atomically,
+// so a killed run leaves a readable file and a rerun resumes where it stopped.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace curv {
+
+struct TaylorResult;
+struct WithinReport;
+class H5Writer;
+class Table;
+
+// Root attributes that identify a results file. Resuming requires the identifying ones (model,
+// dtype, probe_hash, blocks, seed) to match the file's.
+struct Provenance {
+  std::string tool;          // "ndsprobe", "curvtrain", or the embedding program
+  std::string version;       // libcurv version
+  std::string command_line;
+  std::string model;         // model description
+  std::string dtype;         // "float32" | "float64"
+  int64_t seed = 0;
+  int64_t probe_examples = 0;
+  int64_t probe_batches = 0;
+  std::string probe_hash;
+  int64_t threads = 0;
+  std::string runtime;       // LibTorch version and threads
+  std::string blocks;        // block rule, e.g. "layer"
+  std::string hvp_method;    // "exact" | "fd"
+  std::map<std::string, std::string> extra;  // free-form key/values written as attributes
+};
+
+class ProbeReport {
+ public:
+  // Without `resume`, an existing file at `path` is replaced at the first commit() (never
+  // before). With `resume`, an existing file is loaded and must carry matching provenance
+  // (InvalidArgument names the differing attribute); a missing file starts empty.
+  ProbeReport(std::string path, Provenance provenance, bool resume);
+  ~ProbeReport();
+  ProbeReport(const ProbeReport&) = delete;
+  ProbeReport& operator=(const ProbeReport&) = delete;
+
+  const std::string& path() const { return path_; }
+  // True when results (or a recorded status) for this unit are already in the file.
+  bool done(const std::string& run, int64_t step, const std::string& direction) const;
+
+  // Checkpoint-level values: loss and gradient norm at θ_t; attributes of /runs/<run>.
+  void add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm);
+  void set_run_attribute(const std::string& run, const std::string& key, const std::string& value);
+  void add_taylor(const std::string& run, int64_t step, const std::string& direction,
+                  const TaylorResult& taylor, const WithinReport* within = nullptr);
+  // A unit that produced no numbers, and why ("unavailable", "failed").
+  void add_status(const std::string& run, int64_t step, const std::string& direction,
+                  const std::string& status, const std::string& message);
+  // Rewrites the file atomically with everything added so far.
+  void commit();
+
+  const Table& taylor_table() const;
+  const Table& status_table() const;
+  // Access for other result kinds (spectra) that live beside the Taylor results.
+  H5Writer& writer();
+
+ private:
+  std::string path_;
+  std::unique_ptr<H5Writer> writer_;
+  std::unique_ptr<Table> taylor_;
+  std::unique_ptr<Table> status_;
+};
+
+// Group path of one unit: "/runs/<run>/step_<N>/<direction>".
+std::string unit_path(const std::string& run, int64_t step, const std::string& direction);
+
+}  // namespace curv
