@@ -1,0 +1,172 @@
+// ndsprobe end to end: checkpoint directories made here, the tool run as a process, its HDF5
+// read back with h5py; and every kind of bad input.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "curv/checkpoint.h"
+#include "curv/engine.h"
+#include "curv/h5_file.h"
+#include "curv/safetensors.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tiny GPT trained by plain gradient descent for a few steps, saved every step, plus probe data.
+struct Fixture {
+  TempDir dir;
+  std::string run, data, config;
+  std::vector<ParamVector> thetas;
+
+  Fixture() {
+    run = dir.file("run_a");
+    data = dir.file("probe.safetensors");
+    config = dir.file("model.json");
+    auto cfg = tiny_gpt_config();
+    std::ofstream(config) << cfg.to_json();
+    auto model = make_model(cfg, ModelInit{1, at::kFloat});
+    ProbeSet probe = gpt_probe(7, 12, 12);
+    write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
+    for (int step = 0; step <= 30; step += 10) {
+      thetas.push_back(snapshot_parameters(*model));
+      save_checkpoint(run, step, model->space(), thetas.back(), {},
+                      R"({"model": )" + cfg.to_json() + "}");
+      CurvatureEngine engine(*model, probe);
+      ParamVector next = engine.parameters();
+      axpy(-0.5, engine.gradient(), next);
+      load_parameters(*model, next);
+    }
+  }
+  std::string ndsprobe(const std::string& args, int* status = nullptr) const {
+    std::string output;
+    const int rc = run_command(tool_path("ndsprobe") + " " + args + " --quiet", &output);
+    if (status) {
+      *status = rc;
+    } else {
+      INFO(output);
+      REQUIRE(rc == 0);
+    }
+    return output;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("ndsprobe end to end on a checkpoint directory, checked with h5py", "[ndsprobe]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  const std::string stdout_text =
+      f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --within --multipliers 0.5,2 -o " + out);
+  CHECK_THAT(stdout_text, Catch::Matchers::Contains("mean NDS"));
+  run_python("check_ndsprobe_h5.py", {out, "run_a", "0,10,20,30", "delta,gradient,random", "--within"});
+
+  // The delta at step 10 is θ_20 − θ_10: its norm is in the file.
+  H5Reader reader(out);
+  const double norm_file = reader.attribute_double("/runs/run_a/step_10/delta", "update_norm");
+  CHECK(norm_file == Approx(norm(sub(f.thetas[2], f.thetas[1]))).epsilon(1e-6));
+  CHECK(reader.attribute_string("/runs/run_a/step_30/delta", "status") == "unavailable");
+  CHECK(reader.table("/status").num_rows() == 1);
+  // The model came from meta.json: no --model needed.
+  CHECK_THAT(reader.attribute_string("/", "model"), Catch::Matchers::Contains("gpt("));
+}
+
+TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprobe]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  f.ndsprobe(f.run + " --data " + f.data + " --steps 0:10 --directions gradient -o " + out);
+  H5Reader first(out);
+  const double nds0 = first.attribute_double("/runs/run_a/step_0/gradient", "nds");
+  f.ndsprobe(f.run + " --data " + f.data + " --directions gradient --resume -o " + out);
+  H5Reader second(out);
+  CHECK(second.attribute_double("/runs/run_a/step_0/gradient", "nds") == nds0);
+  CHECK(second.exists("/runs/run_a/step_30/gradient"));
+  CHECK(second.table("/taylor").num_rows() == 4 * (1 + 3));  // 4 steps x (total + 3 blocks)
+  // Resuming with another probe set is refused, and the file is left as it was.
+  const std::string before = read_file(out);
+  int rc = 0;
+  const std::string err = f.ndsprobe(f.run + " --data " + f.data + " --examples 5 --directions "
+                                     "gradient --resume -o " + out, &rc);
+  CHECK(rc != 0);
+  CHECK_THAT(err, Catch::Matchers::Contains("probe_hash"));
+  CHECK(read_file(out) == before);
+}
+
+TEST_CASE("ndsprobe rejects bad input clearly and leaves existing output intact", "[ndsprobe]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  f.ndsprobe(f.run + " --data " + f.data + " --steps 0:0 --directions gradient -o " + out);
+  const std::string before = read_file(out);
+  auto expect_error = [&](const std::string& args, const std::string& message) {
+    int rc = 0;
+    const std::string text = f.ndsprobe(args + " -o " + out, &rc);
+    INFO("args: " << args << "\noutput: " << text);
+    CHECK(rc != 0);
+    CHECK_THAT(text, Catch::Matchers::Contains(message));
+    CHECK(read_file(out) == before);
+  };
+  // An empty directory and a missing one.
+  fs::create_directories(f.dir.file("empty"));
+  expect_error(f.dir.file("empty") + " --data " + f.data, "no checkpoints");
+  expect_error(f.dir.file("missing") + " --data " + f.data, "missing");
+  // A checkpoint with a parameter renamed (missing + extra) and one with a wrong shape.
+  auto model = make_model(tiny_gpt_config(), ModelInit{1, at::kFloat});
+  ParamVector theta = snapshot_parameters(*model);
+  auto names = model->space().names();
+  {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t i = 0; i < names.size(); ++i) {
+      tensors.emplace_back(i == 3 ? "transformer.h.0.ln1.bias" : names[i], theta[i]);
+    }
+    fs::create_directories(f.dir.file("renamed/step_0"));
+    write_safetensors(f.dir.file("renamed/step_0/model.safetensors"), tensors);
+  }
+  expect_error(f.dir.file("renamed") + " --data " + f.data + " --model " + f.config,
+               "transformer.h.0.ln_1.bias");
+  {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t i = 0; i < names.size(); ++i) {
+      tensors.emplace_back(names[i], i == 2 ? at::zeros({5}) : theta[i]);
+    }
+    fs::create_directories(f.dir.file("reshaped/step_0"));
+    write_safetensors(f.dir.file("reshaped/step_0/model.safetensors"), tensors);
+  }
+  expect_error(f.dir.file("reshaped") + " --data " + f.data + " --model " + f.config, "[5]");
+  // A truncated model file.
+  fs::create_directories(f.dir.file("truncated/step_0"));
+  {
+    const std::string bytes = read_file(f.run + "/step_0/model.safetensors");
+    std::ofstream(f.dir.file("truncated/step_0/model.safetensors"), std::ios::binary)
+        << bytes.substr(0, bytes.size() / 2);
+  }
+  expect_error(f.dir.file("truncated") + " --data " + f.data + " --model " + f.config,
+               "model.safetensors");
+  // Probe data of the wrong shape for the model, data without targets, an unknown direction.
+  const std::string bad_data = f.dir.file("bad.safetensors");
+  write_safetensors(bad_data, {{"inputs", at::zeros({3, 9}, at::kLong)},
+                               {"targets", at::zeros({3, 9}, at::kLong)}});
+  expect_error(f.run + " --data " + bad_data, "block_size");
+  const std::string no_targets = f.dir.file("no_targets.safetensors");
+  write_safetensors(no_targets, {{"inputs", at::zeros({3, 4}, at::kLong)}});
+  expect_error(f.run + " --data " + no_targets, "'targets'");
+  expect_error(f.run + " --data " + f.data + " --directions delta,adamx", "adamx");
+  // An output in a directory that does not exist, without touching anything else.
+  int rc = 0;
+  const std::string text =
+      f.ndsprobe(f.run + " --data " + f.data + " -o " + f.dir.file("nope/out.h5"), &rc);
+  CHECK(rc != 0);
+  CHECK_THAT(text, Catch::Matchers::Contains("nope"));
+  // A bad flag value is a usage error.
+  expect_error(f.run + " --data " + f.data + " --coupling exact", "coupling");
+}
