@@ -9,6 +9,7 @@
 
 #include "curv/engine.h"
 #include "curv/error.h"
+#include "optimizer_directions.h"
 #include "strings.h"
 
 namespace curv {
@@ -74,6 +75,13 @@ std::map<std::string, Entry>& registry() {
       {"random", {[](const std::string&) { return make_random_direction({}); },
                   "seeded Gaussian, per-tensor norms matched to the delta (or −g)"}},
   };
+  static const bool with_optimizers = [] {
+    for (auto& [name, factory, help] : optimizer_direction_families()) {
+      entries[name] = Entry{std::move(factory), std::move(help)};
+    }
+    return true;
+  }();
+  (void)with_optimizers;
   return entries;
 }
 

@@ -23,6 +23,10 @@ struct DirectionContext {
   ParamVector theta_next;                // θ_{t+1}, empty when there is no next checkpoint
   int64_t step = 0;                      // t
   uint64_t seed = 0;                     // run seed; directions derive their own streams from it
+  // Optimizer directions whose checkpoint lacks usable saved state take a what-if step from
+  // fresh state instead of failing (and say so in `note`).
+  bool whatif_fallback = false;
+  std::string note;                      // set by compute(): how the direction was obtained
 };
 
 class Direction {
@@ -43,7 +47,9 @@ using DirectionFactory = std::function<std::unique_ptr<Direction>(const std::str
 // taken name replaces it.
 void register_direction(const std::string& name, DirectionFactory factory,
                         const std::string& help);
-// Builds a direction from a spec such as "delta", "gradient", "random". InvalidArgument names
+// Builds a direction from a spec such as "delta", "gradient", "random", "adamw" (rebuilt from the
+// checkpoint's optimizer state), "muon.whatif" (fresh state, configured lr),
+// "muon.whatif:match=1,lr=0.01" (rescaled to the delta's norm); see docs/directions.md. InvalidArgument names
 // the spec and lists the known directions.
 std::unique_ptr<Direction> make_direction(const std::string& spec);
 // Known direction names with one-line help, sorted.

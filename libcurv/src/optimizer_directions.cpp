@@ -1,0 +1,155 @@
+#include "optimizer_directions.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "curv/checkpoint.h"
+#include "curv/engine.h"
+#include "curv/error.h"
+#include "curv/optimizers.h"
+
+namespace curv {
+
+namespace {
+
+// "adamw", "adamw:lr=1e-3", "muon.whatif", "muon.whatif:match=1,lr=0.01".
+class OptimizerDirection : public Direction {
+ public:
+  explicit OptimizerDirection(const std::string& spec) {
+    const auto colon = spec.find(':');
+    std::string head = spec.substr(0, colon);
+    const auto dot = head.find('.');
+    family_ = head.substr(0, dot);
+    if (dot != std::string::npos) {
+      if (head.substr(dot + 1) != "whatif") {
+        throw InvalidArgument(fmt::format("direction '{}': expected {} or {}.whatif", spec, family_,
+                                          family_));
+      }
+      whatif_ = true;
+    }
+    OptimizerConfig::defaults(family_);  // a known optimizer
+    if (colon != std::string::npos) {
+      std::string rest = spec.substr(colon + 1);
+      size_t start = 0;
+      while (start < rest.size()) {
+        size_t end = rest.find(',', start);
+        if (end == std::string::npos) end = rest.size();
+        const std::string item = rest.substr(start, end - start);
+        const auto eq = item.find('=');
+        if (eq == std::string::npos) {
+          throw InvalidArgument(fmt::format("direction '{}': '{}' is not key=value", spec, item));
+        }
+        const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+        if (key == "match") {
+          if (!whatif_) {
+            throw InvalidArgument(fmt::format("direction '{}': match applies to what-if steps "
+                                              "({}.whatif:match=1)", spec, family_));
+          }
+          match_ = value == "1" || value == "true";
+        } else {
+          OptimizerConfig probe = OptimizerConfig::defaults(family_);
+          probe.set(key, value);  // validates the key and value now, not at the first checkpoint
+          overrides_.emplace_back(key, value);
+        }
+        start = end + 1;
+      }
+    }
+    name_ = whatif_ ? family_ + ".whatif" : family_;
+    if (match_) name_ += ".match";
+  }
+
+  std::string name() const override { return name_; }
+
+  std::string unavailable(const DirectionContext& c) const override {
+    if (match_ && c.theta_next.empty()) return "no next checkpoint whose delta norm to match";
+    if (!whatif_ && !c.current && !c.whatif_fallback) return "no checkpoint with optimizer state";
+    return "";
+  }
+
+  ParamVector compute(DirectionContext& c) override {
+    const ParamSpace& space = c.engine->space();
+    const ParamVector& g = c.engine->gradient();
+    if (!whatif_) {
+      const std::string why = saved_state_problem(c);
+      if (why.empty()) {
+        OptimizerConfig config = config_from(*c.current);
+        auto optimizer = make_optimizer(config, space);
+        optimizer->load_state(c.current->optimizer, c.current->step_count().value_or(c.step),
+                              c.current->path + "/optimizer.safetensors");
+        c.note = fmt::format("rebuilt from saved {} state (step count {})", family_,
+                             optimizer->step_count());
+        return optimizer->peek(c.theta, g);
+      }
+      if (!c.whatif_fallback) {
+        throw InvalidArgument(fmt::format("direction {} at {}: {} (use the {}.whatif direction, "
+                                          "or --whatif-fallback)", name_,
+                                          c.current ? c.current->path : "step " + std::to_string(c.step),
+                                          why, family_));
+      }
+      c.note = "what-if step from fresh state: " + why;
+    } else {
+      c.note = "what-if step from fresh state";
+    }
+    OptimizerConfig config = OptimizerConfig::defaults(family_);
+    for (const auto& [k, v] : overrides_) config.set(k, v);
+    auto optimizer = make_optimizer(config, space);
+    ParamVector u = optimizer->peek(c.theta, g);
+    if (match_) {
+      const double want = norm(sub(c.theta_next, c.theta)), have = norm(u);
+      if (have > 0) u = scaled(u, want / have);
+      c.note += fmt::format(", rescaled to the delta's norm {:.6g}", want);
+    }
+    return u;
+  }
+
+ private:
+  // "" when the checkpoint has this optimizer's saved state, else why not.
+  std::string saved_state_problem(const DirectionContext& c) const {
+    if (!c.current) return "no checkpoint";
+    const std::string saved = c.current->optimizer_name();
+    if (saved.empty()) return "its meta.json names no optimizer";
+    if (saved != family_) return fmt::format("it was saved by optimizer '{}', not '{}'", saved, family_);
+    if (c.current->optimizer.empty() && family_ != "signsgd" &&
+        !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {
+      return "it has no optimizer.safetensors";
+    }
+    return "";
+  }
+
+  OptimizerConfig config_from(const Checkpoint& ckpt) const {
+    OptimizerConfig config = OptimizerConfig::defaults(family_);
+    for (const auto& [key, value] : config.hyper()) {
+      config.set(key, fmt::format("{}", ckpt.hyper(key, value)));
+    }
+    // The partition regex travels beside the numeric hyper-parameters.
+    const auto meta = nlohmann::json::parse(ckpt.meta_json, nullptr, false);
+    if (meta.is_object() && meta.contains("optimizer") && meta["optimizer"].is_object() &&
+        meta["optimizer"].contains("muon_params") && meta["optimizer"]["muon_params"].is_string()) {
+      config.muon_params = meta["optimizer"]["muon_params"].get<std::string>();
+    }
+    for (const auto& [k, v] : overrides_) config.set(k, v);
+    config.validate();
+    return config;
+  }
+
+  std::string family_, name_;
+  bool whatif_ = false, match_ = false;
+  std::vector<std::pair<std::string, std::string>> overrides_;
+};
+
+}  // namespace
+
+std::vector<std::tuple<std::string, DirectionFactory, std::string>> optimizer_direction_families() {
+  std::vector<std::tuple<std::string, DirectionFactory, std::string>> out;
+  for (const char* name : {"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"}) {
+    out.emplace_back(
+        name, [](const std::string& spec) { return std::make_unique<OptimizerDirection>(spec); },
+        fmt::format("{0}'s step rebuilt from the checkpoint's saved state; {0}.whatif from fresh "
+                    "state ({0}.whatif:match=1 rescales it to the delta's norm)", name));
+  }
+  return out;
+}
+
+}  // namespace curv

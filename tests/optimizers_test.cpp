@@ -1,0 +1,230 @@
+#include "curv/optimizers.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "curv/checkpoint.h"
+#include "curv/directions.h"
+#include "curv/engine.h"
+#include "curv/error.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+
+namespace {
+
+c10::impl::GenericDict load_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::jit::pickle_load(bytes).toGenericDict();
+}
+
+ParamVector as_list(const c10::IValue& v) {
+  ParamVector out;
+  for (const auto& t : v.toList()) out.push_back(t.get().toTensor());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("AdamW and SGD match torch.optim over 20 steps", "[optimizers]") {
+  for (std::string dtype : {"float32", "float64"}) {
+    TempDir dir;
+    run_python("torch_optim_reference.py", {dir.file("ref.pt"), dtype});
+    auto ref = load_pickle(dir.file("ref.pt"));
+    const ParamVector theta0 = as_list(ref.at("theta0"));
+    std::vector<ParamVector> grads;
+    for (const auto& g : ref.at("grads").toList()) grads.push_back(as_list(g.get()));
+    ParamSpace space({"w", "b"}, theta0);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"adamw", "adamw:lr=1e-2,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.1"},
+        {"sgd_nesterov", "sgd:lr=0.05,momentum=0.9,nesterov=1,weight_decay=0.01"},
+        {"sgd_dampened", "sgd:lr=0.05,momentum=0.8,dampening=0.3"}};
+    const double tol = dtype == "float64" ? 1e-12 : 1e-6;
+    for (const auto& [name, spec] : cases) {
+      auto optimizer = make_optimizer(OptimizerConfig::parse(spec), space);
+      ParamVector theta = clone(theta0);
+      for (const auto& g : grads) axpy(1.0, optimizer->step(theta, g), theta);
+      const double err = relative_error(theta, as_list(ref.at(name)));
+      INFO(dtype << " " << name << ": relative error " << err);
+      CHECK(err <= tol);
+      CHECK(optimizer->step_count() == 20);
+    }
+  }
+}
+
+TEST_CASE("Newton-Schulz lands singular values in the quintic's band; polar is U Vᵀ",
+          "[optimizers]") {
+  at::manual_seed(0);
+  for (auto shape : {std::vector<int64_t>{64, 32}, {32, 64}, {48, 48}, {8, 4, 3, 3}}) {
+    auto g = at::randn(shape, at::kDouble);
+    auto o = newton_schulz(g, 5);
+    CHECK(o.sizes().equals(g.sizes()));
+    auto s = at::linalg_svdvals(o.reshape({shape[0], -1}));
+    INFO("shape " << shape[0] << "x..., singular values in [" << s.min().item<double>() << ", "
+                  << s.max().item<double>() << "]");
+    CHECK(s.min().item<double>() >= 0.5);
+    CHECK(s.max().item<double>() <= 1.5);
+    auto p = polar_factor(g);
+    auto m = g.reshape({shape[0], -1});
+    auto svd = at::linalg_svd(m, false);
+    CHECK(at::allclose(p.reshape({shape[0], -1}),
+                       at::mm(std::get<0>(svd), std::get<2>(svd)), 1e-12, 1e-12));
+    // Polar factor has unit singular values.
+    CHECK(at::allclose(at::linalg_svdvals(p.reshape({shape[0], -1})),
+                       at::ones({std::min(m.size(0), m.size(1))}, at::kDouble), 1e-10, 1e-10));
+  }
+}
+
+TEST_CASE("Muon's scale rules give the stated RMS on an exact polar update", "[optimizers]") {
+  at::manual_seed(1);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 16}, {16, 64}}) {
+    ParamVector theta = {at::zeros({rows, cols}, at::kDouble)};
+    ParamSpace space({"layers.0.weight"}, theta);
+    ParamVector grad = {at::randn({rows, cols}, at::kDouble)};
+    for (bool rms : {false, true}) {
+      auto config = OptimizerConfig::parse("muon:lr=1,exact_polar=1,nesterov=0");
+      config.rms_scale = rms;
+      auto u = make_optimizer(config, space)->step(theta, grad)[0];
+      const double got = u.square().mean().sqrt().item<double>();
+      // U Vᵀ has RMS 1/sqrt(max(rows, cols)).
+      const double expected = rms ? 0.2 : std::sqrt(std::max(1.0, double(rows) / cols)) /
+                                               std::sqrt(double(std::max(rows, cols)));
+      INFO(rows << "x" << cols << (rms ? " rms" : " shape") << " rule: RMS " << got);
+      CHECK(got == Approx(expected).epsilon(1e-10));
+    }
+  }
+}
+
+TEST_CASE("NorMuon's first step has equal row RMS and Muon's Frobenius norm", "[optimizers]") {
+  at::manual_seed(2);
+  ParamVector theta = {at::zeros({12, 20}, at::kDouble)};
+  ParamSpace space({"layers.0.weight"}, theta);
+  // Rows of very different scales: orthogonalisation alone does not equalise them.
+  ParamVector grad = {at::randn({12, 20}, at::kDouble) * at::linspace(0.1, 3, 12, at::kDouble).unsqueeze(1)};
+  auto normuon = make_optimizer(OptimizerConfig::parse("normuon:lr=1,nesterov=0"), space);
+  auto muon = make_optimizer(OptimizerConfig::parse("muon:lr=1,nesterov=0"), space);
+  auto u = normuon->step(theta, grad)[0];
+  auto um = muon->step(theta, grad)[0];
+  auto row_rms = u.square().mean(-1).sqrt();
+  // Equal up to the 1e-10 that guards the division by √v.
+  CHECK((row_rms.max() - row_rms.min()).item<double>() <= 1e-8 * row_rms.max().item<double>());
+  CHECK(u.norm().item<double>() == Approx(um.norm().item<double>()).epsilon(1e-10));
+  CHECK(normuon->state().size() == 2);
+  CHECK(normuon->state()[1].second.sizes().equals({12, 1}));
+}
+
+TEST_CASE("rebuilt optimizer directions equal the saved checkpoint deltas", "[optimizers]") {
+  const std::vector<std::string> specs = {
+      "adamw:lr=0.05",
+      "muon:lr=0.1,adam_lr=0.05",
+      "muon:lr=0.1,sum_momentum=1,rms_scale=1,nesterov=0,weight_decay=0.1",
+      "normuon:lr=0.1",
+      "sgd:lr=1,momentum=0.9,nesterov=1",
+      "signsgd:lr=0.05",
+      "signum:lr=0.05",
+      "lion:lr=0.05,weight_decay=0.1"};
+  for (const auto& spec : specs) {
+    TempDir dir;
+    auto cfg = tiny_gpt_config();
+    auto model = make_model(cfg, ModelInit{3, at::kFloat});
+    ProbeSet batch = gpt_probe(9, 8, 8);
+    auto optimizer = make_optimizer(OptimizerConfig::parse(spec), model->space());
+    for (int step = 0; step <= 3; ++step) {
+      ParamVector theta = snapshot_parameters(*model);
+      save_checkpoint(dir.path(), step, model->space(), theta, optimizer->state(),
+                      R"({"optimizer": )" + optimizer->meta_json() + "}");
+      CurvatureEngine engine(*model, batch);
+      ParamVector u = optimizer->step(theta, engine.gradient());
+      axpy(1.0, u, theta);
+      load_parameters(*model, theta);
+    }
+    auto listing = list_checkpoints(dir.path());
+    const std::string family = spec.substr(0, spec.find(':'));
+    auto direction = make_direction(family);
+    for (size_t k = 1; k + 1 < listing.size(); ++k) {
+      Checkpoint ckpt = load_checkpoint(listing[k]);
+      Checkpoint next = load_checkpoint(listing[k + 1]);
+      DirectionContext c;
+      c.current = &ckpt;
+      c.step = ckpt.step;
+      c.theta = parameters_from(ckpt, model->space(), model->parameters());
+      c.theta_next = parameters_from(next, model->space(), model->parameters());
+      load_parameters(*model, c.theta);
+      CurvatureEngine engine(*model, batch);
+      c.engine = &engine;
+      ParamVector u = direction->compute(c);
+      const double err = relative_error(u, sub(c.theta_next, c.theta));
+      INFO(spec << " at step " << ckpt.step << ": relative error " << err << " (" << c.note << ")");
+      CHECK(err <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("optimizer state problems are clear errors; what-if needs no state", "[optimizers]") {
+  TempDir dir;
+  auto model = make_model(tiny_gpt_config(), ModelInit{3, at::kFloat});
+  ProbeSet batch = gpt_probe(9, 4, 4);
+  ParamVector theta = snapshot_parameters(*model);
+  auto adam = make_optimizer(OptimizerConfig::parse("adamw"), model->space());
+  {
+    CurvatureEngine engine(*model, batch);
+    adam->step(theta, engine.gradient());
+  }
+  NamedTensors state = adam->state();
+  const std::string meta = R"({"optimizer": )" + adam->meta_json() + "}";
+  // Saved by AdamW, asked for Muon.
+  save_checkpoint(dir.file("a"), 1, model->space(), theta, state, meta);
+  // A missing key and a wrong shape.
+  NamedTensors missing(state.begin() + 1, state.end());
+  save_checkpoint(dir.file("b"), 1, model->space(), theta, missing, meta);
+  NamedTensors reshaped = state;
+  reshaped[2].second = at::zeros({7});
+  save_checkpoint(dir.file("c"), 1, model->space(), theta, reshaped, meta);
+
+  auto context_for = [&](const std::string& run, Checkpoint& ckpt, CurvatureEngine& engine) {
+    ckpt = load_checkpoint(list_checkpoints(run)[0]);
+    DirectionContext c;
+    c.current = &ckpt;
+    c.engine = &engine;
+    c.theta = theta;
+    return c;
+  };
+  CurvatureEngine engine(*model, batch);
+  Checkpoint ckpt;
+  auto c = context_for(dir.file("a"), ckpt, engine);
+  CURV_CHECK_THROWS(make_direction("muon")->compute(c), InvalidArgument,
+                    Catch::Matchers::Contains("'adamw', not 'muon'"));
+  c.whatif_fallback = true;
+  CHECK(norm(make_direction("muon")->compute(c)) > 0);
+  CHECK_THAT(c.note, Catch::Matchers::Contains("what-if"));
+
+  c = context_for(dir.file("b"), ckpt, engine);
+  CURV_CHECK_THROWS(make_direction("adamw")->compute(c), InvalidArgument,
+                    Catch::Matchers::Contains(state[0].first) &&
+                        Catch::Matchers::Contains("optimizer.safetensors"));
+  c = context_for(dir.file("c"), ckpt, engine);
+  CURV_CHECK_THROWS(make_direction("adamw")->compute(c), InvalidArgument,
+                    Catch::Matchers::Contains(state[2].first) && Catch::Matchers::Contains("[7]"));
+
+  // What-if AdamW from fresh state: the first step is −lr·g/(|g| + ε) (bias-corrected), plus decay.
+  c = context_for(dir.file("a"), ckpt, engine);
+  ParamVector u = make_direction("adamw.whatif:lr=0.01,weight_decay=0")->compute(c);
+  const auto& g = engine.gradient();
+  for (size_t i = 0; i < u.size(); ++i) {
+    auto expected = -0.01 * g[i] / (g[i].abs() + 1e-8);
+    CHECK(at::allclose(u[i], expected, 1e-5, 1e-7));
+  }
+  CURV_CHECK_THROWS(make_direction("adamw:lr=x"), InvalidArgument, Catch::Matchers::Contains("lr"));
+  CURV_CHECK_THROWS(make_direction("adam"), InvalidArgument, Catch::Matchers::Contains("adamw"));
+  CURV_CHECK_THROWS(make_direction("adamw:match=1"), InvalidArgument,
+                    Catch::Matchers::Contains("whatif"));
+  CURV_CHECK_THROWS(OptimizerConfig::parse("sgd:nesterov=1"), InvalidArgument,
+                    Catch::Matchers::Contains("momentum"));
+}
