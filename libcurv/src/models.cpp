@@ -236,6 +236,15 @@ class Gpt : public FunctionalModel {
     return mean_cross_entropy(logits(x), batch.targets);
   }
 
+  at::Tensor token_losses(const Batch& batch) override {
+    loss(Batch{batch.inputs.narrow(0, 0, 1), batch.targets.narrow(0, 0, 1)});  // validates
+    auto l = logits(batch.inputs);
+    const int64_t classes = l.size(-1);
+    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
+                        {}, at::Reduction::None)
+        .reshape(batch.targets.sizes());
+  }
+
   std::string describe() const override {
     ModelConfig config;
     config.gpt = c_;

@@ -20,6 +20,10 @@ c10::Device Objective::device() {
   return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
 }
 
+at::Tensor Objective::token_losses(const Batch&) {
+  throw ModelError(fmt::format("{} does not provide per-target losses", describe()));
+}
+
 void load_parameters(Objective& objective, const ParamVector& values) {
   auto params = objective.parameters();
   const auto& space = objective.space();

@@ -29,7 +29,12 @@ class OptimizerDirection : public Direction {
       }
       whatif_ = true;
     }
-    OptimizerConfig::defaults(family_);  // a known optimizer
+    // "update" resolves to the optimizer named in each checkpoint's meta.json.
+    if (family_ == "update" && whatif_) {
+      throw InvalidArgument(fmt::format("direction '{}': update is rebuilt from saved state; "
+                                        "what-if steps name their optimizer (e.g. adamw.whatif)", spec));
+    }
+    if (family_ != "update") OptimizerConfig::defaults(family_);
     if (colon != std::string::npos) {
       std::string rest = spec.substr(colon + 1);
       size_t start = 0;
@@ -49,8 +54,10 @@ class OptimizerDirection : public Direction {
           }
           match_ = value == "1" || value == "true";
         } else {
-          OptimizerConfig probe = OptimizerConfig::defaults(family_);
-          probe.set(key, value);  // validates the key and value now, not at the first checkpoint
+          if (family_ != "update") {
+            OptimizerConfig probe = OptimizerConfig::defaults(family_);
+            probe.set(key, value);  // validates the key and value now, not at the first checkpoint
+          }
           overrides_.emplace_back(key, value);
         }
         start = end + 1;
@@ -69,6 +76,21 @@ class OptimizerDirection : public Direction {
   }
 
   ParamVector compute(DirectionContext& c) override {
+    if (family_ == "update") {
+      const std::string saved = c.current ? c.current->optimizer_name() : "";
+      if (saved.empty()) {
+        throw InvalidArgument(fmt::format("direction update at {}: the checkpoint's meta.json "
+                                          "names no optimizer", c.current ? c.current->path : "step " + std::to_string(c.step)));
+      }
+      std::string spec = saved;
+      for (size_t i = 0; i < overrides_.size(); ++i) {
+        spec += (i ? "," : ":") + overrides_[i].first + "=" + overrides_[i].second;
+      }
+      OptimizerDirection resolved(spec);
+      ParamVector u = resolved.compute(c);
+      c.note = "update = " + saved + ": " + c.note;
+      return u;
+    }
     const ParamSpace& space = c.engine->space();
     const ParamVector& g = c.engine->gradient();
     if (!whatif_) {
@@ -149,6 +171,9 @@ std::vector<std::tuple<std::string, DirectionFactory, std::string>> optimizer_di
         fmt::format("{0}'s step rebuilt from the checkpoint's saved state; {0}.whatif from fresh "
                     "state ({0}.whatif:match=1 rescales it to the delta's norm)", name));
   }
+  out.emplace_back(
+      "update", [](const std::string& spec) { return std::make_unique<OptimizerDirection>(spec); },
+      "the step of the optimizer that saved each checkpoint, rebuilt from its saved state");
   return out;
 }
 

@@ -54,6 +54,7 @@ struct Args {
   std::string hvp = "exact";
   int64_t max_kept_graphs = 0;
   bool allow_extra = false;
+  bool whatif_fallback = false;
   bool list_directions = false;
 };
 
@@ -180,6 +181,9 @@ int run(int argc, char** argv) {
                  "Keep gradient graphs of at most N probe batches between HVPs (0 = all)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--allow-extra", a.allow_extra, "Ignore checkpoint tensors that are not model parameters");
+  app.add_flag("--whatif-fallback", a.whatif_fallback,
+               "Optimizer directions at checkpoints without usable saved state take a what-if step "
+               "from fresh state (noted in the output) instead of failing");
   app.add_flag("--list-directions", a.list_directions, "List the known directions and exit");
   tools::add_runtime_args(app, a.runtime);
   try {
@@ -284,6 +288,7 @@ int run(int argc, char** argv) {
       context.current = &ckpt;
       context.step = info.step;
       context.seed = a.runtime.seed;
+      context.whatif_fallback = a.whatif_fallback;
       context.theta = parameters_from(ckpt, objective.space(), objective.parameters(), a.allow_extra);
       engine.set_parameters(context.theta);
       // The delta goes to the next saved checkpoint, whatever the selection's stride.
@@ -304,6 +309,7 @@ int run(int argc, char** argv) {
           if (!why.empty()) {
             report.add_status(names[r], info.step, d->name(), "unavailable", why);
           } else {
+            context.note.clear();
             ParamVector u = d->compute(context);
             TaylorResult taylor = taylor_audit(engine, u, blocks, taylor_options);
             if (a.within) {
@@ -311,6 +317,10 @@ int run(int argc, char** argv) {
               report.add_taylor(names[r], info.step, d->name(), taylor, &within);
             } else {
               report.add_taylor(names[r], info.step, d->name(), taylor);
+            }
+            if (!context.note.empty()) {
+              report.writer().attribute(unit_path(names[r], info.step, d->name()), "note",
+                                        context.note);
             }
           }
           report.commit();

@@ -38,6 +38,9 @@ class Objective {
   virtual at::Tensor loss(const Batch& batch) = 0;
   // One line for logs and provenance, e.g. "gpt(n_layer=4, n_embd=128, ...)".
   virtual std::string describe() const = 0;
+  // Per-target losses (shape of the targets) for per-bucket evaluation. Models scored by
+  // cross-entropy provide them; the default throws ModelError.
+  virtual at::Tensor token_losses(const Batch& batch);
   // Floating dtype of the parameters.
   at::ScalarType dtype();
   c10::Device device();
