@@ -45,7 +45,7 @@ class RandomDirection : public Direction {
       u.push_back(at::randn(t.sizes(), gen, at::TensorOptions().dtype(at::kDouble))
                       .to(t.device(), t.scalar_type()));
     }
-    std::vector<std::vector<size_t>> blocks = blocks_;
+    std::vector<std::vector<size_t>> blocks = blocks_.empty() ? c.blocks : blocks_;
     if (blocks.empty()) {
       for (size_t i = 0; i < u.size(); ++i) blocks.push_back({i});
     }
@@ -73,7 +73,7 @@ std::map<std::string, Entry>& registry() {
       {"gradient", {[](const std::string&) { return make_gradient_direction(); },
                     "−g, the negative probe-set gradient"}},
       {"random", {[](const std::string&) { return make_random_direction({}); },
-                  "seeded Gaussian, per-tensor norms matched to the delta (or −g)"}},
+                  "seeded Gaussian, per-block norms matched to the delta (or −g)"}},
   };
   static const bool with_optimizers = [] {
     for (auto& [name, factory, help] : optimizer_direction_families()) {

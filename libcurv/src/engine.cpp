@@ -171,13 +171,18 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   ++counters_.gradients;
 }
 
+bool CurvatureEngine::keep_graphs_by_default() const {
+  // Finite differences never use the create_graph gradients: keeping them only costs memory.
+  return options_.reuse_graph && options_.hvp_method == HvpMethod::kExact;
+}
+
 double CurvatureEngine::loss() {
-  if (!state_->have_first_order) compute_first_order(options_.reuse_graph);
+  if (!state_->have_first_order) compute_first_order(keep_graphs_by_default());
   return state_->loss;
 }
 
 const ParamVector& CurvatureEngine::gradient() {
-  if (!state_->have_first_order) compute_first_order(options_.reuse_graph);
+  if (!state_->have_first_order) compute_first_order(keep_graphs_by_default());
   return state_->grad;
 }
 

@@ -133,7 +133,8 @@ class OptimizerDirection : public Direction {
     const std::string saved = c.current->optimizer_name();
     if (saved.empty()) return "its meta.json names no optimizer";
     if (saved != family_) return fmt::format("it was saved by optimizer '{}', not '{}'", saved, family_);
-    if (c.current->optimizer.empty() && family_ != "signsgd" &&
+    if (c.current->optimizer.empty() && c.current->step_count().value_or(c.step) != 0 &&
+        family_ != "signsgd" &&
         !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {
       return "it has no optimizer.safetensors";
     }

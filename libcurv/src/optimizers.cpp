@@ -239,7 +239,12 @@ std::vector<int64_t> Optimizer::slot_shape(size_t i, const std::string&) const {
 
 at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& like) {
   for (auto& [k, t] : state_[i]) {
-    if (k == key) return t;
+    if (k != key) continue;
+    // Saved state may come in another dtype or device than the model probing it.
+    if (t.scalar_type() != like.scalar_type() || t.device() != like.device()) {
+      t = t.to(like.options());
+    }
+    return t;
   }
   state_[i].emplace_back(key, at::zeros(slot_shape(i, key), like.options()));
   return state_[i].back().second;
@@ -282,6 +287,8 @@ void Optimizer::load_state(const NamedTensors& tensors, int64_t step_count,
     for (const auto& key : slots(i)) {
       const std::string name = space_[i].name + "." + key;
       auto it = by_name.find(name);
+      // Before the first update the state is empty: slots start at zero when first used.
+      if (it == by_name.end() && step_count == 0) continue;
       if (it == by_name.end()) {
         throw InvalidArgument(fmt::format(
             "{}: optimizer state '{}' is missing: {} ({}) needs '{}' for parameter '{}' (was the "

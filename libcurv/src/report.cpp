@@ -116,7 +116,41 @@ const Table& ProbeReport::taylor_table() const { return *taylor_; }
 const Table& ProbeReport::status_table() const { return *status_; }
 
 bool ProbeReport::done(const std::string& run, int64_t step, const std::string& direction) const {
-  return writer_->exists(unit_path(run, step, direction));
+  // A unit recorded as unavailable (a delta at the then-last checkpoint) is tried again: later
+  // checkpoints may have arrived since.
+  return writer_->exists(unit_path(run, step, direction)) &&
+         status_of(run, step, direction) != "unavailable";
+}
+
+std::string ProbeReport::status_of(const std::string& run, int64_t step,
+                                   const std::string& direction) const {
+  const auto& runs = status_->strings("run");
+  const auto& steps = status_->int64s("step");
+  const auto& directions = status_->strings("direction");
+  const auto& statuses = status_->strings("status");
+  for (size_t i = 0; i < status_->num_rows(); ++i) {
+    if (runs[i] == run && steps[i] == step && directions[i] == direction) return statuses[i];
+  }
+  return "";
+}
+
+void ProbeReport::drop_status(const std::string& run, int64_t step, const std::string& direction) {
+  if (status_of(run, step, direction).empty()) return;
+  Table kept = empty_status_table();
+  const auto& runs = status_->strings("run");
+  const auto& steps = status_->int64s("step");
+  const auto& directions = status_->strings("direction");
+  for (size_t i = 0; i < status_->num_rows(); ++i) {
+    if (runs[i] == run && steps[i] == step && directions[i] == direction) continue;
+    Table row;
+    row.add_column("run", std::vector<std::string>{runs[i]});
+    row.add_column("step", std::vector<int64_t>{steps[i]});
+    row.add_column("direction", std::vector<std::string>{directions[i]});
+    row.add_column("status", std::vector<std::string>{status_->strings("status")[i]});
+    row.add_column("message", std::vector<std::string>{status_->strings("message")[i]});
+    kept.append_rows(row);
+  }
+  *status_ = std::move(kept);
 }
 
 void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm) {
@@ -142,6 +176,7 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   const std::string g = unit_path(run, step, direction);
   w.remove(g);
   w.group(g);
+  drop_status(run, step, direction);
   const std::pair<const char*, double> scalars[] = {
       {"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
       {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},
@@ -279,6 +314,7 @@ void ProbeReport::add_status(const std::string& run, int64_t step, const std::st
   const std::string g = unit_path(run, step, direction);
   writer_->remove(g);
   writer_->group(g);
+  drop_status(run, step, direction);
   writer_->attribute(g, "status", status);
   writer_->attribute(g, "message", message);
   Table row;

@@ -60,7 +60,7 @@ class Progress {
 };
 
 // Runs `body`; curv::Error and other exceptions become "TOOL: error: message" on stderr and
-// exit code 1. CLI11 parse errors exit with CLI11's code (2 for bad arguments).
+// exit code 1. CLI11 parse errors exit with CLI11's own non-zero codes.
 int run_tool(const char* tool, const std::function<int()>& body);
 
 }  // namespace curv::tools

@@ -235,7 +235,7 @@ int run(int argc, char** argv) {
     p.dtype = a.runtime.dtype;
     p.seed = 0;
     p.probe_hash = "training-batch";
-    p.threads = hardware_threads();
+    p.threads = a.runtime.threads == 0 ? hardware_threads() : a.runtime.threads;
     p.runtime = runtime_summary();
     p.blocks = "layer";
     p.hvp_method = "exact";

@@ -200,9 +200,20 @@ int run(int argc, char** argv) {
 
   init_runtime(RuntimeOptions{a.runtime.threads});
   // Validate everything cheap before the first HVP.
+  // "--directions muon.whatif:match=1,lr=0.01,delta": CLI11 splits at every comma, so pieces
+  // that are only key=value belong to the spec before them.
+  std::vector<std::string> specs;
+  for (const auto& piece : a.directions) {
+    if (!specs.empty() && piece.find('=') != std::string::npos &&
+        piece.find(':') == std::string::npos && specs.back().find(':') != std::string::npos) {
+      specs.back() += "," + piece;
+    } else {
+      specs.push_back(piece);
+    }
+  }
   std::vector<std::unique_ptr<Direction>> directions;
   std::set<std::string> seen_directions;
-  for (const auto& spec : a.directions) {
+  for (const auto& spec : specs) {
     directions.push_back(make_direction(spec));
     if (!seen_directions.insert(directions.back()->name()).second) {
       throw InvalidArgument(fmt::format("--directions lists '{}' twice", spec));
@@ -260,7 +271,7 @@ int run(int argc, char** argv) {
   provenance.probe_examples = probe.num_examples();
   provenance.probe_batches = static_cast<int64_t>(probe.size());
   provenance.probe_hash = probe.hash();
-  provenance.threads = hardware_threads();
+  provenance.threads = a.runtime.threads == 0 ? hardware_threads() : a.runtime.threads;
   provenance.runtime = runtime_summary();
   provenance.blocks = a.block_groups.empty() ? a.blocks : "groups:" + fmt::format("{}", fmt::join(a.block_groups, ";"));
   provenance.hvp_method = a.hvp;
@@ -289,6 +300,7 @@ int run(int argc, char** argv) {
       context.step = info.step;
       context.seed = a.runtime.seed;
       context.whatif_fallback = a.whatif_fallback;
+      for (const auto& b : blocks.blocks()) context.blocks.push_back(b.params);
       context.theta = parameters_from(ckpt, objective.space(), objective.parameters(), a.allow_extra);
       engine.set_parameters(context.theta);
       // The delta goes to the next saved checkpoint, whatever the selection's stride.

@@ -21,6 +21,9 @@ struct DirectionContext {
   const Checkpoint* current = nullptr;   // θ_t's checkpoint (optimizer state, meta), may be null
   ParamVector theta;                     // θ_t
   ParamVector theta_next;                // θ_{t+1}, empty when there is no next checkpoint
+  // Blocks (groups of parameter indices) for directions that work block by block; empty means
+  // one block per tensor.
+  std::vector<std::vector<size_t>> blocks;
   int64_t step = 0;                      // t
   uint64_t seed = 0;                     // run seed; directions derive their own streams from it
   // Optimizer directions whose checkpoint lacks usable saved state take a what-if step from
@@ -59,7 +62,8 @@ std::vector<std::pair<std::string, std::string>> known_directions();
 std::unique_ptr<Direction> make_delta_direction();     // θ_{t+1} − θ_t
 std::unique_ptr<Direction> make_gradient_direction();  // −g
 // Seeded Gaussian, rescaled block by block to the norms of a reference direction: the delta when
-// a next checkpoint exists, else −g. `blocks` are groups of parameter indices.
+// a next checkpoint exists, else −g. `blocks` are groups of parameter indices; empty takes the
+// context's blocks (one per tensor when those are empty too).
 std::unique_ptr<Direction> make_random_direction(std::vector<std::vector<size_t>> blocks);
 
 }  // namespace curv

@@ -83,6 +83,7 @@ class CurvatureEngine {
  private:
   struct State;
   void compute_first_order(bool keep_graphs);
+  bool keep_graphs_by_default() const;
   ParamVector gradient_at_offset(const ParamVector& offset);  // ∇L(θ + offset), θ restored
   void check(const ParamVector& x, const char* what) const;
 

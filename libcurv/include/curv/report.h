@@ -66,6 +66,9 @@ class ProbeReport {
   H5Writer& writer();
 
  private:
+  std::string status_of(const std::string& run, int64_t step, const std::string& direction) const;
+  void drop_status(const std::string& run, int64_t step, const std::string& direction);
+
   std::string path_;
   std::unique_ptr<H5Writer> writer_;
   std::unique_ptr<Table> taylor_;

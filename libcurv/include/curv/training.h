@@ -26,7 +26,7 @@ struct ScheduleOptions {
 double lr_multiplier(const ScheduleOptions& options, int64_t step);
 
 struct InTrainingProbeOptions {
-  int64_t every = 100;          // measure updates step % every == 0 (and the first)
+  int64_t every = 100;          // measure update t (0-based) when t % every == 0
   bool on_training_batch = true;  // direction "update": the batch the step was computed on
   TaylorOptions taylor;         // coupling, realized change, multipliers
   void validate() const;

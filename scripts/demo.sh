@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set-up to result: installs the Debian dependencies, builds, trains the same tiny GPT with AdamW
+# and with Muon on Zipf-PCFG data at s = 0 and s = 1, probes every run with ndsprobe, and writes
+# one HDF5 file per probe, PNG plots and a summary into out/demo/.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${CURV_BUILD_DIR:-$root/build}"
+out="${CURV_DEMO_DIR:-$root/out/demo}"
+steps="${CURV_DEMO_STEPS:-1000}"
+exponents="${CURV_DEMO_EXPONENTS:-0 1}"
+if [ "${CURV_SKIP_SETUP:-0}" != 1 ]; then "$root/scripts/setup-debian.sh"; fi
+"$root/scripts/build.sh"
+
+start=$(date +%s)
+rm -rf "$out"
+mkdir -p "$out/runs"
+declare -A optimizers=(
+  [adamw]="adamw:lr=1e-2,weight_decay=0"
+  [muon]="muon:lr=0.05,adam_lr=1e-2"
+)
+for s in $exponents; do
+  for name in adamw muon; do
+    run="${name}_s${s}"
+    echo "== training $run (${optimizers[$name]}, Zipf exponent s = $s)"
+    "$build/tools/curvtrain/curvtrain" -o "$out/runs/$run" --optimizer "${optimizers[$name]}" \
+      --zipf-s "$s" --steps "$steps" --batch-size 32 --warmup 50 --save-every 100 \
+      --eval-every 100 --probe-every 100 --probe-output "$out/train_probe.h5" --run-name "$run" \
+      --quiet
+  done
+done
+
+echo "== ndsprobe on every run (balanced probe set from the same grammar)"
+runs=()
+for s in $exponents; do for name in adamw muon; do runs+=("$out/runs/${name}_s${s}"); done; done
+"$build/tools/ndsprobe/ndsprobe" "${runs[@]}" --data "$out/runs/adamw_s${exponents%% *}/probe.safetensors" \
+  --directions update,delta --within --modes 4 --batch-size 32 -o "$out/ndsprobe.h5" --quiet
+
+/usr/bin/python3 "$root/tools/python/plot_demo.py" "$out"
+echo "demo finished in $(( $(date +%s) - start )) s (after the build)"

@@ -1,0 +1,112 @@
+"""Reading and plotting libcurv's HDF5 results (schema: docs/hdf5-schema.md).
+
+Runs on Debian's system python3 (python3-h5py, python3-pandas, python3-matplotlib). Used by the
+demo and by every notebook in notebooks/.
+"""
+import csv
+import os
+
+import h5py
+import numpy as np
+import pandas as pd
+
+
+def _decode(values):
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+def read_table(path, group):
+    """A table group (one dataset per column, attribute 'columns') as a DataFrame."""
+    with h5py.File(path, "r") as f:
+        g = f[group]
+        columns = [c.decode() if isinstance(c, bytes) else c for c in g.attrs["columns"]]
+        data = {}
+        for c in columns:
+            values = g[c][()]
+            data[c] = _decode(values) if values.dtype.kind in "OS" else values
+    return pd.DataFrame(data, columns=columns)
+
+
+def taylor(path):
+    """The long table /taylor: one row per (run, step, direction, block)."""
+    return read_table(path, "/taylor")
+
+
+def totals(path, direction=None):
+    """Whole-model rows of /taylor, optionally for one direction."""
+    df = taylor(path)
+    df = df[df["block"] == "total"]
+    if direction is not None:
+        df = df[df["direction"] == direction]
+    return df.sort_values(["run", "step"]).reset_index(drop=True)
+
+
+def root_attributes(path):
+    with h5py.File(path, "r") as f:
+        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+
+def coupling(path, run, step, direction):
+    """The coupling matrix C and its block names at one unit."""
+    with h5py.File(path, "r") as f:
+        g = f[f"/runs/{run}/step_{step}/{direction}"]
+        names = _decode(g["blocks"]["name"][()])
+        return g["coupling"][()], names
+
+
+def within(path, run, step, direction):
+    """Within-block results of one unit: {param: {'attrs', 'singular_values', 'modes', 'groups'}}."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        w = f[f"/runs/{run}/step_{step}/{direction}/within"]
+        for name in _decode(list(w.attrs["params"])):
+            p = w[name]
+            out[name] = {
+                "attrs": dict(p.attrs),
+                "singular_values": p["singular_values"][()],
+                "modes": read_table(path, f"{p.name}/modes"),
+                "groups": read_table(path, f"{p.name}/groups"),
+            }
+    return out
+
+
+def training_log(run_dir):
+    """curvtrain's log.csv as a DataFrame."""
+    return pd.read_csv(os.path.join(run_dir, "log.csv"))
+
+
+def optimizer_of(run):
+    """'adamw_s1' -> 'adamw'."""
+    return run.split("_")[0]
+
+
+def exponent_of(run):
+    """'adamw_s1' -> 1.0 (NaN when the run name carries no _s<value>)."""
+    for part in run.split("_")[1:]:
+        if part.startswith("s"):
+            try:
+                return float(part[1:])
+            except ValueError:
+                pass
+    return float("nan")
+
+
+def nds_ratio(df, numerator="adamw", denominator="muon"):
+    """Mean NDS of one optimizer's runs over another's, per exponent s: {s: ratio}."""
+    df = df.assign(opt=df["run"].map(optimizer_of), s=df["run"].map(exponent_of))
+    out = {}
+    for s, group in df.groupby("s"):
+        means = group.groupby("opt")["nds"].mean()
+        if numerator in means and denominator in means:
+            out[s] = float(means[numerator] / means[denominator])
+    return out
+
+
+def plot_over_training(ax, df, column, title, logy=False):
+    for run, group in df.groupby("run"):
+        ax.plot(group["step"], group[column], marker="o", ms=3, label=run)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=7)

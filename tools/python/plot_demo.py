@@ -1,0 +1,90 @@
+"""Plots and summary of the Adam-vs-Muon demo (scripts/demo.sh).
+
+Usage: plot_demo.py DEMO_DIR
+Reads DEMO_DIR/ndsprobe.h5 (ndsprobe on every run's checkpoints, balanced probe set),
+DEMO_DIR/train_probe.h5 (curvtrain's in-training probe on the training batches) and
+DEMO_DIR/runs/*/log.csv; writes DEMO_DIR/plots/*.png and DEMO_DIR/summary.json, prints a summary.
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import curvplot  # noqa: E402
+
+
+def main():
+    demo = sys.argv[1]
+    plots = os.path.join(demo, "plots")
+    os.makedirs(plots, exist_ok=True)
+    train = curvplot.totals(os.path.join(demo, "train_probe.h5"), "update")
+    probe = curvplot.totals(os.path.join(demo, "ndsprobe.h5"), "update")
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    curvplot.plot_over_training(axes[0, 0], train, "nds", "NDS of the update (training batch)", logy=True)
+    curvplot.plot_over_training(axes[0, 1], probe, "nds", "NDS of the update (balanced probe set)", logy=True)
+    curvplot.plot_over_training(axes[1, 0], train, "update_norm", "update norm ‖u‖", logy=True)
+    curvplot.plot_over_training(axes[1, 1], probe, "rho_within", "ρ_within (balanced probe set)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, "nds_over_training.png"), dpi=110)
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for run, g in train.groupby("run"):
+        ax.scatter(-g["predicted"], -g["realized"], s=12, label=run)
+    lim = max(1e-9, float(max((-train["predicted"]).max(), (-train["realized"]).max())))
+    ax.plot([0, lim], [0, lim], "k--", lw=0.8)
+    ax.set_xlabel("predicted decrease −(g·u + ½uᵀHu)")
+    ax.set_ylabel("realized decrease L(θ) − L(θ+u)")
+    ax.set_title("Taylor audit of each update (training batch)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, "predicted_vs_realized.png"), dpi=110)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    runs_dir = os.path.join(demo, "runs")
+    losses = {}
+    for run in sorted(os.listdir(runs_dir)):
+        log = curvplot.training_log(os.path.join(runs_dir, run))
+        ax.plot(log["step"], log["val_loss"], label=run)
+        last = log.iloc[-1]
+        losses[run] = {"val_loss": float(last["val_loss"]), "head": float(last["val_head_loss"]),
+                       "tail": float(last["val_tail_loss"]), "train_loss": float(last["train_loss"])}
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (s = 0)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, "validation_loss.png"), dpi=110)
+
+    summary = {
+        "nds_ratio_adam_over_muon_training_batch": curvplot.nds_ratio(train),
+        "nds_ratio_adam_over_muon_probe_set": curvplot.nds_ratio(probe),
+        "mean_nds_training_batch": train.groupby("run")["nds"].mean().to_dict(),
+        "mean_rho_within_probe_set": probe.groupby("run")["rho_within"].mean().to_dict(),
+        "losses": losses,
+    }
+    with open(os.path.join(demo, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+
+    print("\n== Adam vs Muon on Zipf-PCFG: curvature along each optimizer's updates")
+    print(f"{'run':<12} {'mean NDS (train batch)':>23} {'mean ρ_within (probe)':>22} "
+          f"{'val loss':>9} {'head':>7} {'tail':>7}")
+    for run in sorted(losses):
+        nds = summary["mean_nds_training_batch"].get(run, float("nan"))
+        rho = summary["mean_rho_within_probe_set"].get(run, float("nan"))
+        l = losses[run]
+        print(f"{run:<12} {nds:>23.4g} {100 * rho:>21.1f}% {l['val_loss']:>9.4f} "
+              f"{l['head']:>7.4f} {l['tail']:>7.4f}")
+    for key, label in [("nds_ratio_adam_over_muon_training_batch", "training batch"),
+                       ("nds_ratio_adam_over_muon_probe_set", "balanced probe set")]:
+        for s, ratio in sorted(summary[key].items()):
+            print(f"mean NDS ratio Adam/Muon at s = {s:g} ({label}): {ratio:.3f}")
+    print(f"plots in {plots}, numbers in {os.path.join(demo, 'summary.json')}")
+
+
+if __name__ == "__main__":
+    main()
