@@ -91,22 +91,30 @@ def exponent_of(run):
     return float("nan")
 
 
-def nds_ratio(df, numerator="adamw", denominator="muon"):
-    """Mean NDS of one optimizer's runs over another's, per exponent s: {s: ratio}."""
+def nds_ratio(df, numerator="adamw", denominator="muon", statistic="mean", min_step=1):
+    """NDS statistic ("mean" or "median") of one optimizer's runs over another's, per exponent s,
+    over steps >= min_step: {s: ratio}. Step 0 is the initialization, where every run sees
+    negative curvature, so it is left out by default."""
+    df = df[df["step"] >= min_step]
     df = df.assign(opt=df["run"].map(optimizer_of), s=df["run"].map(exponent_of))
     out = {}
     for s, group in df.groupby("s"):
-        means = group.groupby("opt")["nds"].mean()
-        if numerator in means and denominator in means:
-            out[s] = float(means[numerator] / means[denominator])
+        stats = group.groupby("opt")["nds"].agg(statistic)
+        if numerator in stats and denominator in stats:
+            out[s] = float(stats[numerator] / stats[denominator])
     return out
 
 
-def plot_over_training(ax, df, column, title, logy=False):
+def plot_over_training(ax, df, column, title, scale="linear"):
+    """One line per run of `column` against step. scale: linear, log, or symlog (for signed
+    quantities such as NDS, whose negative values a log axis would drop)."""
     for run, group in df.groupby("run"):
         ax.plot(group["step"], group[column], marker="o", ms=3, label=run)
     ax.set_title(title)
     ax.set_xlabel("step")
-    if logy:
+    if scale == "symlog":
+        ax.set_yscale("symlog", linthresh=1e-2)
+        ax.axhline(0, color="k", lw=0.5)
+    elif scale == "log":
         ax.set_yscale("log")
     ax.legend(fontsize=7)

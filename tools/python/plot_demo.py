@@ -26,9 +26,9 @@ def main():
     probe = curvplot.totals(os.path.join(demo, "ndsprobe.h5"), "update")
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    curvplot.plot_over_training(axes[0, 0], train, "nds", "NDS of the update (training batch)", logy=True)
-    curvplot.plot_over_training(axes[0, 1], probe, "nds", "NDS of the update (balanced probe set)", logy=True)
-    curvplot.plot_over_training(axes[1, 0], train, "update_norm", "update norm ‖u‖", logy=True)
+    curvplot.plot_over_training(axes[0, 0], train, "nds", "NDS of the update (training batch)", "symlog")
+    curvplot.plot_over_training(axes[0, 1], probe, "nds", "NDS of the update (balanced probe set)", "symlog")
+    curvplot.plot_over_training(axes[1, 0], train, "update_norm", "update norm ‖u‖", "log")
     curvplot.plot_over_training(axes[1, 1], probe, "rho_within", "ρ_within (balanced probe set)")
     fig.tight_layout()
     fig.savefig(os.path.join(plots, "nds_over_training.png"), dpi=110)
@@ -60,29 +60,42 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(plots, "validation_loss.png"), dpi=110)
 
+    later = train[train["step"] > 0]
+    later_probe = probe[probe["step"] > 0]
     summary = {
+        "note": "NDS statistics over steps > 0: step 0 is the initialization, where every run "
+                "sees negative curvature along its first update",
         "nds_ratio_adam_over_muon_training_batch": curvplot.nds_ratio(train),
+        "nds_median_ratio_adam_over_muon_training_batch": curvplot.nds_ratio(train, statistic="median"),
         "nds_ratio_adam_over_muon_probe_set": curvplot.nds_ratio(probe),
-        "mean_nds_training_batch": train.groupby("run")["nds"].mean().to_dict(),
-        "mean_rho_within_probe_set": probe.groupby("run")["rho_within"].mean().to_dict(),
+        "nds_median_ratio_adam_over_muon_probe_set": curvplot.nds_ratio(probe, statistic="median"),
+        "mean_nds_training_batch": later.groupby("run")["nds"].mean().to_dict(),
+        "median_nds_training_batch": later.groupby("run")["nds"].median().to_dict(),
+        "negative_nds_fraction_training_batch": later.groupby("run")["nds"].apply(lambda x: float((x < 0).mean())).to_dict(),
+        "mean_rho_within_probe_set": later_probe.groupby("run")["rho_within"].mean().to_dict(),
         "losses": losses,
     }
     with open(os.path.join(demo, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
 
     print("\n== Adam vs Muon on Zipf-PCFG: curvature along each optimizer's updates")
-    print(f"{'run':<12} {'mean NDS (train batch)':>23} {'mean ρ_within (probe)':>22} "
+    print("   (NDS on the training batch of each probed update, steps > 0)")
+    print(f"{'run':<12} {'mean NDS':>10} {'median NDS':>11} {'NDS < 0':>8} {'ρ_within':>9} "
           f"{'val loss':>9} {'head':>7} {'tail':>7}")
     for run in sorted(losses):
-        nds = summary["mean_nds_training_batch"].get(run, float("nan"))
-        rho = summary["mean_rho_within_probe_set"].get(run, float("nan"))
+        get = lambda key: summary[key].get(run, float("nan"))  # noqa: E731
         l = losses[run]
-        print(f"{run:<12} {nds:>23.4g} {100 * rho:>21.1f}% {l['val_loss']:>9.4f} "
+        print(f"{run:<12} {get('mean_nds_training_batch'):>10.4g} "
+              f"{get('median_nds_training_batch'):>11.4g} "
+              f"{100 * get('negative_nds_fraction_training_batch'):>7.0f}% "
+              f"{100 * get('mean_rho_within_probe_set'):>8.1f}% {l['val_loss']:>9.4f} "
               f"{l['head']:>7.4f} {l['tail']:>7.4f}")
-    for key, label in [("nds_ratio_adam_over_muon_training_batch", "training batch"),
-                       ("nds_ratio_adam_over_muon_probe_set", "balanced probe set")]:
-        for s, ratio in sorted(summary[key].items()):
-            print(f"mean NDS ratio Adam/Muon at s = {s:g} ({label}): {ratio:.3f}")
+    for stat in ["", "median_"]:
+        for key, label in [(f"nds_{stat}ratio_adam_over_muon_training_batch", "training batch"),
+                           (f"nds_{stat}ratio_adam_over_muon_probe_set", "balanced probe set")]:
+            for s, ratio in sorted(summary[key].items()):
+                print(f"{stat.rstrip('_') or 'mean'} NDS ratio Adam/Muon at s = {s:g} ({label}): "
+                      f"{ratio:.3f}")
     print(f"plots in {plots}, numbers in {os.path.join(demo, 'summary.json')}")
 
 
