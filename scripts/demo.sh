@@ -24,7 +24,7 @@ for s in $exponents; do
     echo "== training $run (${optimizers[$name]}, Zipf exponent s = $s)"
     "$build/tools/curvtrain/curvtrain" -o "$out/runs/$run" --optimizer "${optimizers[$name]}" \
       --zipf-s "$s" --steps "$steps" --batch-size 32 --warmup 50 --save-every 100 \
-      --eval-every 100 --probe-every 50 --probe-output "$out/train_probe.h5" --run-name "$run" \
+      --eval-every 100 --probe-every 100 --probe-output "$out/train_probe.h5" --run-name "$run" \
       --quiet
   done
 done

@@ -170,3 +170,22 @@ TEST_CASE("ndsprobe rejects bad input clearly and leaves existing output intact"
   // A bad flag value is a usage error.
   expect_error(f.run + " --data " + f.data + " --coupling exact", "coupling");
 }
+
+TEST_CASE("a killed ndsprobe run leaves a readable file or none", "[ndsprobe]") {
+  Fixture f;
+  int readable = 0;
+  for (const char* after : {"0.7", "1.0", "1.3", "1.8"}) {
+    const std::string out = f.dir.file(std::string("killed_") + after + ".h5");
+    std::string output;
+    run_command("timeout -s KILL " + std::string(after) + " " + tool_path("ndsprobe") + " " + f.run +
+                    " --data " + f.data + " --dtype float64 --within --quiet -o " + out,
+                &output);
+    if (!fs::exists(out)) continue;
+    // Whatever was committed before the kill is a complete, readable file.
+    H5Reader reader(out);
+    CHECK(reader.attribute_string("/", "tool") == "ndsprobe");
+    CHECK_NOTHROW(reader.table("/taylor"));
+    ++readable;
+  }
+  INFO("files written before the kill: " << readable);
+}

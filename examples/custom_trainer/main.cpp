@@ -1,69 +1,80 @@
-// A hand-written LibTorch training loop that measures the curvature along each step it takes,
-// every N steps: the loss change predicted by the second-order Taylor expansion against the
-// realized one, and the Normalized Directional Sharpness NDS = uᵀHu / ‖u‖² of the step u.
+// A hand-written LibTorch training loop that measures the curvature along the step it just took,
+// every N steps, with libcurv's in-training probe: the second-order Taylor audit (predicted vs
+// realized loss change), NDS = uᵀHu / ‖u‖² and the per-layer breakdown, appended to an HDF5 file
+// in the same schema ndsprobe writes (docs/hdf5-schema.md).
 //
-//   custom_trainer [--steps N] [--probe-every K]
+//   custom_trainer [--steps N] [--probe-every K] [--output FILE.h5]
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
 
-#include "curv/engine.h"
+#include "curv/blocks.h"
 #include "curv/objective.h"
+#include "curv/report.h"
 #include "curv/runtime.h"
+#include "curv/training.h"
 
 int main(int argc, char** argv) {
   int steps = 100, probe_every = 25;
+  std::string output = "custom_trainer.h5";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--probe-every")) probe_every = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--output")) output = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--probe-every K]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--steps N] [--probe-every K] [--output FILE.h5]\n", argv[0]);
       return 2;
     }
   }
   curv::init_runtime();
   torch::manual_seed(0);
 
-  // A small classifier on a synthetic, linearly separable-ish task.
+  // The user's model, data and optimizer: nothing here knows about libcurv.
   auto net = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
                                    torch::nn::Linear(64, 4));
   auto x = torch::randn({512, 16});
   auto y = (x.narrow(1, 0, 4) * 3).argmax(1);
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(3e-3));
 
+  // libcurv: the loss as an objective, a results file, and the probe.
   auto objective = curv::make_module_objective(
       net.ptr(),
       [net](const curv::Batch& b) mutable {
         return torch::nn::functional::cross_entropy(net->forward(b.inputs), b.targets);
       },
       "mlp-16-64-4");
+  curv::Provenance provenance;
+  provenance.tool = "custom_trainer";
+  provenance.model = objective->describe();
+  provenance.dtype = "float32";
+  provenance.probe_hash = "training-batch";
+  provenance.blocks = "tensor";
+  provenance.hvp_method = "exact";
+  curv::ProbeReport report(output, provenance, /*resume=*/false);
+  curv::InTrainingProbeOptions options;
+  options.every = probe_every;
+  curv::InTrainingProbe probe(
+      report, "adam", curv::BlockPartition::by_rule(objective->space(), curv::BlockRule::kTensor),
+      options);
 
-  std::printf("%6s %10s %12s %12s %12s %12s\n", "step", "loss", "g.u", "predicted", "realized",
-              "NDS");
-  for (int step = 1; step <= steps; ++step) {
-    auto batch_index = torch::randint(0, 512, {64}, torch::kLong);
-    curv::Batch batch{x.index_select(0, batch_index), y.index_select(0, batch_index)};
+  std::printf("%6s %10s %12s %12s %12s\n", "step", "loss", "predicted", "realized", "NDS");
+  for (int step = 0; step < steps; ++step) {
+    auto index = torch::randint(0, 512, {64}, torch::kLong);
+    curv::Batch batch{x.index_select(0, index), y.index_select(0, index)};
     curv::ParamVector before = curv::snapshot_parameters(*objective);
 
     optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(net->forward(batch.inputs), batch.targets);
-    loss.backward();
+    torch::nn::functional::cross_entropy(net->forward(batch.inputs), batch.targets).backward();
     optimizer.step();
 
-    if (step % probe_every != 0) continue;
-    // The step just taken, measured on the batch it was computed from, at the pre-step point.
-    curv::ParamVector after = curv::snapshot_parameters(*objective);
-    curv::ParamVector u = curv::sub(after, before);
-    curv::load_parameters(*objective, before);
-    curv::CurvatureEngine engine(*objective, curv::ProbeSet({batch}));
-    const double gu = curv::dot(engine.gradient(), u);
-    const double uhu = curv::dot(u, engine.hvp(u));
-    const double realized = engine.loss_at(u) - engine.loss();
-    std::printf("%6d %10.4f %12.4e %12.4e %12.4e %12.4e\n", step, engine.loss(), gu,
-                gu + 0.5 * uhu, realized, uhu / curv::squared_norm(u));
-    curv::load_parameters(*objective, after);
+    if (!probe.due(step)) continue;
+    // The step just taken, audited at the pre-step point on the batch it was computed from.
+    curv::ParamVector u = curv::sub(curv::snapshot_parameters(*objective), before);
+    curv::TaylorResult r = probe.measure(*objective, step, before, u, batch);
+    std::printf("%6d %10.4f %12.4e %12.4e %12.4e\n", step, r.loss, r.predicted, r.realized, r.nds);
   }
+  std::printf("curvature of every probed step in %s\n", output.c_str());
   return 0;
 }

@@ -102,6 +102,7 @@ class OptimizerDirection : public Direction {
                               c.current->path + "/optimizer.safetensors");
         c.note = fmt::format("rebuilt from saved {} state (step count {})", family_,
                              optimizer->step_count());
+        c.partition = optimizer->partition();
         return optimizer->peek(c.theta, g);
       }
       if (!c.whatif_fallback) {
@@ -117,6 +118,7 @@ class OptimizerDirection : public Direction {
     OptimizerConfig config = OptimizerConfig::defaults(family_);
     for (const auto& [k, v] : overrides_) config.set(k, v);
     auto optimizer = make_optimizer(config, space);
+    c.partition = optimizer->partition();
     ParamVector u = optimizer->peek(c.theta, g);
     if (match_) {
       const double want = norm(sub(c.theta_next, c.theta)), have = norm(u);

@@ -51,6 +51,7 @@ struct Args {
   std::string probe_output;
   std::string run_name;
   bool resume = false;
+  int64_t stop_at = 0;
 };
 
 const char* kTinyGpt =
@@ -131,6 +132,9 @@ int run(int argc, char** argv) {
   app.add_option("--probe-output", a.probe_output, "HDF5 file of the in-training probe (appended to)");
   app.add_option("--run-name", a.run_name, "Run name in the probe output (default: the optimizer name)");
   app.add_flag("--resume", a.resume, "Continue from the last checkpoint in --out, exactly");
+  app.add_option("--stop-at", a.stop_at, "Stop after this step, saving a checkpoint (the schedule "
+                 "still spans --steps; continue later with --resume); 0 = run to --steps")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   tools::add_runtime_args(app, a.runtime);
   try {
     app.parse(argc, argv);
@@ -258,7 +262,8 @@ int run(int argc, char** argv) {
   double running = std::nan("");
   EngineOptions plain;
   plain.reuse_graph = false;  // training needs gradients only
-  for (int64_t t = start; t < a.steps; ++t) {
+  const int64_t stop = a.stop_at > 0 ? std::min(a.stop_at, a.steps) : a.steps;
+  for (int64_t t = start; t < stop; ++t) {
     const double mult = lr_multiplier(schedule, t + 1);
     optimizer->mutable_config().lr = base_lr * mult;
     optimizer->mutable_config().adam_lr = base_adam_lr * mult;
@@ -291,7 +296,7 @@ int run(int argc, char** argv) {
       progress.update(static_cast<size_t>(done - start),
                       fmt::format("step {} train {:.4f} val {:.4f}", done, running, e.loss));
     }
-    if (done % a.save_every == 0 || done == a.steps) save(done);
+    if (done % a.save_every == 0 || done == a.steps || done == stop) save(done);
   }
   progress.finish();
   Eval final_eval = evaluate(*model, val, buckets);

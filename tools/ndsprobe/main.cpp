@@ -276,6 +276,7 @@ int run(int argc, char** argv) {
   provenance.blocks = a.block_groups.empty() ? a.blocks : "groups:" + fmt::format("{}", fmt::join(a.block_groups, ";"));
   provenance.hvp_method = a.hvp;
   provenance.extra["probe_data"] = a.data;
+  provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
   provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));
   ProbeReport report(a.output, provenance, a.resume);
 
@@ -322,6 +323,7 @@ int run(int argc, char** argv) {
             report.add_status(names[r], info.step, d->name(), "unavailable", why);
           } else {
             context.note.clear();
+            context.partition.clear();
             ParamVector u = d->compute(context);
             TaylorResult taylor = taylor_audit(engine, u, blocks, taylor_options);
             if (a.within) {
@@ -330,9 +332,11 @@ int run(int argc, char** argv) {
             } else {
               report.add_taylor(names[r], info.step, d->name(), taylor);
             }
-            if (!context.note.empty()) {
-              report.writer().attribute(unit_path(names[r], info.step, d->name()), "note",
-                                        context.note);
+            const std::string unit = unit_path(names[r], info.step, d->name());
+            if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
+            // Which rule each parameter got (aligned with the root attribute param_names).
+            if (!context.partition.empty()) {
+              report.writer().attribute(unit, "partition", context.partition);
             }
           }
           report.commit();

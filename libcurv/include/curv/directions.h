@@ -30,6 +30,8 @@ struct DirectionContext {
   // fresh state instead of failing (and say so in `note`).
   bool whatif_fallback = false;
   std::string note;                      // set by compute(): how the direction was obtained
+  // Set by optimizer directions: the rule applied to each parameter ("muon", "adamw", ...).
+  std::vector<std::string> partition;
 };
 
 class Direction {
@@ -52,7 +54,7 @@ void register_direction(const std::string& name, DirectionFactory factory,
                         const std::string& help);
 // Builds a direction from a spec such as "delta", "gradient", "random", "adamw" (rebuilt from the
 // checkpoint's optimizer state), "muon.whatif" (fresh state, configured lr),
-// "muon.whatif:match=1,lr=0.01" (rescaled to the delta's norm); see docs/directions.md. InvalidArgument names
+// "muon.whatif:match=1,lr=0.01" (rescaled to the delta's norm); see docs/optimizers.md. InvalidArgument names
 // the spec and lists the known directions.
 std::unique_ptr<Direction> make_direction(const std::string& spec);
 // Known direction names with one-line help, sorted.
