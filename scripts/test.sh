@@ -16,5 +16,13 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 cmake -S "$root/examples" -B "$build/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$build/examples" -j "$(nproc)"
-"$build/examples/custom_trainer/custom_trainer" --steps 20 --probe-every 10
+"$build/examples/custom_trainer/custom_trainer" --steps 20 --probe-every 10 \
+  --output "$build/custom_trainer.h5"
+/usr/bin/python3 - "$build/custom_trainer.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    rows = f["taylor"]["step"].shape[0]
+    assert rows > 0, "the example's probe wrote no rows"
+    print(f"example probe file: {rows} rows in /taylor")
+PY
 echo "all checks passed"
