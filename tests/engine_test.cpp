@@ -13,12 +13,6 @@ using namespace curv_test;
 
 namespace {
 
-Eigen::VectorXd flat(const ParamVector& x, int64_t n) {
-  Eigen::VectorXd out(n);
-  to_flat(x, out.data());
-  return out;
-}
-
 double relative(const Eigen::VectorXd& a, const Eigen::VectorXd& b) {
   return (a - b).norm() / b.norm();
 }

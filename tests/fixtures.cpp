@@ -59,6 +59,12 @@ curv::ParamVector random_direction(curv::Objective& objective, uint64_t seed) {
   return out;
 }
 
+Eigen::VectorXd flat(const curv::ParamVector& x, int64_t n) {
+  Eigen::VectorXd out(n);
+  curv::to_flat(x, out.data());
+  return out;
+}
+
 double relative_error(const curv::ParamVector& a, const curv::ParamVector& b) {
   curv::ParamVector a64, b64;
   for (const auto& t : a) a64.push_back(t.to(at::kDouble));

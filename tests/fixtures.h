@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <Eigen/Core>
+
 #include <memory>
 
 #include "curv/models.h"
@@ -41,5 +43,7 @@ curv::ProbeSet gpt_probe(uint64_t seed, int64_t n, int64_t batch_size, int64_t v
 // A seeded random direction in the objective's parameter space, in float64.
 curv::ParamVector random_direction(curv::Objective& objective, uint64_t seed);
 double relative_error(const curv::ParamVector& a, const curv::ParamVector& b);
+// x as one flat float64 vector of length n.
+Eigen::VectorXd flat(const curv::ParamVector& x, int64_t n);
 
 }  // namespace curv_test

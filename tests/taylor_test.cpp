@@ -14,12 +14,6 @@ using namespace curv_test;
 
 namespace {
 
-Eigen::VectorXd flat(const ParamVector& x, int64_t n) {
-  Eigen::VectorXd out(n);
-  to_flat(x, out.data());
-  return out;
-}
-
 // u restricted to a block, as a flat vector.
 Eigen::VectorXd block_flat(const ParamVector& u, const Block& block, int64_t n) {
   return flat(masked(u, block.params), n);

@@ -9,6 +9,7 @@
 #include "curv/engine.h"
 #include "curv/error.h"
 #include "curv/optimizers.h"
+#include "strings.h"
 
 namespace curv {
 
@@ -36,17 +37,8 @@ class OptimizerDirection : public Direction {
     }
     if (family_ != "update") OptimizerConfig::defaults(family_);
     if (colon != std::string::npos) {
-      std::string rest = spec.substr(colon + 1);
-      size_t start = 0;
-      while (start < rest.size()) {
-        size_t end = rest.find(',', start);
-        if (end == std::string::npos) end = rest.size();
-        const std::string item = rest.substr(start, end - start);
-        const auto eq = item.find('=');
-        if (eq == std::string::npos) {
-          throw InvalidArgument(fmt::format("direction '{}': '{}' is not key=value", spec, item));
-        }
-        const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+      for (const auto& [key, value] :
+           parse_key_values(spec.substr(colon + 1), "direction '" + spec + "'")) {
         if (key == "match") {
           if (!whatif_) {
             throw InvalidArgument(fmt::format("direction '{}': match applies to what-if steps "
@@ -60,7 +52,6 @@ class OptimizerDirection : public Direction {
           }
           overrides_.emplace_back(key, value);
         }
-        start = end + 1;
       }
     }
     name_ = whatif_ ? family_ + ".whatif" : family_;

@@ -125,18 +125,8 @@ OptimizerConfig OptimizerConfig::parse(const std::string& spec) {
   const auto colon = spec.find(':');
   OptimizerConfig c = defaults(spec.substr(0, colon));
   if (colon == std::string::npos) return c;
-  std::string rest = spec.substr(colon + 1);
-  size_t start = 0;
-  while (start < rest.size()) {
-    size_t end = rest.find(',', start);
-    if (end == std::string::npos) end = rest.size();
-    const std::string item = rest.substr(start, end - start);
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) {
-      throw InvalidArgument(fmt::format("optimizer spec '{}': '{}' is not key=value", spec, item));
-    }
-    c.set(item.substr(0, eq), item.substr(eq + 1));
-    start = end + 1;
+  for (const auto& [key, value] : parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
+    c.set(key, value);
   }
   c.validate();
   return c;

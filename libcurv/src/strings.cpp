@@ -54,7 +54,27 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 #include <c10/util/Exception.h>
 
+#include "curv/error.h"
+
 namespace curv {
+
+std::vector<std::pair<std::string, std::string>> parse_key_values(const std::string& text,
+                                                                  const std::string& what) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw InvalidArgument(what + ": '" + item + "' is not key=value");
+    }
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    start = end + 1;
+  }
+  return out;
+}
 
 std::string brief_what(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {

@@ -18,6 +18,9 @@ std::string shape_string(const std::vector<int64_t>& shape);
 #include <exception>
 
 namespace curv {
+// "a=1,b=x" -> {{"a","1"},{"b","x"}}; InvalidArgument names `what` and the item without '='.
+std::vector<std::pair<std::string, std::string>> parse_key_values(const std::string& text,
+                                                                  const std::string& what);
 // The message of a caught exception without LibTorch's C++ backtrace.
 std::string brief_what(const std::exception& e);
 }  // namespace curv

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "curv/error.h"
+#include "splitmix.h"
 
 namespace curv {
 
@@ -34,15 +35,6 @@ TokenData TokenData::from_uint16_file(const std::string& path) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = raw[2 * i] | (raw[2 * i + 1] << 8);
   return TokenData(std::move(tokens), path);
 }
-
-namespace {
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-}  // namespace
 
 std::pair<at::Tensor, at::Tensor> TokenData::windows(int64_t count, int64_t t, uint64_t seed) const {
   if (t <= 0 || count <= 0) {

@@ -10,19 +10,11 @@
 #include <set>
 
 #include "curv/error.h"
+#include "splitmix.h"
 
 namespace curv {
 
 namespace {
-
-// Our own generator rather than std:: distributions: their outputs differ between standard
-// libraries, and the data must be identical wherever the grammar and seed are the same.
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // xoshiro256** seeded through splitmix64. `stream` separates the grammar's randomness from the
 // sampler's, so grammar_seed = seed = 0 still gives unrelated streams.
