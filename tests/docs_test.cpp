@@ -1,5 +1,7 @@
-// docs/cli.md against the tool: every option `ndsprobe --help` lists has a row (or heading) in the
-// reference, and the reference names no option the tool lacks.
+// docs/cli.md against the tools: every option `ndsprobe --help` and `curvtrain --help` list has a
+// row (or heading) in that tool's section of the reference, and each section names no option its
+// tool lacks. The curvtrain section starts at the heading "## curvtrain"; everything before it
+// is ndsprobe's.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -51,9 +53,9 @@ std::set<std::string> documented_flags(const std::string& markdown) {
   return out;
 }
 
-std::string ndsprobe_help() {
+std::string tool_help(const std::string& tool) {
   std::string help;
-  const int rc = run_command(tool_path("ndsprobe") + " --help", &help);
+  const int rc = run_command(tool_path(tool) + " --help", &help);
   INFO(help);
   REQUIRE(rc == 0);
   return help;
@@ -61,24 +63,52 @@ std::string ndsprobe_help() {
 
 const std::string kCliDoc = std::string(CURV_SOURCE_DIR) + "/docs/cli.md";
 
-}  // namespace
+// The part of docs/cli.md that documents `tool`: ndsprobe's before the "## curvtrain" heading,
+// curvtrain's from it to the end.
+std::string cli_section(const std::string& tool) {
+  const std::string doc = read_text(kCliDoc);
+  const std::string heading = "\n## curvtrain\n";
+  const auto at = doc.find(heading);
+  REQUIRE(at != std::string::npos);
+  return tool == "curvtrain" ? doc.substr(at + 1) : doc.substr(0, at + 1);
+}
 
-TEST_CASE("every option of ndsprobe --help is documented in docs/cli.md", "[docs]") {
-  const auto in_help = long_flags(ndsprobe_help());
-  REQUIRE(in_help.size() >= 20);  // the help text was really parsed
-  const auto documented = documented_flags(read_text(kCliDoc));
+void check_every_option_documented(const std::string& tool, size_t min_options) {
+  const auto in_help = long_flags(tool_help(tool));
+  REQUIRE(in_help.size() >= min_options);  // the help text was really parsed
+  const auto documented = documented_flags(cli_section(tool));
   for (const auto& flag : in_help) {
-    INFO("option " << flag << " is in --help but has no row or heading in docs/cli.md");
+    INFO("option " << flag << " is in " << tool << " --help but has no row or heading in its "
+         "section of docs/cli.md");
     CHECK(documented.count(flag) == 1);
   }
 }
 
-TEST_CASE("docs/cli.md names no option that ndsprobe lacks", "[docs]") {
-  const auto in_help = long_flags(ndsprobe_help());
-  const std::string doc = read_text(kCliDoc);
-  REQUIRE(!documented_flags(doc).empty());
-  for (const auto& flag : long_flags(doc)) {
-    INFO("docs/cli.md mentions " << flag << ", which ndsprobe --help does not list");
+void check_no_unknown_option(const std::string& tool) {
+  const auto in_help = long_flags(tool_help(tool));
+  const std::string section = cli_section(tool);
+  REQUIRE(!documented_flags(section).empty());
+  for (const auto& flag : long_flags(section)) {
+    INFO("the " << tool << " section of docs/cli.md mentions " << flag << ", which " << tool
+         << " --help does not list");
     CHECK(in_help.count(flag) == 1);
   }
+}
+
+}  // namespace
+
+TEST_CASE("every option of ndsprobe --help is documented in docs/cli.md", "[docs]") {
+  check_every_option_documented("ndsprobe", 20);
+}
+
+TEST_CASE("docs/cli.md names no option that ndsprobe lacks", "[docs]") {
+  check_no_unknown_option("ndsprobe");
+}
+
+TEST_CASE("every option of curvtrain --help is documented in docs/cli.md", "[docs]") {
+  check_every_option_documented("curvtrain", 20);
+}
+
+TEST_CASE("docs/cli.md names no option that curvtrain lacks", "[docs]") {
+  check_no_unknown_option("curvtrain");
 }

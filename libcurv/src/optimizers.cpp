@@ -170,6 +170,7 @@ void OptimizerConfig::validate() const {
   check("adam_beta1", adam_beta1, adam_beta1 >= 0 && adam_beta1 < 1);
   check("adam_beta2", adam_beta2, adam_beta2 >= 0 && adam_beta2 < 1);
   check("adam_weight_decay", adam_weight_decay, adam_weight_decay >= 0);
+  check("adam_eps", adam_eps, adam_eps >= 0);
   if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
     throw InvalidArgument("optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "
                           "torch.optim.SGD)");

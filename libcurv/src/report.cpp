@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <variant>
 
 #include "curv/error.h"
 #include "curv/h5_file.h"
@@ -55,6 +56,30 @@ void check_name(const std::string& what, const std::string& name) {
 }
 
 }  // namespace
+
+// The rows of `table` that are not of unit (run, step, direction).
+Table without_unit(const Table& table, const std::string& run, int64_t step,
+                   const std::string& direction) {
+  const auto& runs = table.strings("run");
+  const auto& steps = table.int64s("step");
+  const auto& directions = table.strings("direction");
+  std::vector<size_t> keep;
+  for (size_t i = 0; i < table.num_rows(); ++i) {
+    if (!(runs[i] == run && steps[i] == step && directions[i] == direction)) keep.push_back(i);
+  }
+  if (keep.size() == table.num_rows()) return table;
+  Table out;
+  for (const auto& name : table.names()) {
+    std::visit(
+        [&](const auto& values) {
+          std::decay_t<decltype(values)> kept;
+          for (size_t i : keep) kept.push_back(values[i]);
+          out.add_column(name, std::move(kept));
+        },
+        table.column(name));
+  }
+  return out;
+}
 
 std::string unit_path(const std::string& run, int64_t step, const std::string& direction) {
   return step_group(run, step) + "/" + direction;
@@ -135,22 +160,7 @@ std::string ProbeReport::status_of(const std::string& run, int64_t step,
 }
 
 void ProbeReport::drop_status(const std::string& run, int64_t step, const std::string& direction) {
-  if (status_of(run, step, direction).empty()) return;
-  Table kept = empty_status_table();
-  const auto& runs = status_->strings("run");
-  const auto& steps = status_->int64s("step");
-  const auto& directions = status_->strings("direction");
-  for (size_t i = 0; i < status_->num_rows(); ++i) {
-    if (runs[i] == run && steps[i] == step && directions[i] == direction) continue;
-    Table row;
-    row.add_column("run", std::vector<std::string>{runs[i]});
-    row.add_column("step", std::vector<int64_t>{steps[i]});
-    row.add_column("direction", std::vector<std::string>{directions[i]});
-    row.add_column("status", std::vector<std::string>{status_->strings("status")[i]});
-    row.add_column("message", std::vector<std::string>{status_->strings("message")[i]});
-    kept.append_rows(row);
-  }
-  *status_ = std::move(kept);
+  *status_ = without_unit(*status_, run, step, direction);
 }
 
 void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm) {
@@ -177,6 +187,7 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   w.remove(g);
   w.group(g);
   drop_status(run, step, direction);
+  *taylor_ = without_unit(*taylor_, run, step, direction);
   const std::pair<const char*, double> scalars[] = {
       {"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
       {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},

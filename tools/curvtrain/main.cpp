@@ -1,4 +1,4 @@
-// curvtrain: trains a built-in model (GPT or MLP) with any libcurv optimizer on Zipf-PCFG data or
+// curvtrain: trains a built-in GPT with any libcurv optimizer on Zipf-PCFG data or
 // a token file, saves native checkpoints with optimizer state, and can probe its own updates
 // every N steps into the ndsprobe HDF5 schema; see docs/cli.md.
 #include <ATen/ATen.h>
@@ -69,13 +69,14 @@ struct Eval {
   double loss = 0, head = 0, tail = 0;
 };
 
-Eval evaluate(Objective& model, const Batch& val, const at::Tensor& buckets) {
+Eval evaluate(Objective& model, const Batch& val_cpu, const at::Tensor& buckets) {
   at::NoGradGuard no_grad;
   Eval e;
-  at::Tensor losses = model.token_losses(val).to(at::kDouble);
+  const Batch val{val_cpu.inputs.to(model.device()), val_cpu.targets.to(model.device())};
+  at::Tensor losses = model.token_losses(val).to(at::kCPU, at::kDouble);
   e.loss = losses.mean().item<double>();
   if (buckets.defined()) {
-    at::Tensor b = buckets.index({val.targets.reshape(-1)}).reshape(val.targets.sizes());
+    at::Tensor b = buckets.index({val_cpu.targets.reshape(-1)}).reshape(val_cpu.targets.sizes());
     auto mean_where = [&](int64_t id) {
       at::Tensor mask = b == id;
       return mask.any().item<bool>() ? losses.masked_select(mask).mean().item<double>() : std::nan("");
@@ -193,7 +194,8 @@ int run(int argc, char** argv) {
     auto [px, py] = grammar ? grammar->sample_windows(a.probe_sequences, T, 0.0, a.grammar_seed + 3)
                             : train.windows(a.probe_sequences, T, a.runtime.seed + 2000003ULL);
     write_safetensors(a.out + "/probe.safetensors", {{"inputs", px}, {"targets", py}},
-                      {{"description", "balanced probe set (s = 0) from the training grammar"}});
+                      {{"description", grammar ? "balanced probe set (s = 0) from the training grammar"
+                                               : "probe windows drawn from " + a.data}});
   }
 
   int64_t start = 0;
@@ -253,6 +255,16 @@ int run(int argc, char** argv) {
   }
 
   const std::string log_path = a.out + "/log.csv";
+  if (a.resume && fs::exists(log_path)) {
+    // Rows logged after the checkpoint we resume from are redone by this run.
+    std::ifstream in(log_path);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      if (kept.empty() || std::stoll(line.substr(0, line.find(','))) <= start) kept += line + "\n";
+    }
+    in.close();
+    std::ofstream(log_path, std::ios::trunc) << kept;
+  }
   std::ofstream log(log_path, a.resume ? std::ios::app : std::ios::trunc);
   if (!log) throw InvalidArgument(fmt::format("cannot write '{}'", log_path));
   if (!a.resume) log << "step,lr,train_loss,val_loss,val_head_loss,val_tail_loss\n";
@@ -300,8 +312,9 @@ int run(int argc, char** argv) {
   }
   progress.finish();
   Eval final_eval = evaluate(*model, val, buckets);
-  std::printf("curvtrain: %s, %lld steps: train loss %.4f, validation loss %.4f (head %.4f, tail %.4f)\n",
-              opt_config.name.c_str(), static_cast<long long>(a.steps), running, final_eval.loss,
+  std::printf("curvtrain: %s, step %lld of %lld: train loss %.4f, validation loss %.4f (head %.4f, tail %.4f)\n",
+              opt_config.name.c_str(), static_cast<long long>(stop), static_cast<long long>(a.steps),
+              running, final_eval.loss,
               final_eval.head, final_eval.tail);
   return 0;
 }
