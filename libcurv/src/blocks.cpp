@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "curv/error.h"
+#include "param_roles.h"
 
 namespace curv {
 
@@ -39,11 +40,6 @@ std::string layer_prefix(const std::string& name) {
   return "";
 }
 
-bool is_embedding(const std::string& name) {
-  static const std::regex pattern(R"((^|\.)(wte|wpe|embed[a-z_]*|embeddings?|tok_emb|pos_emb)(\.|$))");
-  return std::regex_search(name, pattern);
-}
-
 }  // namespace
 
 BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) {
@@ -71,7 +67,7 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) 
         if (!prefix.empty()) {
           add(prefix, i);
         } else {
-          add(is_embedding(name) ? "embeddings" : "head", i);
+          add(is_embedding_name(name) ? "embeddings" : "head", i);
         }
         break;
       }

@@ -9,6 +9,7 @@
 
 #include "curv/error.h"
 #include "fmt_torch.h"
+#include "param_roles.h"
 #include "strings.h"
 
 namespace curv {
@@ -189,9 +190,7 @@ void OptimizerConfig::validate() const {
 // Shared machinery
 
 bool is_hidden_matrix(const ParamInfo& param) {
-  static const std::regex outer(
-      R"((^|\.)(wte|wpe|embed[a-z_]*|embeddings?|tok_emb|pos_emb|lm_head)(\.|$))");
-  return param.shape.size() >= 2 && !std::regex_search(param.name, outer);
+  return param.shape.size() >= 2 && !is_embedding_name(param.name) && !is_head_name(param.name);
 }
 
 double muon_scale(int64_t rows, int64_t cols, bool rms_scale) {

@@ -9,6 +9,7 @@
 
 #include "curv/engine.h"
 #include "curv/error.h"
+#include "curv/optimizers.h"
 
 namespace curv {
 
@@ -18,11 +19,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-bool is_embedding_or_head(const std::string& name) {
-  static const std::regex pattern(R"((^|\.)(wte|wpe|embed[a-z_]*|embeddings?|tok_emb|pos_emb|lm_head)(\.|$))");
-  return std::regex_search(name, pattern);
 }
 
 // Row/column groups of one matrix: (name, rows [r0, r1), columns [c0, c1)).
@@ -92,8 +88,7 @@ std::vector<size_t> within_selection(const ParamSpace& space, const WithinOption
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& p = space[i];
     if (p.shape.size() != 2) continue;
-    if (options.param_regex.empty() ? is_embedding_or_head(p.name)
-                                    : !std::regex_search(p.name, pattern)) {
+    if (options.param_regex.empty() ? !is_hidden_matrix(p) : !std::regex_search(p.name, pattern)) {
       continue;
     }
     out.push_back(i);
