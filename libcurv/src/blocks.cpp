@@ -40,6 +40,12 @@ std::string layer_prefix(const std::string& name) {
   return "";
 }
 
+// "memory.weight" -> "memory"; a name without a dot is its own module.
+std::string module_prefix(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
 }  // namespace
 
 BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) {
@@ -53,6 +59,8 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) 
     }
     blocks[it->second].params.push_back(param);
   };
+  bool has_layers = false;
+  for (size_t i = 0; i < space.size(); ++i) has_layers = has_layers || !layer_prefix(space[i].name).empty();
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& name = space[i].name;
     switch (rule) {
@@ -66,8 +74,14 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) 
         std::string prefix = layer_prefix(name);
         if (!prefix.empty()) {
           add(prefix, i);
+        } else if (is_embedding_name(name)) {
+          add("embeddings", i);
+        } else if (has_layers || is_head_name(name)) {
+          // Final norms and the output head of a layered model form its head block.
+          add("head", i);
         } else {
-          add(is_embedding_name(name) ? "embeddings" : "head", i);
+          // A model without numbered layers (the model problems): one block per module.
+          add(module_prefix(name), i);
         }
         break;
       }

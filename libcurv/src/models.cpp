@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "curv/error.h"
+#include "curv/model_problems.h"
 #include "strings.h"
 
 namespace curv {
@@ -48,8 +49,13 @@ void ModelConfig::validate() const {
       throw InvalidArgument(fmt::format("model config: loss '{}': expected cross_entropy or mse",
                                         mlp.loss));
     }
+  } else if (arch == "quadratic") {
+    validate_quadratic(quadratic);
+  } else if (arch == "memory") {
+    validate_memory(memory);
   } else {
-    throw InvalidArgument(fmt::format("model config: arch '{}': expected gpt or mlp", arch));
+    throw InvalidArgument(fmt::format("model config: arch '{}': expected gpt, mlp, quadratic or "
+                                      "memory", arch));
   }
 }
 
@@ -67,7 +73,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
     static const std::vector<std::string> gpt_keys = {"arch", "vocab_size", "block_size", "n_layer",
                                                       "n_head", "n_embd", "bias", "tied", "dropout"};
     static const std::vector<std::string> mlp_keys = {"arch", "sizes", "activation", "loss"};
-    const auto& known = c.arch == "mlp" ? mlp_keys : gpt_keys;
+    static const std::vector<std::string> quadratic_keys = {
+        "arch", "rows", "cols", "alpha", "w_high", "w_low", "d_high", "d_low", "basis", "basis_seed"};
+    static const std::vector<std::string> memory_keys = {"arch", "classes", "dim", "embeddings",
+                                                         "embedding_seed"};
+    const auto& known = c.arch == "mlp"         ? mlp_keys
+                        : c.arch == "quadratic" ? quadratic_keys
+                        : c.arch == "memory"    ? memory_keys
+                                                : gpt_keys;
     for (const auto& item : j.items()) {
       if (std::find(known.begin(), known.end(), item.key()) == known.end()) {
         throw FormatError(fmt::format("{}: unknown model config key '{}'{}", origin, item.key(),
@@ -78,6 +91,23 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
       c.mlp.sizes = j.value("sizes", c.mlp.sizes);
       c.mlp.activation = j.value("activation", c.mlp.activation);
       c.mlp.loss = j.value("loss", c.mlp.loss);
+    } else if (c.arch == "quadratic") {
+      auto& q = c.quadratic;
+      q.rows = j.value("rows", q.rows);
+      q.cols = j.value("cols", q.cols);
+      q.alpha = j.value("alpha", q.alpha);
+      q.w_high = j.value("w_high", q.w_high);
+      q.w_low = j.value("w_low", q.w_low);
+      q.d_high = j.value("d_high", q.d_high);
+      q.d_low = j.value("d_low", q.d_low);
+      q.basis = j.value("basis", q.basis);
+      q.basis_seed = j.value("basis_seed", q.basis_seed);
+    } else if (c.arch == "memory") {
+      auto& m = c.memory;
+      m.classes = j.value("classes", m.classes);
+      m.dim = j.value("dim", m.dim);
+      m.embeddings = j.value("embeddings", m.embeddings);
+      m.embedding_seed = j.value("embedding_seed", m.embedding_seed);
     } else {
       c.gpt.vocab_size = j.value("vocab_size", c.gpt.vocab_size);
       c.gpt.block_size = j.value("block_size", c.gpt.block_size);
@@ -114,6 +144,21 @@ std::string ModelConfig::to_json() const {
     j["sizes"] = mlp.sizes;
     j["activation"] = mlp.activation;
     j["loss"] = mlp.loss;
+  } else if (arch == "quadratic") {
+    j["rows"] = quadratic.rows;
+    j["cols"] = quadratic.cols;
+    j["alpha"] = quadratic.alpha;
+    j["w_high"] = quadratic.w_high;
+    j["w_low"] = quadratic.w_low;
+    j["d_high"] = quadratic.d_high;
+    j["d_low"] = quadratic.d_low;
+    j["basis"] = quadratic.basis;
+    j["basis_seed"] = quadratic.basis_seed;
+  } else if (arch == "memory") {
+    j["classes"] = memory.classes;
+    j["dim"] = memory.dim;
+    j["embeddings"] = memory.embeddings;
+    j["embedding_seed"] = memory.embedding_seed;
   } else {
     j["vocab_size"] = gpt.vocab_size;
     j["block_size"] = gpt.block_size;
@@ -132,6 +177,17 @@ std::string ModelConfig::describe() const {
     for (auto s : mlp.sizes) sizes.push_back(std::to_string(s));
     return fmt::format("mlp(sizes={}, activation={}, loss={})", join(sizes, "-"), mlp.activation,
                        mlp.loss);
+  }
+  if (arch == "quadratic") {
+    const auto& q = quadratic;
+    return fmt::format("quadratic(rows={}, cols={}, alpha={}, w_high={}, w_low={}, d_high={}, "
+                       "d_low={}, basis={}, basis_seed={})", q.rows, q.cols, q.alpha, q.w_high,
+                       q.w_low, q.d_high, q.d_low, q.basis, q.basis_seed);
+  }
+  if (arch == "memory") {
+    const auto& m = memory;
+    return fmt::format("memory(classes={}, dim={}, embeddings={}, embedding_seed={})", m.classes,
+                       m.dim, m.embeddings, m.embedding_seed);
   }
   return fmt::format("gpt(n_layer={}, n_head={}, n_embd={}, vocab={}, block={}, bias={}, tied={})",
                      gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.vocab_size, gpt.block_size, gpt.bias,
@@ -365,6 +421,8 @@ std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit
     throw InvalidArgument(fmt::format("model dtype {} is not floating point", init.dtype));
   }
   if (config.arch == "mlp") return std::make_unique<Mlp>(config.mlp, init);
+  if (config.arch == "quadratic") return make_quadratic_problem(config.quadratic, init);
+  if (config.arch == "memory") return make_memory_problem(config.memory, init);
   return std::make_unique<Gpt>(config.gpt, init);
 }
 

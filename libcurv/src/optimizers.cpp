@@ -214,8 +214,17 @@ at::Tensor newton_schulz(const at::Tensor& g, int64_t steps) {
 }
 
 at::Tensor polar_factor(const at::Tensor& g) {
-  auto svd = at::linalg_svd(g.reshape({g.size(0), -1}), /*full_matrices=*/false);
-  return at::mm(std::get<0>(svd), std::get<2>(svd)).reshape(g.sizes()).contiguous();
+  const at::Tensor m = g.reshape({g.size(0), -1});
+  auto svd = at::linalg_svd(m, /*full_matrices=*/false);
+  const at::Tensor& sigma = std::get<1>(svd);
+  // Singular directions of a (numerically) zero singular value are arbitrary; like Newton–Schulz,
+  // whose odd polynomial maps 0 to 0, the polar factor keeps them at zero: U diag(σ > tol) Vᵀ
+  // with numpy's matrix_rank tolerance.
+  const double tol = sigma.numel() == 0 ? 0.0
+                     : sigma.max().item<double>() * static_cast<double>(std::max(m.size(0), m.size(1))) *
+                           (m.scalar_type() == at::kDouble ? 2.220446049250313e-16 : 1.1920929e-07);
+  const at::Tensor keep = (sigma > tol).to(m.scalar_type());
+  return at::mm(std::get<0>(svd) * keep.unsqueeze(0), std::get<2>(svd)).reshape(g.sizes()).contiguous();
 }
 
 Optimizer::Optimizer(OptimizerConfig config, const ParamSpace& space)

@@ -8,12 +8,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
 #include "curv/checkpoint.h"
 #include "curv/engine.h"
 #include "curv/error.h"
+#include "curv/model_problems.h"
+#include "curv/models.h"
 #include "curv/optimizers.h"
 #include "curv/report.h"
 #include "curv/runtime.h"
@@ -58,11 +62,92 @@ const char* kTinyGpt =
     R"({"arch": "gpt", "vocab_size": 256, "block_size": 32, "n_layer": 2, "n_head": 2,
         "n_embd": 64, "bias": true, "tied": true})";
 
-// Deterministic windows per step: the batch of update t depends on (seed, t) only, so a resumed
-// run sees exactly the batches an uninterrupted one would.
-Batch batch_for_step(const TokenData& data, int64_t step, int64_t batch_size, int64_t t, uint64_t seed) {
-  auto [x, y] = data.windows(batch_size, t, seed * 7919ULL + static_cast<uint64_t>(step));
-  return Batch{x, y};
+// What a model trains on: the batch of each step, a validation set with its head/tail buckets,
+// and the probe set written for ndsprobe. Batches depend on (seed, step) only, so a resumed run
+// sees exactly the batches an uninterrupted one would.
+struct TrainingData {
+  std::function<Batch(int64_t step)> batch;
+  Batch val;
+  at::Tensor buckets;  // bucket id per target id (ZipfPcfg's ids); undefined: no head/tail split
+  Batch probe;
+  std::string probe_description;
+  nlohmann::json meta;
+};
+
+uint64_t step_seed(uint64_t seed, int64_t step) { return seed * 7919ULL + static_cast<uint64_t>(step); }
+
+TrainingData language_data(const Args& a, const GptConfig& gpt) {
+  TrainingData d;
+  const int64_t T = gpt.block_size;
+  auto train = std::make_shared<TokenData>();
+  if (a.data == "zipf") {
+    ZipfPcfgOptions zo;
+    zo.vocab_size = gpt.vocab_size;
+    zo.exponent = a.zipf_s;
+    zo.grammar_seed = a.grammar_seed;
+    zo.depth = a.zipf_depth;
+    zo.symbols_per_level = a.zipf_symbols;
+    zo.rules_per_symbol = a.zipf_rules;
+    zo.emissions_per_symbol = a.zipf_emissions;
+    ZipfPcfg grammar(zo);
+    *train = TokenData(grammar.sample_tokens(a.train_tokens, a.zipf_s, a.grammar_seed + 1), "zipf-pcfg");
+    auto [vx, vy] = grammar.sample_windows(a.eval_sequences, T, 0.0, a.grammar_seed + 2);
+    d.val = Batch{vx, vy};
+    d.buckets = grammar.frequency_buckets(a.zipf_s);
+    auto [px, py] = grammar.sample_windows(a.probe_sequences, T, 0.0, a.grammar_seed + 3);
+    d.probe = Batch{px, py};
+    d.probe_description = "balanced probe set (s = 0) from the training grammar";
+    d.meta = {{"kind", "zipf-pcfg"}, {"s", a.zipf_s}, {"grammar", grammar.describe()},
+              {"grammar_seed", a.grammar_seed}, {"train_tokens", a.train_tokens}};
+  } else {
+    *train = TokenData::from_uint16_file(a.data);
+    auto [vx, vy] = train->windows(a.eval_sequences, T, a.runtime.seed + 1000003ULL);
+    d.val = Batch{vx, vy};
+    auto [px, py] = train->windows(a.probe_sequences, T, a.runtime.seed + 2000003ULL);
+    d.probe = Batch{px, py};
+    d.probe_description = "probe windows drawn from " + a.data;
+    d.meta = {{"kind", "tokens"}, {"path", a.data}};
+  }
+  if (train->max_token() >= gpt.vocab_size) {
+    throw InvalidArgument(fmt::format("training data holds token id {} but the model's vocabulary "
+                                      "is {}", train->max_token(), gpt.vocab_size));
+  }
+  d.batch = [train, T, batch_size = a.batch_size, seed = a.runtime.seed](int64_t step) {
+    auto [x, y] = train->windows(batch_size, T, step_seed(seed, step));
+    return Batch{x, y};
+  };
+  return d;
+}
+
+TrainingData make_training_data(const Args& a, const ModelConfig& config) {
+  if (config.arch == "gpt") return language_data(a, config.gpt);
+  if (a.data != "zipf") {
+    throw InvalidArgument(fmt::format("--data {}: a {} model makes its own data (leave --data at zipf)",
+                                      a.data, config.arch));
+  }
+  TrainingData d;
+  if (config.arch == "memory") {
+    // Classes drawn with frequencies p_c ∝ (c + 1)^(−s); validation and probe sets hold every
+    // class once, so their loss is the class average and head and tail weigh alike.
+    const int64_t classes = config.memory.classes;
+    d.batch = [classes, s = a.zipf_s, batch_size = a.batch_size, seed = a.runtime.seed](int64_t step) {
+      return sample_memory_batch(classes, s, batch_size, step_seed(seed, step));
+    };
+    d.val = memory_all_classes(classes);
+    d.buckets = memory_class_buckets(classes, a.zipf_s);
+    d.probe = memory_all_classes(classes);
+    d.probe_description = "every class once (balanced)";
+    d.meta = {{"kind", "memory-classes"}, {"s", a.zipf_s}, {"classes", classes}};
+    return d;
+  }
+  // The quadratic ignores its data: one placeholder example stands for every batch.
+  Batch placeholder{at::zeros({1, 1}, at::kLong), at::zeros({1, 1}, at::kLong)};
+  d.batch = [placeholder](int64_t) { return placeholder; };
+  d.val = placeholder;
+  d.probe = placeholder;
+  d.probe_description = "placeholder: the quadratic's loss does not depend on data";
+  d.meta = {{"kind", "none"}};
+  return d;
 }
 
 struct Eval {
@@ -147,7 +232,9 @@ int run(int argc, char** argv) {
 
   ModelConfig config = a.model_config.empty() ? ModelConfig::from_json(kTinyGpt, "built-in tiny GPT")
                                               : ModelConfig::from_file(a.model_config);
-  if (config.arch != "gpt") throw InvalidArgument("curvtrain trains language models: --model must be a gpt config");
+  if (config.arch == "mlp") {
+    throw InvalidArgument("curvtrain trains gpt, quadratic and memory models; --model is an mlp config");
+  }
   const auto dtype = tools::parse_dtype(a.runtime.dtype);
   auto model = make_model(config, ModelInit{a.runtime.seed, dtype, a.runtime.device});
   OptimizerConfig opt_config = OptimizerConfig::parse(a.optimizer);
@@ -155,48 +242,13 @@ int run(int argc, char** argv) {
   const double base_lr = opt_config.lr, base_adam_lr = opt_config.adam_lr;
   ScheduleOptions schedule{a.steps, a.warmup, a.min_lr_ratio};
   schedule.validate();
-  const int64_t T = config.gpt.block_size;
 
-  // Data: a training stream and a balanced validation set from the same grammar.
-  std::unique_ptr<ZipfPcfg> grammar;
-  TokenData train;
-  Batch val;
-  at::Tensor buckets;
-  nlohmann::json data_meta;
-  if (a.data == "zipf") {
-    ZipfPcfgOptions zo;
-    zo.vocab_size = config.gpt.vocab_size;
-    zo.exponent = a.zipf_s;
-    zo.grammar_seed = a.grammar_seed;
-    zo.depth = a.zipf_depth;
-    zo.symbols_per_level = a.zipf_symbols;
-    zo.rules_per_symbol = a.zipf_rules;
-    zo.emissions_per_symbol = a.zipf_emissions;
-    grammar = std::make_unique<ZipfPcfg>(zo);
-    train = TokenData(grammar->sample_tokens(a.train_tokens, a.zipf_s, a.grammar_seed + 1), "zipf-pcfg");
-    auto [vx, vy] = grammar->sample_windows(a.eval_sequences, T, 0.0, a.grammar_seed + 2);
-    val = Batch{vx, vy};
-    buckets = grammar->frequency_buckets(a.zipf_s);
-    data_meta = {{"kind", "zipf-pcfg"}, {"s", a.zipf_s}, {"grammar", grammar->describe()},
-                 {"grammar_seed", a.grammar_seed}, {"train_tokens", a.train_tokens}};
-  } else {
-    train = TokenData::from_uint16_file(a.data);
-    auto [vx, vy] = train.windows(a.eval_sequences, T, a.runtime.seed + 1000003ULL);
-    val = Batch{vx, vy};
-    data_meta = {{"kind", "tokens"}, {"path", a.data}};
-  }
-  if (train.max_token() >= config.gpt.vocab_size) {
-    throw InvalidArgument(fmt::format("training data holds token id {} but the model's vocabulary "
-                                      "is {}", train.max_token(), config.gpt.vocab_size));
-  }
+  TrainingData data = make_training_data(a, config);
   fs::create_directories(a.out);
-  {
-    auto [px, py] = grammar ? grammar->sample_windows(a.probe_sequences, T, 0.0, a.grammar_seed + 3)
-                            : train.windows(a.probe_sequences, T, a.runtime.seed + 2000003ULL);
-    write_safetensors(a.out + "/probe.safetensors", {{"inputs", px}, {"targets", py}},
-                      {{"description", grammar ? "balanced probe set (s = 0) from the training grammar"
-                                               : "probe windows drawn from " + a.data}});
-  }
+  write_safetensors(a.out + "/probe.safetensors",
+                    {{"inputs", data.probe.inputs}, {"targets", data.probe.targets}},
+                    {{"description", data.probe_description}});
+  const nlohmann::json& data_meta = data.meta;
 
   int64_t start = 0;
   if (a.resume) {
@@ -279,7 +331,7 @@ int run(int argc, char** argv) {
     const double mult = lr_multiplier(schedule, t + 1);
     optimizer->mutable_config().lr = base_lr * mult;
     optimizer->mutable_config().adam_lr = base_adam_lr * mult;
-    Batch batch = batch_for_step(train, t, a.batch_size, T, a.runtime.seed);
+    Batch batch = data.batch(t);
     ParamVector theta = snapshot_parameters(*model);
     ParamVector grad;
     double loss;
@@ -301,7 +353,7 @@ int run(int argc, char** argv) {
     running = std::isnan(running) ? loss : 0.9 * running + 0.1 * loss;
     const int64_t done = t + 1;
     if (done % a.eval_every == 0 || done == a.steps) {
-      Eval e = evaluate(*model, val, buckets);
+      Eval e = evaluate(*model, data.val, data.buckets);
       log << fmt::format("{},{:.6g},{:.6f},{:.6f},{:.6f},{:.6f}\n", done, base_lr * mult, running,
                          e.loss, e.head, e.tail);
       log.flush();
@@ -311,7 +363,7 @@ int run(int argc, char** argv) {
     if (done % a.save_every == 0 || done == a.steps || done == stop) save(done);
   }
   progress.finish();
-  Eval final_eval = evaluate(*model, val, buckets);
+  Eval final_eval = evaluate(*model, data.val, data.buckets);
   std::printf("curvtrain: %s, step %lld of %lld: train loss %.4f, validation loss %.4f (head %.4f, tail %.4f)\n",
               opt_config.name.c_str(), static_cast<long long>(stop), static_cast<long long>(a.steps),
               running, final_eval.loss,

@@ -16,7 +16,10 @@ struct Block {
 };
 
 enum class BlockRule {
-  kLayer,   // one block per transformer layer, plus "embeddings" and "head" (the default)
+  // One block per numbered layer ("transformer.h.3"), plus "embeddings" and "head" (final norm,
+  // output head and anything else outside the layers). The default. A model without numbered
+  // layers gets one block per module ("memory.weight" -> "memory") besides the embeddings.
+  kLayer,
   kTensor,  // one block per parameter tensor
   kWhole,   // a single block "all"
 };

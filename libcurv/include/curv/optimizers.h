@@ -108,7 +108,9 @@ bool is_hidden_matrix(const ParamInfo& param);
 // Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix
 // (4-D tensors viewed as (out, −1)), after Frobenius normalisation; transposes when rows > cols.
 at::Tensor newton_schulz(const at::Tensor& g, int64_t steps = 5);
-// U Vᵀ from the thin SVD of g: the exact polar factor.
+// U Vᵀ from the thin SVD of g: the exact polar factor, the limit of Newton–Schulz. Directions of
+// singular values below max(rows, cols)·eps·σ_max (a rank-deficient g) map to zero, as they do
+// under Newton–Schulz.
 at::Tensor polar_factor(const at::Tensor& g);
 // Muon's scale for a rows x cols update: sqrt(max(1, rows/cols)), or 0.2·sqrt(max(rows, cols)).
 double muon_scale(int64_t rows, int64_t cols, bool rms_scale);
