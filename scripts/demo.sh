@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set-up to result: installs the Debian dependencies, builds, trains the same tiny GPT with AdamW
 # and with Muon on Zipf-PCFG data at s = 0 and s = 1, probes every run with ndsprobe, and writes
-# one HDF5 file per probe, PNG plots and a summary into out/demo/.
+# one HDF5 file per probe, PNG plots and a summary into out/demo/; then trains and probes the two
+# model problems (associative memory at the same exponents, structured quadratic) into
+# out/demo/model_problems/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build}"
@@ -34,6 +36,28 @@ runs=()
 for s in $exponents; do for name in adamw muon; do runs+=("$out/runs/${name}_s${s}"); done; done
 "$build/tools/ndsprobe/ndsprobe" "${runs[@]}" --data "$out/runs/adamw_s${exponents%% *}/probe.safetensors" \
   --directions update,delta --within --modes 4 --batch-size 32 -o "$out/ndsprobe.h5" --quiet
+
+echo "== model problems: linear associative memory (tail classes) and structured quadratic"
+mp="$out/model_problems"
+declare -A memory_optimizers=([adamw]="adamw:lr=1e-2" [muon]="muon:lr=0.05")
+for s in $exponents; do
+  for name in adamw muon; do
+    "$build/tools/curvtrain/curvtrain" -o "$mp/memory_${name}_s${s}" --model "$root/examples/configs/memory.json" \
+      --optimizer "${memory_optimizers[$name]}" --zipf-s "$s" --steps 300 --batch-size 128 \
+      --eval-every 100 --save-every 50 --quiet
+  done
+done
+declare -A quadratic_optimizers=(
+  [adamw]="adamw:lr=1e-2,weight_decay=0"
+  [muon]="muon:lr=0.02,weight_decay=0"
+  [muon_exact]="muon:lr=0.02,weight_decay=0,exact_polar=1"
+)
+for name in adamw muon muon_exact; do
+  "$build/tools/curvtrain/curvtrain" -o "$mp/quadratic_${name}" --model "$root/examples/configs/quadratic.json" \
+    --optimizer "${quadratic_optimizers[$name]}" --steps 100 --save-every 20 --clip 0 --quiet
+done
+"$build/tools/ndsprobe/ndsprobe" "$mp"/quadratic_* --data "$mp/quadratic_muon/probe.safetensors" \
+  --directions update,gradient -o "$mp/quadratic.h5" --quiet
 
 /usr/bin/python3 "$root/tools/python/plot_demo.py" "$out"
 echo "demo finished in $(( $(date +%s) - start )) s (after the build)"

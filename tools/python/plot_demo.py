@@ -4,6 +4,9 @@ Usage: plot_demo.py DEMO_DIR
 Reads DEMO_DIR/ndsprobe.h5 (ndsprobe on every run's checkpoints, balanced probe set),
 DEMO_DIR/train_probe.h5 (curvtrain's in-training probe on the training batches) and
 DEMO_DIR/runs/*/log.csv; writes DEMO_DIR/plots/*.png and DEMO_DIR/summary.json, prints a summary.
+With DEMO_DIR/model_problems/ (memory_* and quadratic_* runs, quadratic.h5) it also summarises
+the model problems: head vs tail loss of the associative memory, and the quadratic's update NDS
+beside the closed form α·w_H + (1 − α)·w_L of the exact Muon step.
 """
 import json
 import os
@@ -96,7 +99,39 @@ def main():
             for s, ratio in sorted(summary[key].items()):
                 print(f"{stat.rstrip('_') or 'mean'} NDS ratio Adam/Muon at s = {s:g} ({label}): "
                       f"{ratio:.3f}")
+    model_problems = os.path.join(demo, "model_problems")
+    if os.path.isdir(model_problems):
+        summary["model_problems"] = summarize_model_problems(model_problems)
+        with open(os.path.join(demo, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
     print(f"plots in {plots}, numbers in {os.path.join(demo, 'summary.json')}")
+
+
+def summarize_model_problems(directory):
+    out = {"memory": {}, "quadratic": {}}
+    print("\n== Associative memory: validation loss per class bucket (every class once)")
+    print(f"{'run':<20} {'val loss':>9} {'head':>7} {'tail':>7}")
+    for run in sorted(r for r in os.listdir(directory) if r.startswith("memory_")):
+        last = curvplot.training_log(os.path.join(directory, run)).iloc[-1]
+        out["memory"][run] = {k: float(last[c]) for k, c in
+                              [("val_loss", "val_loss"), ("head", "val_head_loss"), ("tail", "val_tail_loss")]}
+        print(f"{run:<20} {last['val_loss']:>9.4f} {last['val_head_loss']:>7.4f} {last['val_tail_loss']:>7.4f}")
+    h5 = os.path.join(directory, "quadratic.h5")
+    if os.path.exists(h5):
+        with open(os.path.join(directory, "quadratic_muon", "step_0", "meta.json")) as f:
+            q = json.load(f)["model"]
+        muon_nds = q["alpha"] * q["w_high"] + (1 - q["alpha"]) * q["w_low"]
+        out["quadratic"]["closed_form_exact_muon_nds"] = muon_nds
+        print(f"\n== Structured quadratic: NDS of each run's updates; exact Muon step in closed form "
+              f"α·w_H + (1 − α)·w_L = {muon_nds:g}")
+        df = curvplot.totals(h5)
+        for (run, direction), g in df.groupby(["run", "direction"]):
+            out["quadratic"].setdefault(run, {})[direction] = {
+                "mean_nds": float(g["nds"].mean()), "min_nds": float(g["nds"].min()),
+                "max_nds": float(g["nds"].max())}
+            print(f"{run:<20} {direction:<9} NDS mean {g['nds'].mean():8.4g}  range "
+                  f"[{g['nds'].min():.4g}, {g['nds'].max():.4g}]")
+    return out
 
 
 if __name__ == "__main__":
