@@ -41,6 +41,13 @@ def totals(path, direction=None):
     return df.sort_values(["run", "step"]).reset_index(drop=True)
 
 
+def block_pivot(blocks, column):
+    """Block rows of /taylor (one run and direction) as a block × step table of `column`, blocks
+    in the file's order."""
+    order = list(dict.fromkeys(blocks["block"]))
+    return blocks.pivot_table(index="block", columns="step", values=column, aggfunc="first").reindex(order)
+
+
 def root_attributes(path):
     with h5py.File(path, "r") as f:
         return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
