@@ -1,6 +1,7 @@
 // curvtrain end to end: determinism, exact resume, checkpoints ndsprobe can rebuild steps from.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 
 #include "curv/checkpoint.h"
@@ -59,4 +60,39 @@ TEST_CASE("curvtrain is deterministic and resumes exactly", "[curvtrain]") {
     CHECK(list_checkpoints(c).back().step == 12);
     CHECK(equal(final_params(a), final_params(c)));
   }
+}
+
+TEST_CASE("the in-training probe audits the applied update: on the probe set it equals ndsprobe's "
+          "delta between the saved checkpoints", "[curvtrain]") {
+  TempDir dir;
+  const std::string run = dir.file("run"), live = dir.file("live.h5"), offline = dir.file("offline.h5");
+  curvtrain("-o " + run + " --optimizer muon:lr=0.05,adam_lr=1e-2 --dtype float64 --steps 4 "
+            "--batch-size 4 --save-every 1 --eval-every 2 --train-tokens 20000 --eval-sequences 8 "
+            "--probe-sequences 8 --probe-every 2 --probe-on both --probe-output " + live);
+  std::string output;
+  REQUIRE(run_command(tool_path("ndsprobe") + " " + run + " --data " + run + "/probe.safetensors "
+                      "--directions delta --dtype float64 --quiet -o " + offline, &output) == 0);
+  const Table a = H5Reader(live).table("/taylor"), b = H5Reader(offline).table("/taylor");
+  int matched = 0, on_batch = 0;
+  for (size_t i = 0; i < a.num_rows(); ++i) {
+    if (a.strings("block")[i] != "total") continue;
+    if (a.strings("direction")[i] == "update") {
+      ++on_batch;
+      CHECK(std::isfinite(a.doubles("nds")[i]));
+      CHECK(std::isfinite(a.doubles("realized")[i]));
+      continue;
+    }
+    REQUIRE(a.strings("direction")[i] == "update.probe");
+    for (size_t j = 0; j < b.num_rows(); ++j) {
+      if (b.strings("block")[j] != "total" || b.int64s("step")[j] != a.int64s("step")[i]) continue;
+      INFO("step " << a.int64s("step")[i]);
+      for (const char* column : {"loss", "first_order", "curvature", "nds", "realized", "update_norm"}) {
+        INFO(column);
+        CHECK(a.doubles(column)[i] == Approx(b.doubles(column)[j]).epsilon(1e-9).margin(1e-14));
+      }
+      ++matched;
+    }
+  }
+  CHECK(on_batch == 2);  // updates 0 and 2
+  CHECK(matched == 2);
 }

@@ -8,6 +8,7 @@
 #include "curv/engine.h"
 #include "curv/spectra_adapter.h"
 #include "fixtures.h"
+#include "test_support.h"
 
 using namespace curv;
 using namespace curv_test;

@@ -7,6 +7,7 @@
 #include "curv/linear_operator.h"
 #include "curv/objective.h"
 #include "fixtures.h"
+#include "test_support.h"
 
 using namespace curv;
 using namespace curv_test;

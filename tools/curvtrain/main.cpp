@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
@@ -19,6 +20,7 @@
 #include "curv/model_problems.h"
 #include "curv/models.h"
 #include "curv/optimizers.h"
+#include "curv/probe_set.h"
 #include "curv/report.h"
 #include "curv/runtime.h"
 #include "curv/safetensors.h"
@@ -53,6 +55,7 @@ struct Args {
   int64_t probe_sequences = 64;
   int64_t probe_every = 0;
   std::string probe_output;
+  std::string probe_on = "train";
   std::string run_name;
   bool resume = false;
   int64_t stop_at = 0;
@@ -216,6 +219,10 @@ int run(int argc, char** argv) {
   app.add_option("--probe-every", a.probe_every, "Probe the update every N steps into --probe-output (0 = off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--probe-output", a.probe_output, "HDF5 file of the in-training probe (appended to)");
+  app.add_option("--probe-on", a.probe_on, "What the in-training probe audits each update on: train "
+                 "(its training batch, direction update), probe (OUT/probe.safetensors, direction "
+                 "update.probe) or both")
+      ->capture_default_str()->check(CLI::IsMember({"train", "probe", "both"}));
   app.add_option("--run-name", a.run_name, "Run name in the probe output (default: the optimizer name)");
   app.add_flag("--resume", a.resume, "Continue from the last checkpoint in --out, exactly");
   app.add_option("--stop-at", a.stop_at, "Stop after this step, saving a checkpoint (the schedule "
@@ -292,7 +299,12 @@ int run(int argc, char** argv) {
     p.model = model->describe();
     p.dtype = a.runtime.dtype;
     p.seed = 0;
-    p.probe_hash = "training-batch";
+    const std::optional<ProbeSet> fixed_probe =
+        a.probe_on == "train" ? std::nullopt : std::optional<ProbeSet>(ProbeSet({data.probe}));
+    // The file's identity: which data the audits ran on.
+    p.probe_hash = a.probe_on == "train" ? "training-batch"
+                   : a.probe_on == "probe" ? fixed_probe->hash()
+                                           : "training-batch+" + fixed_probe->hash();
     p.threads = a.runtime.threads == 0 ? hardware_threads() : a.runtime.threads;
     p.runtime = runtime_summary();
     p.blocks = "layer";
@@ -303,7 +315,9 @@ int run(int argc, char** argv) {
     report->set_run_attribute(run, "data", data_meta.dump());
     InTrainingProbeOptions po;
     po.every = a.probe_every;
-    probe = std::make_unique<InTrainingProbe>(*report, run, BlockPartition::by_rule(model->space(), BlockRule::kLayer), po);
+    po.on_training_batch = a.probe_on != "probe";
+    probe = std::make_unique<InTrainingProbe>(
+        *report, run, BlockPartition::by_rule(model->space(), BlockRule::kLayer), po, fixed_probe);
   }
 
   const std::string log_path = a.out + "/log.csv";
