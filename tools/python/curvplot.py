@@ -125,3 +125,76 @@ def plot_over_training(ax, df, column, title, scale="linear"):
     elif scale == "log":
         ax.set_yscale("log")
     ax.legend(fontsize=7)
+
+
+def _checkpoint_groups(f):
+    """(run, step, group) for every /runs/<run>/step_<N> group of an open file."""
+    for run in f["runs"]:
+        for name, group in f[f"runs/{run}"].items():
+            if name.startswith("step_"):
+                yield run, int(name[len("step_"):]), group
+
+
+def eigenvalues(path):
+    """Every checkpoint's eigen table (ndsprobe --spectrum) with run and step columns."""
+    frames = []
+    with h5py.File(path, "r") as f:
+        units = [(run, step, g.name) for run, step, g in _checkpoint_groups(f) if "spectrum/eigen" in g]
+    for run, step, name in units:
+        frames.append(read_table(path, f"{name}/spectrum/eigen").assign(run=run, step=step))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "step", "block", "which", "rank", "eigenvalue", "residual"])
+
+
+def traces(path):
+    """Every checkpoint's trace table (ndsprobe --trace) with run and step columns."""
+    frames = []
+    with h5py.File(path, "r") as f:
+        units = [(run, step, g.name) for run, step, g in _checkpoint_groups(f) if "spectrum/trace" in g]
+    for run, step, name in units:
+        frames.append(read_table(path, f"{name}/spectrum/trace").assign(run=run, step=step))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "step", "block", "estimate", "standard_error"])
+
+
+def density(path, run, step):
+    """SLQ spectral density of one checkpoint (ndsprobe --density): grid, density, nodes,
+    weights and the group's attributes."""
+    with h5py.File(path, "r") as f:
+        g = f[f"/runs/{run}/step_{step}/spectrum/density"]
+        return {"grid": g["grid"][()], "density": g["density"][()], "nodes": g["nodes"][()],
+                "weights": g["weights"][()], "attrs": dict(g.attrs)}
+
+
+def density_units(path):
+    """(run, step) of every checkpoint with a spectral density."""
+    with h5py.File(path, "r") as f:
+        return [(run, step) for run, step, g in _checkpoint_groups(f) if "spectrum/density" in g]
+
+
+def preconditioned_sharpness(path):
+    """One row per checkpoint with --precond-sharpness: status, sharpness, its adaptive
+    edge-of-stability reference (2 + 2β₁)/((1 − β₁)·lr) and the hyper-parameters used."""
+    rows = []
+    with h5py.File(path, "r") as f:
+        for run, step, g in _checkpoint_groups(f):
+            if "spectrum/precond" not in g:
+                continue
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in g["spectrum/precond"].attrs.items()}
+            rows.append({"run": run, "step": step, **attrs})
+    return pd.DataFrame(rows)
+
+
+def overlaps(path):
+    """One row per unit with --overlap: share of ‖u‖² in the top-k eigenspace and the cosine
+    between u and the gradient."""
+    rows = []
+    with h5py.File(path, "r") as f:
+        for run, step, g in _checkpoint_groups(f):
+            for direction, unit in g.items():
+                if isinstance(unit, h5py.Group) and "overlap" in unit:
+                    a = unit["overlap"].attrs
+                    rows.append({"run": run, "step": step, "direction": direction,
+                                 "eigenspace_share": float(a["eigenspace_share"]),
+                                 "gradient_cosine": float(a["gradient_cosine"]), "k": int(a["k"])})
+    return pd.DataFrame(rows)
