@@ -20,6 +20,24 @@ namespace curv {
 // ---------------------------------------------------------------------------------------------
 // Config
 
+// JSON fields of the model problems' configs: absent keys keep the defaults.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuadraticConfig, rows, cols, alpha, w_high, w_low,
+                                                d_high, d_low, basis, basis_seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MemoryConfig, classes, dim, embeddings, embedding_seed)
+
+namespace {
+
+// "arch" and the JSON keys of a config struct: the keys a config file of that arch may hold.
+template <typename Config>
+std::vector<std::string> keys_of(const Config& defaults) {
+  std::vector<std::string> keys = {"arch"};
+  const nlohmann::json fields = defaults;
+  for (const auto& item : fields.items()) keys.push_back(item.key());
+  return keys;
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](const char* field, int64_t value) {
     if (value <= 0) throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
@@ -73,10 +91,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
     static const std::vector<std::string> gpt_keys = {"arch", "vocab_size", "block_size", "n_layer",
                                                       "n_head", "n_embd", "bias", "tied", "dropout"};
     static const std::vector<std::string> mlp_keys = {"arch", "sizes", "activation", "loss"};
-    static const std::vector<std::string> quadratic_keys = {
-        "arch", "rows", "cols", "alpha", "w_high", "w_low", "d_high", "d_low", "basis", "basis_seed"};
-    static const std::vector<std::string> memory_keys = {"arch", "classes", "dim", "embeddings",
-                                                         "embedding_seed"};
+    static const std::vector<std::string> quadratic_keys = keys_of(QuadraticConfig{});
+    static const std::vector<std::string> memory_keys = keys_of(MemoryConfig{});
     const auto& known = c.arch == "mlp"         ? mlp_keys
                         : c.arch == "quadratic" ? quadratic_keys
                         : c.arch == "memory"    ? memory_keys
@@ -92,22 +108,9 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
       c.mlp.activation = j.value("activation", c.mlp.activation);
       c.mlp.loss = j.value("loss", c.mlp.loss);
     } else if (c.arch == "quadratic") {
-      auto& q = c.quadratic;
-      q.rows = j.value("rows", q.rows);
-      q.cols = j.value("cols", q.cols);
-      q.alpha = j.value("alpha", q.alpha);
-      q.w_high = j.value("w_high", q.w_high);
-      q.w_low = j.value("w_low", q.w_low);
-      q.d_high = j.value("d_high", q.d_high);
-      q.d_low = j.value("d_low", q.d_low);
-      q.basis = j.value("basis", q.basis);
-      q.basis_seed = j.value("basis_seed", q.basis_seed);
+      c.quadratic = j.get<QuadraticConfig>();
     } else if (c.arch == "memory") {
-      auto& m = c.memory;
-      m.classes = j.value("classes", m.classes);
-      m.dim = j.value("dim", m.dim);
-      m.embeddings = j.value("embeddings", m.embeddings);
-      m.embedding_seed = j.value("embedding_seed", m.embedding_seed);
+      c.memory = j.get<MemoryConfig>();
     } else {
       c.gpt.vocab_size = j.value("vocab_size", c.gpt.vocab_size);
       c.gpt.block_size = j.value("block_size", c.gpt.block_size);
@@ -145,20 +148,9 @@ std::string ModelConfig::to_json() const {
     j["activation"] = mlp.activation;
     j["loss"] = mlp.loss;
   } else if (arch == "quadratic") {
-    j["rows"] = quadratic.rows;
-    j["cols"] = quadratic.cols;
-    j["alpha"] = quadratic.alpha;
-    j["w_high"] = quadratic.w_high;
-    j["w_low"] = quadratic.w_low;
-    j["d_high"] = quadratic.d_high;
-    j["d_low"] = quadratic.d_low;
-    j["basis"] = quadratic.basis;
-    j["basis_seed"] = quadratic.basis_seed;
+    j.update(nlohmann::json(quadratic));
   } else if (arch == "memory") {
-    j["classes"] = memory.classes;
-    j["dim"] = memory.dim;
-    j["embeddings"] = memory.embeddings;
-    j["embedding_seed"] = memory.embedding_seed;
+    j.update(nlohmann::json(memory));
   } else {
     j["vocab_size"] = gpt.vocab_size;
     j["block_size"] = gpt.block_size;

@@ -135,26 +135,23 @@ def _checkpoint_groups(f):
                 yield run, int(name[len("step_"):]), group
 
 
+def _per_checkpoint_table(path, table, columns):
+    """The table spectrum/<table> of every checkpoint that has one, with run and step columns."""
+    with h5py.File(path, "r") as f:
+        names = [(run, step, g.name) for run, step, g in _checkpoint_groups(f) if f"spectrum/{table}" in g]
+    frames = [read_table(path, f"{name}/spectrum/{table}").assign(run=run, step=step)
+              for run, step, name in names]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
 def eigenvalues(path):
     """Every checkpoint's eigen table (ndsprobe --spectrum) with run and step columns."""
-    frames = []
-    with h5py.File(path, "r") as f:
-        units = [(run, step, g.name) for run, step, g in _checkpoint_groups(f) if "spectrum/eigen" in g]
-    for run, step, name in units:
-        frames.append(read_table(path, f"{name}/spectrum/eigen").assign(run=run, step=step))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["run", "step", "block", "which", "rank", "eigenvalue", "residual"])
+    return _per_checkpoint_table(path, "eigen", ["run", "step", "block", "which", "rank", "eigenvalue", "residual"])
 
 
 def traces(path):
     """Every checkpoint's trace table (ndsprobe --trace) with run and step columns."""
-    frames = []
-    with h5py.File(path, "r") as f:
-        units = [(run, step, g.name) for run, step, g in _checkpoint_groups(f) if "spectrum/trace" in g]
-    for run, step, name in units:
-        frames.append(read_table(path, f"{name}/spectrum/trace").assign(run=run, step=step))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["run", "step", "block", "estimate", "standard_error"])
+    return _per_checkpoint_table(path, "trace", ["run", "step", "block", "estimate", "standard_error"])
 
 
 def density(path, run, step):
