@@ -304,9 +304,9 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   options.tol = 1e-12;
   EigenResult r = extreme_eigenpairs(scaled, options);
   Eigen::MatrixXd a(10, 10);
-  auto at = quad.hessian().contiguous();
+  const at::Tensor hess = quad.hessian().contiguous();
   for (int i = 0; i < 10; ++i)
-    for (int j = 0; j < 10; ++j) a(i, j) = at[i][j].item<double>();
+    for (int j = 0; j < 10; ++j) a(i, j) = hess[i][j].item<double>();
   const Eigen::MatrixXd pa = p.inverse_sqrt.asDiagonal() * a * p.inverse_sqrt.asDiagonal();
   const double exact = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(pa).eigenvalues().maxCoeff();
   CHECK(r.largest.at(0).value == Approx(exact).epsilon(1e-10));
