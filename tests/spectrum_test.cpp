@@ -84,9 +84,14 @@ TEST_CASE("Lanczos finds both ends of a known spectrum, negative eigenvalues and
   options.bottom = 2;
   options.tol = 1e-10;
   options.max_hvps = 300;
-  for (EigenMethod method : {EigenMethod::kLanczos, EigenMethod::kSpectra}) {
+  int64_t hvps_gap = 0, hvps_residual = 0;
+  for (auto [method, bound] : {std::pair{EigenMethod::kLanczos, ErrorBound::kGap},
+                               std::pair{EigenMethod::kLanczos, ErrorBound::kResidual},
+                               std::pair{EigenMethod::kSpectra, ErrorBound::kResidual}}) {
     options.method = method;
+    options.bound = bound;
     EigenResult r = extreme_eigenpairs(op, options);
+    if (method == EigenMethod::kLanczos) (bound == ErrorBound::kGap ? hvps_gap : hvps_residual) = r.hvps;
     INFO(r.brief() << " " << r.message);
     CHECK(r.converged);
     REQUIRE(r.largest.size() == 3);
@@ -100,6 +105,9 @@ TEST_CASE("Lanczos finds both ends of a known spectrum, negative eigenvalues and
     // Ritz vectors of different eigenvalues are orthogonal.
     CHECK(std::abs(r.largest[0].vector.dot(r.largest[1].vector)) < 1e-6);
   }
+  // The gap bound stops earlier and, as checked above, still meets the tolerance.
+  INFO("Lanczos HVPs: gap bound " << hvps_gap << ", residual bound " << hvps_residual);
+  CHECK(hvps_gap < hvps_residual);
 }
 
 TEST_CASE("power iteration returns the largest |λ|, here the negative end", "[spectrum]") {
@@ -266,6 +274,7 @@ TEST_CASE("option validation names the field and the value", "[spectrum]") {
   CURV_CHECK_THROWS(d.validate(), InvalidArgument, Catch::Matchers::Contains("steps = 0"));
   CURV_CHECK_THROWS(parse_eigen_method("arnoldi"), InvalidArgument, Catch::Matchers::Contains("arnoldi"));
   CURV_CHECK_THROWS(parse_trace_method("xtrace"), InvalidArgument, Catch::Matchers::Contains("xtrace"));
+  CURV_CHECK_THROWS(parse_error_bound("kahan"), InvalidArgument, Catch::Matchers::Contains("kahan"));
 }
 
 TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sharpness",

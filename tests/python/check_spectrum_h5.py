@@ -37,7 +37,7 @@ def main():
             e = g["eigen"]
             cols = list(e.attrs["columns"])
             cols = [c.decode() if isinstance(c, bytes) else c for c in cols]
-            for c in ["block", "which", "rank", "eigenvalue", "residual", "hvps", "converged"]:
+            for c in ["block", "which", "rank", "eigenvalue", "residual", "error_bound", "hvps", "converged"]:
                 if c not in cols:
                     fail(f"step {step}: eigen column {c} missing")
             block = np.array(strings(e["block"]))

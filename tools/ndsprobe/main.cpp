@@ -63,6 +63,7 @@ struct Args {
   int64_t eig_top = 1;
   int64_t eig_bottom = 1;
   double eig_tol = 1e-6;
+  std::string eig_bound = "gap";
   std::string eig_method = "lanczos";
   int64_t eig_max_hvps = 300;
   bool spectrum_blocks = false;
@@ -98,7 +99,7 @@ std::string spectrum_path(const std::string& run, int64_t step) {
 void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
   std::vector<std::string> blocks, which;
   std::vector<int64_t> rank, hvps, converged;
-  std::vector<double> value, residual;
+  std::vector<double> value, residual, bound;
   auto add = [&](const std::vector<RitzPair>& pairs, const char* kind) {
     for (size_t i = 0; i < pairs.size(); ++i) {
       blocks.push_back(block);
@@ -106,6 +107,7 @@ void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
       rank.push_back(static_cast<int64_t>(i));
       value.push_back(pairs[i].value);
       residual.push_back(pairs[i].residual);
+      bound.push_back(pairs[i].error_bound);
       hvps.push_back(r.hvps);
       converged.push_back(r.converged ? 1 : 0);
     }
@@ -119,6 +121,7 @@ void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
   rows.add_column("rank", rank);
   rows.add_column("eigenvalue", value);
   rows.add_column("residual", residual);
+  rows.add_column("error_bound", bound);
   rows.add_column("hvps", hvps);
   rows.add_column("converged", converged);
   t.append_rows(rows);
@@ -174,6 +177,7 @@ std::vector<Eigen::VectorXd> checkpoint_spectrum(CurvatureEngine& engine, const 
       w.table(eg, t);
       w.attribute(eg, "method", to_string(options.method));
       w.attribute(eg, "tol", options.tol);
+      w.attribute(eg, "bound", to_string(options.bound));
       w.attribute(eg, "max_hvps", options.max_hvps);
       w.attribute(eg, "residuals", "measured: one extra HVP per pair");
       w.attribute(eg, "messages", messages);
@@ -388,6 +392,9 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--eig-tol", a.eig_tol, "Convergence: Ritz residual ≤ tol·|λ| (power: relative "
                  "change of the Rayleigh quotient)")->capture_default_str();
+  app.add_option("--eig-bound", a.eig_bound, "Error bound of the Lanczos stopping rule: residual "
+                 "(|θ−λ| ≤ r) or gap (min(r, r²/gap))")
+      ->capture_default_str()->check(CLI::IsMember({"residual", "gap"}));
   app.add_option("--eig-method", a.eig_method, "Eigen-solver: lanczos (one Krylov space, full "
                  "reorthogonalisation), spectra (restarted), power (baseline)")
       ->capture_default_str()->check(CLI::IsMember({"lanczos", "spectra", "power"}));
@@ -495,6 +502,7 @@ int run(int argc, char** argv) {
   plan.eigen.top = a.eig_top;
   plan.eigen.bottom = a.eig_method == "power" ? 0 : a.eig_bottom;
   plan.eigen.tol = a.eig_tol;
+  plan.eigen.bound = parse_error_bound(a.eig_bound);
   plan.eigen.method = parse_eigen_method(a.eig_method);
   plan.eigen.max_hvps = a.eig_max_hvps;
   plan.eigen.seed = a.runtime.seed;

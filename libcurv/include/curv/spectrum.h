@@ -29,14 +29,27 @@ enum class EigenMethod {
 EigenMethod parse_eigen_method(const std::string& text);  // "lanczos" | "spectra" | "power"
 std::string to_string(EigenMethod method);
 
+// How a Lanczos method bounds the error of a Ritz value θ with residual r = ‖Hv − θv‖.
+enum class ErrorBound {
+  // |θ − λ| ≤ r: rigorous for any symmetric operator, pessimistic once θ is isolated.
+  kResidual,
+  // |θ − λ| ≤ min(r, r²/δ), δ the distance from θ to the nearest other Ritz value less r
+  // (Parlett's gap theorem with the Ritz gap standing in for the unknown eigenvalue gap). Stops
+  // well before kResidual when the wanted eigenvalue is separated from the rest.
+  kGap,
+};
+ErrorBound parse_error_bound(const std::string& text);  // "residual" | "gap"
+std::string to_string(ErrorBound bound);
+
 struct EigenOptions {
   int64_t top = 1;     // largest (algebraic) eigenvalues wanted; power: largest |λ| wanted
   int64_t bottom = 0;  // smallest (algebraic) eigenvalues wanted; Lanczos methods only
-  // Lanczos methods: a Ritz pair has converged when its residual ‖Hv − θv‖ ≤ tol·|θ| (which
-  // bounds |θ − λ| by tol·|θ|, and by about (tol·|θ|)²/gap for an isolated eigenvalue).
+  // Lanczos methods: a Ritz pair has converged when its error bound (see `bound`; Spectra: the
+  // residual) is at most tol·|θ|.
   // Power: stops when successive Rayleigh quotients differ by less than tol relative (PyHessian's
   // rule, which bounds nothing). In (0, 1).
   double tol = 1e-6;
+  ErrorBound bound = ErrorBound::kGap;  // Lanczos only (Spectra applies its residual rule)
   int64_t max_hvps = 300;  // HVP budget of the solver (residual checks not counted), ≥ 2
   // Spectra only: Krylov dimension per solve; 0 picks max(2k + 1, 20) capped at rows().
   int64_t ncv = 0;
@@ -53,6 +66,7 @@ struct EigenOptions {
 struct RitzPair {
   double value = 0.0;
   double residual = 0.0;      // ‖Hv − θv‖ with ‖v‖ = 1 (measured, or the Lanczos estimate)
+  double error_bound = 0.0;   // Lanczos: the bound on |θ − λ| that the stopping rule used; else NaN
   Eigen::VectorXd vector;     // empty unless EigenOptions::keep_vectors
 };
 
