@@ -155,7 +155,8 @@ std::vector<Eigen::VectorXd> checkpoint_spectrum(CurvatureEngine& engine, const 
   if (a.spectrum || a.overlap) {
     HessianOperator h(engine);
     EigenOptions options = plan.eigen;
-    if (!write) options.bottom = 0;  // only the top vectors are needed again
+    // --overlap alone, or a resumed run whose eigenvalues are in the file, needs the top only.
+    if (!write || !a.spectrum) options.bottom = 0;
     EigenResult global = extreme_eigenpairs(h, options);
     const auto& top = options.method == EigenMethod::kPower ? global.dominant : global.largest;
     for (const auto& p : top) top_vectors.push_back(p.vector);
