@@ -20,8 +20,8 @@ inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Gener
   auto tokens = at::randint(0, config.gpt.vocab_size, {32, config.gpt.block_size + 1}, gen,
                             at::TensorOptions().dtype(at::kLong));
   const int64_t t = config.gpt.block_size;
-  return curv::ProbeSet({curv::Batch{tokens.narrow(1, 0, t).contiguous(),
-                                     tokens.narrow(1, 1, t).contiguous()}});
+  return curv::ProbeSet(
+      {curv::Batch{tokens.narrow(1, 0, t).contiguous(), tokens.narrow(1, 1, t).contiguous()}});
 }
 
 }  // namespace curv_bench

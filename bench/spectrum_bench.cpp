@@ -43,10 +43,14 @@ int main(int argc, char** argv) {
   int64_t reference_hvps = 200;
   std::string dtype_name = "float64";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--seeds")) seeds = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--dtype")) dtype_name = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--reference-hvps")) reference_hvps = std::atoll(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--seeds"))
+      seeds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--dtype"))
+      dtype_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--reference-hvps"))
+      reference_hvps = std::atoll(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -72,15 +76,19 @@ int main(int argc, char** argv) {
   ref_options.seed = 1000;
   const curv::EigenResult ref = curv::extreme_eigenpairs(h, ref_options);
   const double lmax = ref.largest[0].value, lmin = ref.smallest[0].value;
-  std::printf("reference (Lanczos, residual bound, tol 1e-10, %lld HVPs, %s): λ_max = %.12g (residual %.2e), "
-              "λ_min = %.12g (residual %.2e)\n\n", static_cast<long long>(ref.hvps),
-              ref.converged ? "converged" : "NOT converged", lmax, ref.largest[0].residual, lmin,
-              ref.smallest[0].residual);
+  std::printf(
+      "reference (Lanczos, residual bound, tol 1e-10, %lld HVPs, %s): λ_max = %.12g (residual "
+      "%.2e), "
+      "λ_min = %.12g (residual %.2e)\n\n",
+      static_cast<long long>(ref.hvps), ref.converged ? "converged" : "NOT converged", lmax,
+      ref.largest[0].residual, lmin, ref.smallest[0].residual);
   std::fflush(stdout);
   const double dominant = std::abs(lmin) > std::abs(lmax) ? lmin : lmax;
 
-  std::printf("| seed | method | HVPs to λ_max ±1e-6 | HVPs to λ_min ±1e-6 | stopped after (HVPs) | "
-              "returned | rel. error of returned vs its target | seconds |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| seed | method | HVPs to λ_max ±1e-6 | HVPs to λ_min ±1e-6 | stopped after (HVPs) | "
+      "returned | rel. error of returned vs its target | seconds "
+      "|\n|---|---|---|---|---|---|---|---|\n");
   for (int seed = 0; seed < seeds; ++seed) {
     // Lanczos for both ends at once, with each stopping rule.
     curv::EigenOptions lo;
@@ -94,12 +102,14 @@ int main(int argc, char** argv) {
       const curv::EigenResult l = curv::extreme_eigenpairs(h, lo);
       const double l_err = std::max(std::abs(l.largest[0].value - lmax) / std::abs(lmax),
                                     std::abs(l.smallest[0].value - lmin) / std::abs(lmin));
-      std::printf("| %d | lanczos (both ends, tol 1e-6, %s bound) | %s | %s | %lld (+%lld residual "
-                  "checks) | %.10g, %.10g | %.2e | %.1f |\n", seed, curv::to_string(bound).c_str(),
-                  count(hvps_to(l.largest_history, lmax, 1e-6)).c_str(),
-                  count(hvps_to(l.smallest_history, lmin, 1e-6)).c_str(),
-                  static_cast<long long>(l.hvps), static_cast<long long>(l.residual_hvps),
-                  l.largest[0].value, l.smallest[0].value, l_err, l.seconds);
+      std::printf(
+          "| %d | lanczos (both ends, tol 1e-6, %s bound) | %s | %s | %lld (+%lld residual "
+          "checks) | %.10g, %.10g | %.2e | %.1f |\n",
+          seed, curv::to_string(bound).c_str(),
+          count(hvps_to(l.largest_history, lmax, 1e-6)).c_str(),
+          count(hvps_to(l.smallest_history, lmin, 1e-6)).c_str(), static_cast<long long>(l.hvps),
+          static_cast<long long>(l.residual_hvps), l.largest[0].value, l.smallest[0].value, l_err,
+          l.seconds);
       std::fflush(stdout);
     }
 
@@ -110,10 +120,11 @@ int main(int argc, char** argv) {
     const curv::EigenResult s = curv::extreme_eigenpairs(h, so);
     const double s_err = std::max(std::abs(s.largest[0].value - lmax) / std::abs(lmax),
                                   std::abs(s.smallest[0].value - lmin) / std::abs(lmin));
-    std::printf("| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
-                "%.2e | %.1f |\n", seed, static_cast<long long>(s.hvps),
-                s.converged ? "converged" : "not converged", s.largest[0].value,
-                s.smallest[0].value, s_err, s.seconds);
+    std::printf(
+        "| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
+        "%.2e | %.1f |\n",
+        seed, static_cast<long long>(s.hvps), s.converged ? "converged" : "not converged",
+        s.largest[0].value, s.smallest[0].value, s_err, s.seconds);
 
     // PyHessian's defaults: tol 1e-3 on the relative change, at most 100 iterations.
     curv::EigenOptions po;
@@ -123,26 +134,29 @@ int main(int argc, char** argv) {
     po.seed = seed;
     po.check_residuals = false;
     const curv::EigenResult p = curv::extreme_eigenpairs(h, po);
-    std::printf("| %d | power (PyHessian defaults: tol 1e-3, ≤ 100) | %s | — | %lld | %.10g | "
-                "%.2e vs dominant %.6g | %.1f |\n", seed,
-                count(hvps_to(p.largest_history, lmax, 1e-6)).c_str(),
-                static_cast<long long>(p.hvps), p.dominant[0].value,
-                std::abs(p.dominant[0].value - dominant) / std::abs(dominant), dominant, p.seconds);
+    std::printf(
+        "| %d | power (PyHessian defaults: tol 1e-3, ≤ 100) | %s | — | %lld | %.10g | "
+        "%.2e vs dominant %.6g | %.1f |\n",
+        seed, count(hvps_to(p.largest_history, lmax, 1e-6)).c_str(), static_cast<long long>(p.hvps),
+        p.dominant[0].value, std::abs(p.dominant[0].value - dominant) / std::abs(dominant),
+        dominant, p.seconds);
 
     // Power iteration run long, to see how many HVPs 1e-6 takes at all.
     po.tol = 1e-12;
     po.max_hvps = 300;
     const curv::EigenResult pl = curv::extreme_eigenpairs(h, po);
-    std::printf("| %d | power (tol 1e-12, ≤ 300) | %s to the dominant %.6g | — | %lld | %.10g | "
-                "%.2e vs dominant | %.1f |\n", seed,
-                count(hvps_to(pl.largest_history, dominant, 1e-6)).c_str(), dominant,
-                static_cast<long long>(pl.hvps), pl.dominant[0].value,
-                std::abs(pl.dominant[0].value - dominant) / std::abs(dominant), pl.seconds);
+    std::printf(
+        "| %d | power (tol 1e-12, ≤ 300) | %s to the dominant %.6g | — | %lld | %.10g | "
+        "%.2e vs dominant | %.1f |\n",
+        seed, count(hvps_to(pl.largest_history, dominant, 1e-6)).c_str(), dominant,
+        static_cast<long long>(pl.hvps), pl.dominant[0].value,
+        std::abs(pl.dominant[0].value - dominant) / std::abs(dominant), pl.seconds);
     std::fflush(stdout);
   }
 
-  std::printf("\n| seed | trace method | matvecs | estimate | standard error | SE / |estimate| |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| seed | trace method | matvecs | estimate | standard error | SE / |estimate| |\n"
+      "|---|---|---|---|---|---|\n");
   for (int seed = 0; seed < seeds; ++seed) {
     for (auto method : {curv::TraceMethod::kHutchinson, curv::TraceMethod::kHutchPlusPlus}) {
       curv::TraceOptions to;
@@ -150,9 +164,9 @@ int main(int argc, char** argv) {
       to.matvecs = 99;
       to.seed = seed;
       const curv::TraceResult t = curv::estimate_trace(h, to);
-      std::printf("| %d | %s | %lld | %.6g | %.3g | %.3g |\n", seed, curv::to_string(method).c_str(),
-                  static_cast<long long>(t.matvecs), t.estimate, t.standard_error,
-                  t.standard_error / std::abs(t.estimate));
+      std::printf("| %d | %s | %lld | %.6g | %.3g | %.3g |\n", seed,
+                  curv::to_string(method).c_str(), static_cast<long long>(t.matvecs), t.estimate,
+                  t.standard_error, t.standard_error / std::abs(t.estimate));
       std::fflush(stdout);
     }
   }

@@ -1,11 +1,10 @@
 #include "curv/spectrum.h"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
-
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
 
@@ -69,14 +68,17 @@ void check_pairs(LinearOperator& op, const EigenResult& r, const Eigen::VectorXd
   if (!r.largest.empty() && r.largest[0].vector.size() == op.rows()) {
     Eigen::VectorXd v = r.largest[0].vector.normalized(), hv(op.rows());
     op.apply(v.data(), hv.data());
-    CHECK((hv - r.largest[0].value * v).norm() == Approx(r.largest[0].residual).margin(1e-12 * scale));
+    CHECK((hv - r.largest[0].value * v).norm() ==
+          Approx(r.largest[0].residual).margin(1e-12 * scale));
   }
 }
 
 }  // namespace
 
-TEST_CASE("Lanczos finds both ends of a known spectrum, negative eigenvalues and a near-degenerate "
-          "top pair included", "[spectrum]") {
+TEST_CASE(
+    "Lanczos finds both ends of a known spectrum, negative eigenvalues and a near-degenerate "
+    "top pair included",
+    "[spectrum]") {
   const Eigen::VectorXd values = known_spectrum();
   DenseOperator op = rotated(values, 3);
   EigenOptions options;
@@ -91,7 +93,8 @@ TEST_CASE("Lanczos finds both ends of a known spectrum, negative eigenvalues and
     options.method = method;
     options.bound = bound;
     EigenResult r = extreme_eigenpairs(op, options);
-    if (method == EigenMethod::kLanczos) (bound == ErrorBound::kGap ? hvps_gap : hvps_residual) = r.hvps;
+    if (method == EigenMethod::kLanczos)
+      (bound == ErrorBound::kGap ? hvps_gap : hvps_residual) = r.hvps;
     INFO(r.brief() << " " << r.message);
     CHECK(r.converged);
     REQUIRE(r.largest.size() == 3);
@@ -156,7 +159,8 @@ TEST_CASE("Lanczos eigenvalues of tiny float64 models equal dense eigvalsh, glob
       if (sub.rows() < 2) continue;
       std::vector<int64_t> index;
       for (size_t p : block.params)
-        for (int64_t k = 0; k < engine.space()[p].numel; ++k) index.push_back(engine.space()[p].offset + k);
+        for (int64_t k = 0; k < engine.space()[p].numel; ++k)
+          index.push_back(engine.space()[p].offset + k);
       Eigen::MatrixXd hb(index.size(), index.size());
       for (size_t a = 0; a < index.size(); ++a)
         for (size_t b = 0; b < index.size(); ++b) hb(a, b) = h(index[a], index[b]);
@@ -272,9 +276,12 @@ TEST_CASE("option validation names the field and the value", "[spectrum]") {
   DensityOptions d;
   d.steps = 0;
   CURV_CHECK_THROWS(d.validate(), InvalidArgument, Catch::Matchers::Contains("steps = 0"));
-  CURV_CHECK_THROWS(parse_eigen_method("arnoldi"), InvalidArgument, Catch::Matchers::Contains("arnoldi"));
-  CURV_CHECK_THROWS(parse_trace_method("xtrace"), InvalidArgument, Catch::Matchers::Contains("xtrace"));
-  CURV_CHECK_THROWS(parse_error_bound("kahan"), InvalidArgument, Catch::Matchers::Contains("kahan"));
+  CURV_CHECK_THROWS(parse_eigen_method("arnoldi"), InvalidArgument,
+                    Catch::Matchers::Contains("arnoldi"));
+  CURV_CHECK_THROWS(parse_trace_method("xtrace"), InvalidArgument,
+                    Catch::Matchers::Contains("xtrace"));
+  CURV_CHECK_THROWS(parse_error_bound("kahan"), InvalidArgument,
+                    Catch::Matchers::Contains("kahan"));
 }
 
 TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sharpness",
@@ -300,7 +307,8 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   for (size_t i = 0; i < space.size(); ++i) {
     auto flat = v[i].reshape(-1);
     for (int64_t k = 0; k < space[i].numel; ++k) {
-      expected[space[i].offset + k] = 1 / std::sqrt(std::sqrt(flat[k].item<double>() / bias2) + 1e-6);
+      expected[space[i].offset + k] =
+          1 / std::sqrt(std::sqrt(flat[k].item<double>() / bias2) + 1e-6);
     }
   }
   CHECK((p.inverse_sqrt - expected).norm() <= 1e-14 * expected.norm());

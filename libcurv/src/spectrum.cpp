@@ -6,7 +6,6 @@
 
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -59,9 +58,10 @@ Eigen::VectorXd apply(LinearOperator& op, const Eigen::VectorXd& x) {
   Eigen::VectorXd y(op.rows());
   op.apply(x.data(), y.data());
   if (!y.allFinite()) {
-    throw NumericalError(fmt::format(
-        "operator product holds NaN or Inf (input norm {:.6g}): is the loss twice "
-        "differentiable at these parameters?", x.norm()));
+    throw NumericalError(
+        fmt::format("operator product holds NaN or Inf (input norm {:.6g}): is the loss twice "
+                    "differentiable at these parameters?",
+                    x.norm()));
   }
   return y;
 }
@@ -108,10 +108,12 @@ void lanczos(LinearOperator& op, Eigen::VectorXd start, int64_t max_steps, Krylo
 Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> tridiagonal_eigen(const Krylov& k, bool vectors) {
   const int64_t m = static_cast<int64_t>(k.alpha.size());
   Eigen::VectorXd diag = Eigen::Map<const Eigen::VectorXd>(k.alpha.data(), m);
-  Eigen::VectorXd sub = m > 1 ? Eigen::VectorXd(Eigen::Map<const Eigen::VectorXd>(k.beta.data(), m - 1))
-                              : Eigen::VectorXd();
+  Eigen::VectorXd sub =
+      m > 1 ? Eigen::VectorXd(Eigen::Map<const Eigen::VectorXd>(k.beta.data(), m - 1))
+            : Eigen::VectorXd();
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig;
-  eig.computeFromTridiagonal(diag, sub, vectors ? Eigen::ComputeEigenvectors : Eigen::EigenvaluesOnly);
+  eig.computeFromTridiagonal(diag, sub,
+                             vectors ? Eigen::ComputeEigenvectors : Eigen::EigenvaluesOnly);
   return eig;
 }
 
@@ -187,11 +189,13 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
   if (k.invariant) {
     result.message = fmt::format("Krylov space invariant after {} steps: Ritz pairs are exact", m);
   } else if (converged) {
-    result.message = fmt::format("all requested Ritz pairs within tol {:g} ({} bound) after {} "
-                                 "steps", o.tol, to_string(o.bound), m);
+    result.message = fmt::format(
+        "all requested Ritz pairs within tol {:g} ({} bound) after {} "
+        "steps",
+        o.tol, to_string(o.bound), m);
   } else {
-    result.message = fmt::format("HVP budget {} spent before convergence to tol {:g}",
-                                 o.max_hvps, o.tol);
+    result.message =
+        fmt::format("HVP budget {} spent before convergence to tol {:g}", o.max_hvps, o.tol);
   }
   auto eig = tridiagonal_eigen(k, true);
   const Eigen::VectorXd& theta = eig.eigenvalues();
@@ -227,21 +231,22 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
     if (nev <= 0) return;
     const int64_t ncv = std::min(n, o.ncv > 0 ? o.ncv : std::max<int64_t>(2 * nev + 1, 20));
     if (ncv <= nev) {
-      throw InvalidArgument(fmt::format("--eig-ncv {} must exceed the number of eigenvalues {}",
-                                        ncv, nev));
+      throw InvalidArgument(
+          fmt::format("--eig-ncv {} must exceed the number of eigenvalues {}", ncv, nev));
     }
     const int64_t spent = op.num_applies() - before;
     // The first factorisation costs ncv products, each restart about ncv − nev more.
     const int64_t budget = std::max<int64_t>(o.max_hvps - spent, ncv);
-    const int64_t maxit = std::max<int64_t>(1, (budget - ncv) / std::max<int64_t>(ncv - nev, 1) + 1);
+    const int64_t maxit =
+        std::max<int64_t>(1, (budget - ncv) / std::max<int64_t>(ncv - nev, 1) + 1);
     Spectra::SymEigsSolver<SpectraOperator> solver(adapter, nev, ncv);
     solver.init(start.data());
     const Eigen::Index nconv = solver.compute(rule, maxit, o.tol, rule);
     result.iterations += solver.num_iterations();
     if (solver.info() != Spectra::CompInfo::Successful) {
       all_converged = false;
-      notes.push_back(fmt::format("{} of {} converged after {} restarts", nconv, nev,
-                                  solver.num_iterations()));
+      notes.push_back(
+          fmt::format("{} of {} converged after {} restarts", nconv, nev, solver.num_iterations()));
     }
     if (nconv == 0) return;
     const Eigen::VectorXd values = solver.eigenvalues();
@@ -307,10 +312,11 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
     result.dominant.push_back(std::move(p));
   }
   result.hvps = spent;
-  result.message = result.converged
-                       ? fmt::format("relative change below {:g} for every pair ({} HVPs)", o.tol, spent)
-                       : fmt::format("HVP budget {} spent before the relative change fell below {:g}",
-                                     o.max_hvps, o.tol);
+  result.message =
+      result.converged
+          ? fmt::format("relative change below {:g} for every pair ({} HVPs)", o.tol, spent)
+          : fmt::format("HVP budget {} spent before the relative change fell below {:g}",
+                        o.max_hvps, o.tol);
   return result;
 }
 
@@ -347,23 +353,31 @@ std::string to_string(ErrorBound bound) {
 
 std::string to_string(EigenMethod method) {
   switch (method) {
-    case EigenMethod::kLanczos: return "lanczos";
-    case EigenMethod::kSpectra: return "spectra";
-    case EigenMethod::kPower: return "power";
+    case EigenMethod::kLanczos:
+      return "lanczos";
+    case EigenMethod::kSpectra:
+      return "spectra";
+    case EigenMethod::kPower:
+      return "power";
   }
   return "?";
 }
 
 void EigenOptions::validate() const {
   if (top < 0) throw InvalidArgument(fmt::format("EigenOptions.top = {} must be >= 0", top));
-  if (bottom < 0) throw InvalidArgument(fmt::format("EigenOptions.bottom = {} must be >= 0", bottom));
+  if (bottom < 0)
+    throw InvalidArgument(fmt::format("EigenOptions.bottom = {} must be >= 0", bottom));
   if (top + bottom == 0) throw InvalidArgument("EigenOptions: top = bottom = 0 asks for nothing");
-  if (!(tol > 0 && tol < 1)) throw InvalidArgument(fmt::format("EigenOptions.tol = {} must be in (0, 1)", tol));
-  if (max_hvps < 2) throw InvalidArgument(fmt::format("EigenOptions.max_hvps = {} must be >= 2", max_hvps));
+  if (!(tol > 0 && tol < 1))
+    throw InvalidArgument(fmt::format("EigenOptions.tol = {} must be in (0, 1)", tol));
+  if (max_hvps < 2)
+    throw InvalidArgument(fmt::format("EigenOptions.max_hvps = {} must be >= 2", max_hvps));
   if (ncv < 0) throw InvalidArgument(fmt::format("EigenOptions.ncv = {} must be >= 0", ncv));
   if (method == EigenMethod::kPower && bottom > 0) {
-    throw InvalidArgument(fmt::format("EigenOptions.bottom = {}: power iteration finds the largest "
-                                      "|λ| only; use the lanczos or spectra method", bottom));
+    throw InvalidArgument(
+        fmt::format("EigenOptions.bottom = {}: power iteration finds the largest "
+                    "|λ| only; use the lanczos or spectra method",
+                    bottom));
   }
 }
 
@@ -373,7 +387,8 @@ std::string EigenResult::brief() const {
     for (const auto& p : pairs) parts.push_back(fmt::format("{:.8g}", p.value));
     return fmt::format("[{}]", fmt::join(parts, ", "));
   };
-  std::string out = fmt::format("{} {}: ", to_string(method), converged ? "converged" : "NOT converged");
+  std::string out =
+      fmt::format("{} {}: ", to_string(method), converged ? "converged" : "NOT converged");
   if (!largest.empty()) out += "largest " + values(largest) + " ";
   if (!smallest.empty()) out += "smallest " + values(smallest) + " ";
   if (!dominant.empty()) out += "dominant " + values(dominant) + " ";
@@ -387,9 +402,15 @@ EigenResult extreme_eigenpairs(LinearOperator& op, const EigenOptions& options) 
   const auto start = Clock::now();
   EigenResult result;
   switch (options.method) {
-    case EigenMethod::kLanczos: result = solve_lanczos(op, options); break;
-    case EigenMethod::kSpectra: result = solve_spectra(op, options); break;
-    case EigenMethod::kPower: result = solve_power(op, options); break;
+    case EigenMethod::kLanczos:
+      result = solve_lanczos(op, options);
+      break;
+    case EigenMethod::kSpectra:
+      result = solve_spectra(op, options);
+      break;
+    case EigenMethod::kPower:
+      result = solve_power(op, options);
+      break;
   }
   result.method = options.method;
   if (options.check_residuals) {
@@ -475,7 +496,8 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
 
 void DensityOptions::validate() const {
   if (runs < 1) throw InvalidArgument(fmt::format("DensityOptions.runs = {} must be >= 1", runs));
-  if (steps < 1) throw InvalidArgument(fmt::format("DensityOptions.steps = {} must be >= 1", steps));
+  if (steps < 1)
+    throw InvalidArgument(fmt::format("DensityOptions.steps = {} must be >= 1", steps));
   if (!(sigma >= 0) || !std::isfinite(sigma))
     throw InvalidArgument(fmt::format("DensityOptions.sigma = {} must be finite and >= 0", sigma));
   if (grid < 2) throw InvalidArgument(fmt::format("DensityOptions.grid = {} must be >= 2", grid));
@@ -532,8 +554,8 @@ DensityResult spectral_density(LinearOperator& op, const DensityOptions& options
   result.trace_standard_error = sample_std(traces) / std::sqrt(static_cast<double>(traces.size()));
   const auto [lo_it, hi_it] = std::minmax_element(result.nodes.begin(), result.nodes.end());
   const double lo = *lo_it, hi = *hi_it;
-  result.sigma = options.sigma > 0 ? options.sigma
-                                   : 0.01 * std::max(hi - lo, std::max(std::abs(hi), 1e-12));
+  result.sigma =
+      options.sigma > 0 ? options.sigma : 0.01 * std::max(hi - lo, std::max(std::abs(hi), 1e-12));
   const double a = lo - 5 * result.sigma, b = hi + 5 * result.sigma;
   result.grid.resize(options.grid);
   result.density.assign(options.grid, 0.0);
@@ -578,8 +600,10 @@ std::string adam_preconditioner(const Checkpoint& ckpt, const ParamSpace& space,
   const std::string name = ckpt.optimizer_name();
   if (name != "adam" && name != "adamw") {
     return name.empty() ? "meta.json names no optimizer"
-                        : fmt::format("saved by optimizer '{}', which keeps no Adam second moment "
-                                      "for every parameter", name);
+                        : fmt::format(
+                              "saved by optimizer '{}', which keeps no Adam second moment "
+                              "for every parameter",
+                              name);
   }
   if (ckpt.optimizer.empty()) return "the checkpoint has no optimizer.safetensors";
   const int64_t t = ckpt.step_count().value_or(ckpt.step);
@@ -590,21 +614,26 @@ std::string adam_preconditioner(const Checkpoint& ckpt, const ParamSpace& space,
   p.beta1 = ckpt.hyper("beta1", 0.9);
   p.beta2 = ckpt.hyper("beta2", 0.999);
   p.eps = ckpt.hyper("eps", 1e-8);
-  if (!(p.lr > 0) || !(p.beta1 >= 0 && p.beta1 < 1) || !(p.beta2 >= 0 && p.beta2 < 1) || !(p.eps >= 0)) {
-    throw InvalidArgument(fmt::format("{}/meta.json: Adam hyper-parameters lr={} beta1={} beta2={} "
-                                      "eps={} out of range", ckpt.path, p.lr, p.beta1, p.beta2, p.eps));
+  if (!(p.lr > 0) || !(p.beta1 >= 0 && p.beta1 < 1) || !(p.beta2 >= 0 && p.beta2 < 1) ||
+      !(p.eps >= 0)) {
+    throw InvalidArgument(
+        fmt::format("{}/meta.json: Adam hyper-parameters lr={} beta1={} beta2={} "
+                    "eps={} out of range",
+                    ckpt.path, p.lr, p.beta1, p.beta2, p.eps));
   }
   const double bias2 = 1.0 - std::pow(p.beta2, static_cast<double>(t));
   p.inverse_sqrt.resize(space.numel());
   for (size_t i = 0; i < space.size(); ++i) {
     at::Tensor v = optimizer_state(ckpt, space[i], "exp_avg_sq", false);
     if (!v.defined()) {
-      return fmt::format("optimizer.safetensors has no exp_avg_sq for parameter '{}'", space[i].name);
+      return fmt::format("optimizer.safetensors has no exp_avg_sq for parameter '{}'",
+                         space[i].name);
     }
     at::Tensor d = (v.to(at::kCPU, at::kDouble) / bias2).sqrt().add_(p.eps).rsqrt().contiguous();
     if (!at::isfinite(d).all().item<bool>()) {
-      return fmt::format("exp_avg_sq of '{}' gives a non-finite P^-1/2 (zero entries with eps = {})",
-                         space[i].name, p.eps);
+      return fmt::format(
+          "exp_avg_sq of '{}' gives a non-finite P^-1/2 (zero entries with eps = {})",
+          space[i].name, p.eps);
     }
     std::copy_n(d.data_ptr<double>(), d.numel(), p.inverse_sqrt.data() + space[i].offset);
   }
@@ -624,13 +653,14 @@ Overlap direction_overlap(const ParamVector& u, const std::vector<Eigen::VectorX
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const auto& v : eigenvectors) {
     if (v.size() != n) {
-      throw InvalidArgument(fmt::format("direction_overlap: eigenvector of length {}, direction {}",
-                                        v.size(), n));
+      throw InvalidArgument(
+          fmt::format("direction_overlap: eigenvector of length {}, direction {}", v.size(), n));
     }
     const double c = v.dot(flat_u);
     out.per_vector.push_back(uu > 0 ? c * c / uu : nan);
   }
-  out.eigenspace_share = uu > 0 ? std::accumulate(out.per_vector.begin(), out.per_vector.end(), 0.0) : nan;
+  out.eigenspace_share =
+      uu > 0 ? std::accumulate(out.per_vector.begin(), out.per_vector.end(), 0.0) : nan;
   const double gg = flat_g.squaredNorm();
   out.gradient_cosine = uu > 0 && gg > 0 ? flat_g.dot(flat_u) / std::sqrt(uu * gg) : nan;
   return out;

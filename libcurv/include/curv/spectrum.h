@@ -4,7 +4,6 @@
 #pragma once
 
 #include <Eigen/Core>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,22 +64,22 @@ struct EigenOptions {
 
 struct RitzPair {
   double value = 0.0;
-  double residual = 0.0;      // ‖Hv − θv‖ with ‖v‖ = 1 (measured, or the Lanczos estimate)
-  double error_bound = 0.0;   // Lanczos: the bound on |θ − λ| that the stopping rule used; else NaN
-  Eigen::VectorXd vector;     // empty unless EigenOptions::keep_vectors
+  double residual = 0.0;  // ‖Hv − θv‖ with ‖v‖ = 1 (measured, or the Lanczos estimate)
+  double error_bound = 0.0;  // Lanczos: the bound on |θ − λ| that the stopping rule used; else NaN
+  Eigen::VectorXd vector;  // empty unless EigenOptions::keep_vectors
 };
 
 struct EigenResult {
   EigenMethod method = EigenMethod::kLanczos;
   bool converged = false;
-  std::string message;             // why it stopped
-  std::vector<RitzPair> largest;   // descending
-  std::vector<RitzPair> smallest;  // ascending
-  std::vector<RitzPair> dominant;  // power iteration: by decreasing |λ|
-  bool residuals_measured = false; // residuals from extra HVPs, not the Lanczos relation
-  int64_t hvps = 0;                // spent by the solver
-  int64_t residual_hvps = 0;       // spent on measured residuals
-  int64_t iterations = 0;          // Lanczos steps, restarts (Spectra) or power iterations
+  std::string message;              // why it stopped
+  std::vector<RitzPair> largest;    // descending
+  std::vector<RitzPair> smallest;   // ascending
+  std::vector<RitzPair> dominant;   // power iteration: by decreasing |λ|
+  bool residuals_measured = false;  // residuals from extra HVPs, not the Lanczos relation
+  int64_t hvps = 0;                 // spent by the solver
+  int64_t residual_hvps = 0;        // spent on measured residuals
+  int64_t iterations = 0;           // Lanczos steps, restarts (Spectra) or power iterations
   double seconds = 0.0;
   // Lanczos: the largest and smallest Ritz values after each HVP (for convergence studies).
   // Power: the Rayleigh quotient after each HVP of the first (dominant) pair.
@@ -111,8 +110,8 @@ struct TraceResult {
   // part tr(QᵀHQ) is exact given Q, so only the remainder's samples contribute.
   double standard_error = 0.0;
   int64_t matvecs = 0;
-  int64_t samples = 0;     // Rademacher samples in the stochastic part
-  int64_t sketch_rank = 0; // Hutch++: columns of Q
+  int64_t samples = 0;      // Rademacher samples in the stochastic part
+  int64_t sketch_rank = 0;  // Hutch++: columns of Q
   double seconds = 0.0;
   std::string brief() const;
 };
@@ -120,8 +119,8 @@ struct TraceResult {
 TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options);
 
 struct DensityOptions {
-  int64_t runs = 10;    // independent Rademacher start vectors, ≥ 1 (≥ 2 for a standard error)
-  int64_t steps = 80;   // Lanczos steps per run (HVPs per run), ≥ 1
+  int64_t runs = 10;   // independent Rademacher start vectors, ≥ 1 (≥ 2 for a standard error)
+  int64_t steps = 80;  // Lanczos steps per run (HVPs per run), ≥ 1
   // Gaussian smoothing width in eigenvalue units; 0 picks 1% of the spread of the Ritz nodes.
   double sigma = 0.0;
   int64_t grid = 1024;  // points of the smoothed curve, ≥ 2
@@ -135,7 +134,7 @@ struct DensityResult {
   // met an invariant subspace early pads with weight 0.
   std::vector<double> nodes, weights;
   int64_t runs = 0, steps = 0;
-  double sigma = 0.0;               // smoothing width used
+  double sigma = 0.0;                 // smoothing width used
   std::vector<double> grid, density;  // φ(t) = mean over runs of Σ_j τ_j² N(t; θ_j, σ²)
   // n·Σ_j τ_j² θ_j^k per run estimates tr(H^k); mean over runs and its standard error.
   double trace = 0.0, trace_standard_error = 0.0;
