@@ -23,14 +23,11 @@
 #include "curv/engine.h"
 #include "curv/models.h"
 #include "curv/runtime.h"
+#include "reference_model.h"
 
 namespace {
 
-// The reference configuration of docs/performance.md.
-curv::ModelConfig reference_config() {
-  return curv::ModelConfig::from_json(R"({"arch": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128,
-                                          "vocab_size": 512, "block_size": 64, "tied": true})");
-}
+using curv_bench::reference_config;
 
 long status_kib(const char* field) {
   std::ifstream in("/proc/self/status");
@@ -57,10 +54,7 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
   auto config = reference_config();
   auto model = curv::make_model(config, curv::ModelInit{0, dtype});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  auto tokens = at::randint(0, config.gpt.vocab_size, {32, config.gpt.block_size + 1}, gen,
-                            at::TensorOptions().dtype(at::kLong));
-  curv::ProbeSet probe({curv::Batch{tokens.narrow(1, 0, 64).contiguous(),
-                                    tokens.narrow(1, 1, 64).contiguous()}});
+  curv::ProbeSet probe = curv_bench::reference_probe(config, gen);
   curv::ParamVector v;
   for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
 

@@ -1,6 +1,10 @@
 #include "fixtures.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iterator>
 
 namespace curv_test {
 
@@ -70,6 +74,17 @@ double relative_error(const curv::ParamVector& a, const curv::ParamVector& b) {
   for (const auto& t : a) a64.push_back(t.to(at::kDouble));
   for (const auto& t : b) b64.push_back(t.to(at::kDouble));
   return curv::norm(curv::sub(a64, b64)) / std::max(curv::norm(b64), 1e-300);
+}
+
+c10::impl::GenericDict load_pickled_dict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::jit::pickle_load(bytes).toGenericDict();
+}
+
+curv::ProbeSet load_script_fixture_probe(const std::string& dir) {
+  auto ref = load_pickled_dict(dir + "/reference.pt");
+  return curv::ProbeSet({curv::Batch{ref.at("x").toTensor(), ref.at("y").toTensor()}});
 }
 
 }  // namespace curv_test

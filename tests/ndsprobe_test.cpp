@@ -103,6 +103,59 @@ TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprob
   CHECK(read_file(out) == before);
 }
 
+TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",
+          "[ndsprobe][spectrum]") {
+  Fixture f;
+  // Steps 10 and 20 get AdamW state, so their preconditioned sharpness is available; 0 and 30
+  // have no optimizer state.
+  auto model = make_model(tiny_gpt_config(), ModelInit{1, at::kFloat});
+  const ParamSpace& space = model->space();
+  const std::string cfg = tiny_gpt_config().to_json();
+  for (int k : {1, 2}) {
+    NamedTensors state;
+    for (size_t i = 0; i < space.size(); ++i) {
+      state.emplace_back(space[i].name + ".exp_avg", at::randn(space[i].shape) * 1e-3);
+      state.emplace_back(space[i].name + ".exp_avg_sq", at::rand(space[i].shape) * 1e-4 + 1e-6);
+    }
+    save_checkpoint(f.run, 10 * k, space, f.thetas[k], state,
+                    R"({"model": )" + cfg + R"(, "optimizer": {"name": "adamw", "step_count": )" +
+                        std::to_string(10 * k) +
+                        R"(, "hyper": {"lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}}})");
+  }
+  const std::string out = f.dir.file("spectrum.h5");
+  const std::string flags =
+      " --dtype float64 --directions gradient,random --spectrum --eig-top 2 --eig-bottom 2 "
+      "--spectrum-blocks --trace hutchpp --trace-hvps 30 --density --slq-runs 4 --slq-steps 20 "
+      "--precond-sharpness --overlap --eig-tol 1e-8";
+  f.ndsprobe(f.run + " --data " + f.data + flags + " -o " + out);
+  run_python("check_spectrum_h5.py", {out, "run_a", "0,10,20,30", "gradient,random", "2", "2", "10,20"});
+  H5Reader reader(out);
+  CHECK_THAT(reader.attribute_string("/runs/run_a/step_0/spectrum/precond", "message"),
+             Catch::Matchers::Contains("optimizer"));
+
+  // Resuming with everything in the file spends no HVP and changes no number.
+  std::string log;
+  const int rc = run_command(tool_path("ndsprobe") + " " + f.run + " --data " + f.data + flags +
+                                 " --resume -o " + out, &log);
+  INFO(log);
+  REQUIRE(rc == 0);
+  CHECK_THAT(log, Catch::Matchers::Contains(" 0 HVPs"));
+  H5Reader after(out);
+  CHECK(after.table("/runs/run_a/step_10/spectrum/eigen").doubles("eigenvalue") ==
+        reader.table("/runs/run_a/step_10/spectrum/eigen").doubles("eigenvalue"));
+
+  // Bad spectrum options name the flag.
+  int status = 0;
+  std::string err = f.ndsprobe(f.run + " --data " + f.data + " --spectrum --eig-method power "
+                               "--eig-bottom 2 -o " + f.dir.file("bad.h5"), &status);
+  CHECK(status != 0);
+  CHECK_THAT(err, Catch::Matchers::Contains("--eig-bottom 2"));
+  err = f.ndsprobe(f.run + " --data " + f.data + " --trace hutchpp --trace-hvps 4 -o " +
+                   f.dir.file("bad.h5"), &status);
+  CHECK(status != 0);
+  CHECK_THAT(err, Catch::Matchers::Contains("--trace-hvps 4"));
+}
+
 TEST_CASE("ndsprobe rejects bad input clearly and leaves existing output intact", "[ndsprobe]") {
   Fixture f;
   const std::string out = f.dir.file("out.h5");

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fstream>
 #include <iterator>
@@ -19,12 +18,6 @@ using namespace curv_test;
 
 namespace {
 
-c10::impl::GenericDict load_pickle(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::jit::pickle_load(bytes).toGenericDict();
-}
-
 ParamVector as_list(const c10::IValue& v) {
   ParamVector out;
   for (const auto& t : v.toList()) out.push_back(t.get().toTensor());
@@ -37,7 +30,7 @@ TEST_CASE("AdamW and SGD match torch.optim over 20 steps", "[optimizers]") {
   for (std::string dtype : {"float32", "float64"}) {
     TempDir dir;
     run_python("torch_optim_reference.py", {dir.file("ref.pt"), dtype});
-    auto ref = load_pickle(dir.file("ref.pt"));
+    auto ref = load_pickled_dict(dir.file("ref.pt"));
     const ParamVector theta0 = as_list(ref.at("theta0"));
     std::vector<ParamVector> grads;
     for (const auto& g : ref.at("grads").toList()) grads.push_back(as_list(g.get()));

@@ -2,10 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fstream>
-#include <iterator>
 
 #include "curv/engine.h"
 #include "curv/error.h"
@@ -16,12 +14,6 @@ using namespace curv;
 using namespace curv_test;
 
 namespace {
-
-c10::Dict<c10::IValue, c10::IValue> load_reference(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::jit::pickle_load(bytes).toGenericDict();
-}
 
 ParamVector tensor_list(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::string& key) {
   ParamVector out;
@@ -36,8 +28,8 @@ TEST_CASE("TorchScript HVPs agree with Python torch.autograd over five successiv
   for (std::string dtype : {"float32", "float64"}) {
     TempDir dir;
     run_python("make_script_fixture.py", {dir.path(), dtype});
-    auto ref = load_reference(dir.file("reference.pt"));
-    ProbeSet probe({Batch{ref.at("x").toTensor(), ref.at("y").toTensor()}});
+    auto ref = load_pickled_dict(dir.file("reference.pt"));
+    ProbeSet probe = load_script_fixture_probe(dir.path());
     const double tol = dtype == "float64" ? kTolFloat64 : 1e-5;
     for (std::string file : {"model_loss.pt", "model_logits.pt"}) {
       auto model = load_script_objective(dir.file(file));

@@ -17,9 +17,11 @@
 #include "curv/engine.h"
 #include "curv/error.h"
 #include "curv/h5_file.h"
+#include "curv/linear_operator.h"
 #include "curv/probe_data.h"
 #include "curv/report.h"
 #include "curv/runtime.h"
+#include "curv/spectrum.h"
 #include "curv/taylor.h"
 #include "curv/within.h"
 
@@ -56,7 +58,204 @@ struct Args {
   bool allow_extra = false;
   bool whatif_fallback = false;
   bool list_directions = false;
+  // Spectrum of H per checkpoint (docs/cli.md, "Spectrum").
+  bool spectrum = false;
+  int64_t eig_top = 1;
+  int64_t eig_bottom = 1;
+  double eig_tol = 1e-6;
+  std::string eig_bound = "gap";
+  std::string eig_method = "lanczos";
+  int64_t eig_max_hvps = 300;
+  bool spectrum_blocks = false;
+  std::string trace = "none";
+  int64_t trace_hvps = 99;
+  bool density = false;
+  int64_t slq_runs = 10;
+  int64_t slq_steps = 80;
+  double density_sigma = 0.0;
+  int64_t density_grid = 1024;
+  bool precond_sharpness = false;
+  bool overlap = false;
+
+  bool any_spectrum() const {
+    return spectrum || trace != "none" || density || precond_sharpness || overlap;
+  }
 };
+
+// Everything computed once per checkpoint for --spectrum, --trace, --density,
+// --precond-sharpness and --overlap, and its place in the HDF5 file.
+struct SpectrumPlan {
+  EigenOptions eigen;
+  TraceOptions trace;
+  DensityOptions density;
+  const Args* args = nullptr;
+  const BlockPartition* blocks = nullptr;
+};
+
+std::string spectrum_path(const std::string& run, int64_t step) {
+  return fmt::format("/runs/{}/step_{}/spectrum", run, step);
+}
+
+void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
+  std::vector<std::string> blocks, which;
+  std::vector<int64_t> rank, hvps, converged;
+  std::vector<double> value, residual, bound;
+  auto add = [&](const std::vector<RitzPair>& pairs, const char* kind) {
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      blocks.push_back(block);
+      which.push_back(kind);
+      rank.push_back(static_cast<int64_t>(i));
+      value.push_back(pairs[i].value);
+      residual.push_back(pairs[i].residual);
+      bound.push_back(pairs[i].error_bound);
+      hvps.push_back(r.hvps);
+      converged.push_back(r.converged ? 1 : 0);
+    }
+  };
+  add(r.largest, "largest");
+  add(r.smallest, "smallest");
+  add(r.dominant, "dominant");
+  Table rows;
+  rows.add_column("block", blocks);
+  rows.add_column("which", which);
+  rows.add_column("rank", rank);
+  rows.add_column("eigenvalue", value);
+  rows.add_column("residual", residual);
+  rows.add_column("error_bound", bound);
+  rows.add_column("hvps", hvps);
+  rows.add_column("converged", converged);
+  t.append_rows(rows);
+}
+
+void append_trace(Table& t, const std::string& block, const TraceResult& r) {
+  Table row;
+  row.add_column("block", std::vector<std::string>{block});
+  row.add_column("estimate", std::vector<double>{r.estimate});
+  row.add_column("standard_error", std::vector<double>{r.standard_error});
+  row.add_column("matvecs", std::vector<int64_t>{r.matvecs});
+  row.add_column("samples", std::vector<int64_t>{r.samples});
+  t.append_rows(row);
+}
+
+// Computes and stores the per-checkpoint spectrum results; returns the global top eigenvectors
+// (for --overlap). With `write` false (a resumed run whose spectrum is already in the file),
+// only the eigenvectors that --overlap needs are recomputed.
+std::vector<Eigen::VectorXd> checkpoint_spectrum(CurvatureEngine& engine, const Checkpoint& ckpt,
+                                                 const SpectrumPlan& plan, H5Writer& w,
+                                                 const std::string& run, bool write) {
+  const Args& a = *plan.args;
+  const std::string g = spectrum_path(run, ckpt.step);
+  std::vector<Eigen::VectorXd> top_vectors;
+  const int64_t hvps_before = engine.counters().hvps;
+  if (write) {
+    w.remove(g);
+    w.group(g);
+    w.attribute(g, "seed", static_cast<int64_t>(plan.eigen.seed));
+  }
+  if (a.spectrum || a.overlap) {
+    HessianOperator h(engine);
+    EigenOptions options = plan.eigen;
+    // --overlap alone, or a resumed run whose eigenvalues are in the file, needs the top only.
+    if (!write || !a.spectrum) options.bottom = 0;
+    EigenResult global = extreme_eigenpairs(h, options);
+    const auto& top = options.method == EigenMethod::kPower ? global.dominant : global.largest;
+    for (const auto& p : top) top_vectors.push_back(p.vector);
+    if (write && a.spectrum) {
+      Table t;
+      append_pairs(t, "total", global);
+      std::vector<std::string> messages = {"total: " + global.message};
+      if (a.spectrum_blocks) {
+        for (const Block& b : plan.blocks->blocks()) {
+          HessianOperator hb(engine, b.params);
+          EigenOptions bo = plan.eigen;
+          bo.keep_vectors = false;
+          EigenResult r = extreme_eigenpairs(hb, bo);
+          append_pairs(t, b.name, r);
+          messages.push_back(b.name + ": " + r.message);
+        }
+      }
+      const std::string eg = g + "/eigen";
+      w.table(eg, t);
+      w.attribute(eg, "method", to_string(options.method));
+      w.attribute(eg, "tol", options.tol);
+      w.attribute(eg, "bound", to_string(options.bound));
+      w.attribute(eg, "max_hvps", options.max_hvps);
+      w.attribute(eg, "residuals", "measured: one extra HVP per pair");
+      w.attribute(eg, "messages", messages);
+    }
+  }
+  if (write && a.trace != "none") {
+    Table t;
+    HessianOperator h(engine);
+    append_trace(t, "total", estimate_trace(h, plan.trace));
+    if (a.spectrum_blocks) {
+      for (const Block& b : plan.blocks->blocks()) {
+        HessianOperator hb(engine, b.params);
+        append_trace(t, b.name, estimate_trace(hb, plan.trace));
+      }
+    }
+    const std::string tg = g + "/trace";
+    w.table(tg, t);
+    w.attribute(tg, "method", a.trace);
+    w.attribute(tg, "matvecs", plan.trace.matvecs);
+  }
+  if (write && a.density) {
+    HessianOperator h(engine);
+    DensityResult d = spectral_density(h, plan.density);
+    const std::string dg = g + "/density";
+    const auto runs = static_cast<uint64_t>(d.runs), steps = static_cast<uint64_t>(d.steps);
+    w.dataset(dg + "/nodes", d.nodes, {runs, steps});
+    w.dataset(dg + "/weights", d.weights, {runs, steps});
+    w.dataset(dg + "/grid", d.grid);
+    w.dataset(dg + "/density", d.density);
+    w.attribute(dg, "sigma", d.sigma);
+    w.attribute(dg, "runs", d.runs);
+    w.attribute(dg, "steps", d.steps);
+    w.attribute(dg, "trace", d.trace);
+    w.attribute(dg, "trace_standard_error", d.trace_standard_error);
+    w.attribute(dg, "hvps", d.hvps);
+  }
+  if (write && a.precond_sharpness) {
+    const std::string pg = g + "/precond";
+    w.group(pg);
+    AdamPreconditioner p;
+    const std::string why = adam_preconditioner(ckpt, engine.space(), &p);
+    if (!why.empty()) {
+      w.attribute(pg, "status", "unavailable");
+      w.attribute(pg, "message", why);
+    } else {
+      HessianOperator h(engine);
+      ScaledOperator scaled(h, p.inverse_sqrt);
+      EigenOptions options = plan.eigen;
+      options.top = 1;
+      options.bottom = 0;
+      options.keep_vectors = false;
+      EigenResult r = extreme_eigenpairs(scaled, options);
+      const auto& pair = options.method == EigenMethod::kPower ? r.dominant : r.largest;
+      w.attribute(pg, "status", r.converged ? "converged" : "not_converged");
+      w.attribute(pg, "message", r.message);
+      w.attribute(pg, "sharpness", pair.empty() ? std::nan("") : pair[0].value);
+      w.attribute(pg, "residual", pair.empty() ? std::nan("") : pair[0].residual);
+      w.attribute(pg, "hvps", r.hvps + r.residual_hvps);
+      w.attribute(pg, "edge_of_stability", p.edge_of_stability());
+      w.attribute(pg, "lr", p.lr);
+      w.attribute(pg, "beta1", p.beta1);
+      w.attribute(pg, "beta2", p.beta2);
+      w.attribute(pg, "eps", p.eps);
+      w.attribute(pg, "step_count", p.step_count);
+    }
+  }
+  if (write) w.attribute(g, "hvps", engine.counters().hvps - hvps_before);
+  return top_vectors;
+}
+
+void write_overlap(H5Writer& w, const std::string& unit, const Overlap& o) {
+  const std::string og = unit + "/overlap";
+  w.dataset(og + "/per_vector", o.per_vector);
+  w.attribute(og, "eigenspace_share", o.eigenspace_share);
+  w.attribute(og, "gradient_cosine", o.gradient_cosine);
+  w.attribute(og, "k", static_cast<int64_t>(o.per_vector.size()));
+}
 
 // Fails before any compute is spent when the output cannot be written.
 void check_writable(const std::string& path) {
@@ -185,6 +384,44 @@ int run(int argc, char** argv) {
                "Optimizer directions at checkpoints without usable saved state take a what-if step "
                "from fresh state (noted in the output) instead of failing");
   app.add_flag("--list-directions", a.list_directions, "List the known directions and exit");
+  app.add_flag("--spectrum", a.spectrum, "Extreme eigenvalues of H per checkpoint (with Ritz "
+               "residuals and HVP counts)");
+  app.add_option("--eig-top", a.eig_top, "Largest (algebraic) eigenvalues for --spectrum, "
+                 "--overlap; largest |λ| with --eig-method power")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--eig-bottom", a.eig_bottom, "Smallest (algebraic) eigenvalues for --spectrum")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--eig-tol", a.eig_tol, "Convergence: Ritz residual ≤ tol·|λ| (power: relative "
+                 "change of the Rayleigh quotient)")->capture_default_str();
+  app.add_option("--eig-bound", a.eig_bound, "Error bound of the Lanczos stopping rule: residual "
+                 "(|θ−λ| ≤ r) or gap (min(r, r²/gap))")
+      ->capture_default_str()->check(CLI::IsMember({"residual", "gap"}));
+  app.add_option("--eig-method", a.eig_method, "Eigen-solver: lanczos (one Krylov space, full "
+                 "reorthogonalisation), spectra (restarted), power (baseline)")
+      ->capture_default_str()->check(CLI::IsMember({"lanczos", "spectra", "power"}));
+  app.add_option("--eig-max-hvps", a.eig_max_hvps, "HVP budget of each eigen-solve")
+      ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  app.add_flag("--spectrum-blocks", a.spectrum_blocks,
+               "Also eigenvalues and traces of each block's H_ll (blocks as --blocks)");
+  app.add_option("--trace", a.trace, "Trace of H per checkpoint: none, hutchinson, hutchpp")
+      ->capture_default_str()->check(CLI::IsMember({"none", "hutchinson", "hutchpp"}));
+  app.add_option("--trace-hvps", a.trace_hvps, "HVP budget of each trace estimate")
+      ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  app.add_flag("--density", a.density, "Spectral density of H per checkpoint by stochastic "
+               "Lanczos quadrature");
+  app.add_option("--slq-runs", a.slq_runs, "Start vectors of --density")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--slq-steps", a.slq_steps, "Lanczos steps per --density run")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--density-sigma", a.density_sigma, "Gaussian smoothing width of --density in "
+                 "eigenvalue units (0 = 1% of the Ritz-value spread)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--density-grid", a.density_grid, "Points of the smoothed --density curve")
+      ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  app.add_flag("--precond-sharpness", a.precond_sharpness, "λ_max(P^-1/2 H P^-1/2) with Adam's "
+               "P = sqrt(v̂)+ε from the checkpoint, beside (2+2β₁)/((1−β₁)·lr)");
+  app.add_flag("--overlap", a.overlap, "Per direction: share of ‖u‖² in the top --eig-top "
+               "eigenspace, and cosine with the gradient");
   tools::add_runtime_args(app, a.runtime);
   try {
     app.parse(argc, argv);
@@ -260,6 +497,47 @@ int run(int argc, char** argv) {
   within_options.max_hvps = a.within_max_hvps;
   if (model.builtin && model.config.arch == "gpt") within_options.n_head = model.config.gpt.n_head;
   within_options.validate();
+  SpectrumPlan plan;
+  plan.args = &a;
+  plan.blocks = &blocks;
+  plan.eigen.top = a.eig_top;
+  plan.eigen.bottom = a.eig_method == "power" ? 0 : a.eig_bottom;
+  plan.eigen.tol = a.eig_tol;
+  plan.eigen.bound = parse_error_bound(a.eig_bound);
+  plan.eigen.method = parse_eigen_method(a.eig_method);
+  plan.eigen.max_hvps = a.eig_max_hvps;
+  plan.eigen.seed = a.runtime.seed;
+  plan.trace.matvecs = a.trace_hvps;
+  plan.trace.seed = a.runtime.seed;
+  plan.density.runs = a.slq_runs;
+  plan.density.steps = a.slq_steps;
+  plan.density.sigma = a.density_sigma;
+  plan.density.grid = a.density_grid;
+  plan.density.seed = a.runtime.seed;
+  if (a.any_spectrum()) {
+    if (a.overlap && a.eig_top < 1) throw InvalidArgument("--overlap needs --eig-top of at least 1");
+    if (a.spectrum && a.eig_method == "power" && a.eig_bottom > 0 &&
+        app.count("--eig-bottom") > 0) {
+      throw InvalidArgument(fmt::format("--eig-bottom {}: --eig-method power finds the largest |λ| "
+                                        "only", a.eig_bottom));
+    }
+    if (!(a.eig_tol > 0 && a.eig_tol < 1)) {
+      throw InvalidArgument(fmt::format("--eig-tol {} must be in (0, 1)", a.eig_tol));
+    }
+    if (a.spectrum && a.eig_top + plan.eigen.bottom == 0) {
+      throw InvalidArgument("--spectrum with --eig-top 0 and --eig-bottom 0 asks for nothing");
+    }
+    if (a.trace != "none") {
+      plan.trace.method = parse_trace_method(a.trace);
+      try {
+        plan.trace.validate();
+      } catch (const InvalidArgument&) {
+        throw InvalidArgument(fmt::format("--trace-hvps {} too small for --trace {} (needs {})",
+                                          a.trace_hvps, a.trace, a.trace == "hutchpp" ? 6 : 2));
+      }
+    }
+    plan.density.validate();
+  }
 
   Provenance provenance;
   provenance.tool = "ndsprobe";
@@ -281,16 +559,21 @@ int run(int argc, char** argv) {
   ProbeReport report(a.output, provenance, a.resume);
 
   size_t total = 0;
-  for (const auto& c : chosen) total += c.size() * directions.size();
+  for (const auto& c : chosen) {
+    total += c.size() * (directions.size() + (a.any_spectrum() ? 1 : 0));
+  }
+  const size_t per_checkpoint = directions.size() + (a.any_spectrum() ? 1 : 0);
   tools::Progress progress(total, a.runtime.quiet);
   size_t done = 0;
   for (size_t r = 0; r < a.runs.size(); ++r) {
     report.set_run_attribute(names[r], "path", fs::absolute(a.runs[r]).string());
     for (const auto& info : chosen[r]) {
-      bool all_done = true;
+      const bool spectrum_done =
+          !a.any_spectrum() || report.writer().exists(spectrum_path(names[r], info.step));
+      bool all_done = spectrum_done;
       for (const auto& d : directions) all_done = all_done && report.done(names[r], info.step, d->name());
       if (all_done) {
-        done += directions.size();
+        done += per_checkpoint;
         progress.update(done, fmt::format("{} step {} (already in output)", names[r], info.step));
         continue;
       }
@@ -315,6 +598,19 @@ int run(int argc, char** argv) {
         }
       }
       report.add_checkpoint(names[r], info.step, engine.loss(), norm(engine.gradient()));
+      std::vector<Eigen::VectorXd> top_vectors;
+      if (a.any_spectrum()) {
+        bool overlap_needed = false;
+        for (const auto& d : directions) {
+          overlap_needed = overlap_needed || (a.overlap && !report.done(names[r], info.step, d->name()));
+        }
+        if (!spectrum_done || overlap_needed) {
+          top_vectors = checkpoint_spectrum(engine, ckpt, plan, report.writer(), names[r],
+                                            !spectrum_done);
+          if (!spectrum_done) report.commit();
+        }
+        progress.update(++done, fmt::format("{} step {} spectrum", names[r], info.step));
+      }
       for (const auto& d : directions) {
         const std::string label = fmt::format("{} step {} {}", names[r], info.step, d->name());
         if (!report.done(names[r], info.step, d->name())) {
@@ -333,6 +629,9 @@ int run(int argc, char** argv) {
               report.add_taylor(names[r], info.step, d->name(), taylor);
             }
             const std::string unit = unit_path(names[r], info.step, d->name());
+            if (a.overlap) {
+              write_overlap(report.writer(), unit, direction_overlap(u, top_vectors, engine.gradient()));
+            }
             if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
             // Which rule each parameter got (aligned with the root attribute param_names).
             if (!context.partition.empty()) {

@@ -1,0 +1,27 @@
+// The reference GPT and probe batch of docs/performance.md, shared by the benchmark programs so
+// that their numbers describe the same model.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "curv/models.h"
+#include "curv/probe_set.h"
+
+namespace curv_bench {
+
+inline curv::ModelConfig reference_config() {
+  return curv::ModelConfig::from_json(R"({"arch": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128,
+                                          "vocab_size": 512, "block_size": 64, "tied": true})");
+}
+
+// One batch of 32 random sequences of block_size tokens (inputs and next-token targets).
+inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen) {
+  auto tokens = at::randint(0, config.gpt.vocab_size, {32, config.gpt.block_size + 1}, gen,
+                            at::TensorOptions().dtype(at::kLong));
+  const int64_t t = config.gpt.block_size;
+  return curv::ProbeSet(
+      {curv::Batch{tokens.narrow(1, 0, t).contiguous(), tokens.narrow(1, 1, t).contiguous()}});
+}
+
+}  // namespace curv_bench
