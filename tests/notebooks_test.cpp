@@ -40,7 +40,9 @@ void make_demo_dir(const std::string& dir) {
     runs.push_back(run);
   }
   REQUIRE(run_command(fmt::format("{} {} {} --data {}/probe.safetensors --directions update,delta "
-                                  "--within --modes 2 --multipliers 0.5,2 -o {}/ndsprobe.h5 --quiet",
+                                  "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 --eig-max-hvps 30 --spectrum-blocks "
+                                  "--trace hutchpp --trace-hvps 12 --density --slq-runs 2 --slq-steps 10 "
+                                  "--precond-sharpness --overlap -o {}/ndsprobe.h5 --quiet",
                                   tool_path("ndsprobe"), runs[0], runs[1], runs[0], dir)) == 0);
 }
 
