@@ -90,7 +90,9 @@ class OptimizerDirection : public Direction {
         OptimizerConfig config = config_from(*c.current);
         auto optimizer = make_optimizer(config, space);
         optimizer->load_state(c.current->optimizer, c.current->step_count().value_or(c.step),
-                              c.current->path + "/optimizer.safetensors");
+                              c.current->optimizer_file.empty()
+                                  ? c.current->path + "/optimizer.safetensors"
+                                  : c.current->optimizer_file);
         c.note = fmt::format("rebuilt from saved {} state (step count {})", family_,
                              optimizer->step_count());
         c.partition = optimizer->partition();
@@ -129,7 +131,7 @@ class OptimizerDirection : public Direction {
     if (c.current->optimizer.empty() && c.current->step_count().value_or(c.step) != 0 &&
         family_ != "signsgd" &&
         !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {
-      return "it has no optimizer.safetensors";
+      return "it has no saved optimizer state";
     }
     return "";
   }
