@@ -33,6 +33,9 @@ struct Args {
   tools::ModelArgs model;
   tools::RuntimeArgs runtime;
   std::string data;
+  int64_t block_size = 0;
+  std::string layout = "auto";
+  std::string param_order = "auto";
   int64_t batch_size = 32;
   int64_t examples = 0;
   std::vector<std::string> directions = {"delta", "gradient", "random"};
@@ -139,9 +142,18 @@ int run(int argc, char** argv) {
   Args a;
   CLI::App app{"ndsprobe: curvature along optimizer update directions, per layer and within "
                "layers, on directories of training checkpoints. Writes HDF5 (docs/hdf5-schema.md)."};
-  app.add_option("checkpoints", a.runs, "Checkpoint directories (folders step_<N>/), one run each");
+  app.add_option("checkpoints", a.runs, "Checkpoint directories, one run each (step_<N>/, "
+                 "nanoGPT ckpt*.pt, Hugging Face checkpoint-<N>/ or step_<N>.pt; see --layout)");
   tools::add_model_args(app, a.model);
-  app.add_option("--data", a.data, "Probe data: safetensors file with 'inputs' and 'targets'");
+  app.add_option("--layout", a.layout, "Checkpoint layout: auto (detected), native, nanogpt, hf, pt")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "native", "nanogpt", "hf", "pt"}));
+  app.add_option("--param-order", a.param_order,
+                 "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
+                 "matrices first) or file:PATH (one name per line)")->capture_default_str();
+  app.add_option("--data", a.data, "Probe data: safetensors file with 'inputs' and 'targets', or "
+                 "a uint16 token file (nanoGPT's .bin; needs --block-size)");
+  app.add_option("--block-size", a.block_size, "Window length T for uint16 token data: --examples "
+                 "windows at seeded offsets")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", a.batch_size, "Probe batch size (examples per HVP batch)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--examples", a.examples, "Use the first N probe examples (0 = all)")
@@ -196,7 +208,17 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
-  if (a.data.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors");
+  if (a.data.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
+  const bool token_data = fs::path(a.data).extension() == ".bin";
+  if (token_data && (a.block_size == 0 || a.examples == 0)) {
+    throw InvalidArgument(fmt::format("--data {}: a uint16 token file needs --block-size T and "
+                                      "--examples N (the number of windows)", a.data));
+  }
+  if (!token_data && a.block_size != 0) {
+    throw InvalidArgument(fmt::format("--block-size applies to uint16 token files (.bin), not {}",
+                                      a.data));
+  }
+  const CheckpointLayout layout = parse_checkpoint_layout(a.layout);
 
   init_runtime(RuntimeOptions{a.runtime.threads});
   // Validate everything cheap before the first HVP.
@@ -222,7 +244,7 @@ int run(int argc, char** argv) {
   const StepSelection selection = StepSelection::parse(a.steps, a.stride);
   std::vector<std::vector<CheckpointInfo>> all, chosen;
   for (const auto& dir : a.runs) {
-    all.push_back(list_checkpoints(dir));
+    all.push_back(list_checkpoints(dir, {}, layout));
     chosen.push_back(selection.select(all.back()));
     if (chosen.back().empty()) {
       throw InvalidArgument(fmt::format("no checkpoint of '{}' in the selection {}", dir,
@@ -238,7 +260,9 @@ int run(int argc, char** argv) {
   ProbeDataOptions data_options;
   data_options.batch_size = a.batch_size;
   data_options.max_examples = a.examples;
-  ProbeSet probe = load_probe_data(a.data, data_options);
+  ProbeSet probe = token_data ? load_token_probe_data(a.data, a.block_size, a.examples,
+                                                      a.batch_size, a.runtime.seed)
+                             : load_probe_data(a.data, data_options);
   const BlockPartition blocks = make_blocks(a, objective.space());
 
   EngineOptions engine_options;
@@ -276,6 +300,8 @@ int run(int argc, char** argv) {
   provenance.blocks = a.block_groups.empty() ? a.blocks : "groups:" + fmt::format("{}", fmt::join(a.block_groups, ";"));
   provenance.hvp_method = a.hvp;
   provenance.extra["probe_data"] = a.data;
+  provenance.extra["layout"] = layout_name(
+      layout == CheckpointLayout::kAuto ? chosen[0][0].layout : layout);
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
   provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));
   ProbeReport report(a.output, provenance, a.resume);
@@ -295,6 +321,7 @@ int run(int argc, char** argv) {
         continue;
       }
       Checkpoint ckpt = load_checkpoint(info);
+      resolve_optimizer_state(ckpt, objective.space(), a.param_order);
       DirectionContext context;
       context.engine = &engine;
       context.current = &ckpt;
