@@ -77,6 +77,11 @@ const PyValue& require(const PyValue* v, const std::string& origin, const std::s
   return *v;
 }
 
+// nanoGPT's causal-mask buffer: "...attn.bias", a (1, 1, T, T) tensor when flash attention is off.
+bool is_causal_mask(const std::string& name, size_t ndim) {
+  return ndim == 4 && has_suffix(name, ".attn.bias");
+}
+
 // A model state dict: string keys to tensors. nanoGPT's causal-mask buffer ("...attn.bias", a
 // (1, 1, T, T) tensor when flash attention is off) is not a parameter and is dropped.
 NamedTensors state_dict(const PyValue& dict, const std::string& origin) {
@@ -92,7 +97,7 @@ NamedTensors state_dict(const PyValue& dict, const std::string& origin) {
       throw FormatError(fmt::format("{}: state dict entry '{}' is a {}, not a tensor", origin,
                                     key->text, value->type_name()));
     }
-    if (has_suffix(name, ".attn.bias") && value->shape.size() == 4) continue;
+    if (is_causal_mask(name, value->shape.size())) continue;
     if (!seen.insert(name).second) {
       throw FormatError(fmt::format("{}: parameter '{}' appears twice (with and without the "
                                     "'{}' prefix)", origin, name, kCompilePrefix));
@@ -428,7 +433,9 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
       throw FormatError(fmt::format("{}: no model.safetensors or pytorch_model.bin", info.path));
     }
     if (has_suffix(ckpt.model_file, ".safetensors")) {
-      parts.model = SafetensorsReader(ckpt.model_file).tensors();
+      for (auto& [name, t] : SafetensorsReader(ckpt.model_file).tensors()) {
+        if (!is_causal_mask(name, t.dim())) parts.model.emplace_back(name, t);
+      }
     } else {
       const auto root = load_torch_file(ckpt.model_file);
       if (!root->is(Kind::kDict)) {

@@ -1,0 +1,345 @@
+"""Writes PyTorch checkpoints with Debian's torch for the interop tests, and the curvature numbers
+torch.autograd computes on them.
+
+Usage: make_torch_fixtures.py OUT_DIR
+
+OUT_DIR receives
+  reader/values.pt          an OrderedDict of every storage dtype, views with offsets and strides,
+                            tensors sharing one storage, a Parameter, nested containers, scalars
+  reader/expected.safetensors  the same tensors, contiguous, written by hand (bfloat16 as bits)
+  reader/legacy.pt, evil.pt, corrupt.pt, short_storage.pt   bad inputs
+  probe.safetensors         inputs/targets (int64) of the probe set
+  native/step_{2,3}/        the run below in libcurv's layout
+  nanogpt/ckpt_{2,3}.pt     the same run as nanoGPT saves it (model, optimizer, model_args, ...)
+  compiled/ckpt.pt, ckpt_3.pt   the same with torch.compile's "_orig_mod." prefix
+  hf/checkpoint-{2,3}/      Hugging Face Trainer folders (pytorch_model.bin / model.safetensors,
+                            optimizer.pt, trainer_state.json)
+  pt/step_{2,3}.pt          bare OrderedDict state dicts
+  other_optimizer/ckpt.pt   the model with the optimizer state of a wider model
+  misnamed/step_2.pt        a state dict with one parameter name misspelt
+  reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta and the AdamW step
+"""
+import collections
+import json
+import math
+import os
+import struct
+import sys
+import zipfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIG = dict(n_layer=2, n_head=2, n_embd=8, block_size=6, bias=True, vocab_size=11, dropout=0.0)
+HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+# --- a compact nanoGPT (same module structure, names and numerics as karpathy/nanoGPT model.py,
+# --- with the non-flash attention path, so the causal mask is a buffer named attn.bias)
+
+class LayerNorm(nn.Module):
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"], bias=c["bias"])
+        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"], bias=c["bias"])
+        self.n_head, self.n_embd = c["n_head"], c["n_embd"]
+        T = c["block_size"]
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c_fc = nn.Linear(c["n_embd"], 4 * c["n_embd"], bias=c["bias"])
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * c["n_embd"], c["n_embd"], bias=c["bias"])
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1 = LayerNorm(c["n_embd"], c["bias"])
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = LayerNorm(c["n_embd"], c["bias"])
+        self.mlp = MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c["vocab_size"], c["n_embd"]),
+            wpe=nn.Embedding(c["block_size"], c["n_embd"]),
+            drop=nn.Dropout(c["dropout"]),
+            h=nn.ModuleList([Block(c) for _ in range(c["n_layer"])]),
+            ln_f=LayerNorm(c["n_embd"], c["bias"]),
+        ))
+        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+        for n, p in self.named_parameters():
+            # Small random values everywhere (gains and biases too), so no term is trivially 0.
+            nn.init.normal_(p, mean=1.0 if n.endswith("ln_1.weight") or n.endswith("ln_2.weight")
+                            or n.endswith("ln_f.weight") else 0.0, std=0.2)
+
+    def forward(self, idx, targets):
+        t = idx.size(1)
+        pos = torch.arange(0, t, dtype=torch.long)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    def configure_optimizers(self):
+        params = {pn: p for pn, p in self.named_parameters()}
+        decay = [p for p in params.values() if p.dim() >= 2]
+        nodecay = [p for p in params.values() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": HYPER["weight_decay"]},
+                  {"params": nodecay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
+
+
+# --- files
+
+ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def save_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        data = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def native_step(folder, model, optimizer, step):
+    os.makedirs(folder, exist_ok=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt_tensors, groups = {}, []
+    for group in optimizer.param_groups:
+        groups.append({"params": [names[id(p)] for p in group["params"]],
+                       "hyper": hyper_of(group)})
+        for p in group["params"]:
+            for key in ("exp_avg", "exp_avg_sq"):
+                opt_tensors[f"{names[id(p)]}.{key}"] = optimizer.state[p][key]
+    step_count = int(optimizer.state[next(iter(model.parameters()))]["step"])
+    meta = {"step": step,
+            "optimizer": {"name": "adamw", "hyper": groups[0]["hyper"], "step_count": step_count,
+                          "param_groups": groups},
+            "model": {"arch": "gpt", "tied": True,
+                      **{k: CONFIG[k] for k in ("n_layer", "n_head", "n_embd", "block_size",
+                                                "bias", "vocab_size")}}}
+    save_safetensors(f"{folder}/optimizer.safetensors", opt_tensors)
+    with open(f"{folder}/meta.json", "w") as f:
+        json.dump(meta, f)
+    save_safetensors(f"{folder}/model.safetensors", dict(model.named_parameters()))
+
+
+def hyper_of(group):
+    return {"lr": group["lr"], "beta1": group["betas"][0], "beta2": group["betas"][1],
+            "eps": group["eps"], "weight_decay": group["weight_decay"]}
+
+
+def nanogpt_ckpt(model, optimizer, step, prefix=""):
+    sd = collections.OrderedDict((prefix + k, v) for k, v in model.state_dict().items())
+    return {"model": sd, "optimizer": optimizer.state_dict(), "model_args": dict(CONFIG),
+            "iter_num": step, "best_val_loss": torch.tensor(3.25),
+            "config": {"batch_size": 4, "dtype": "float64", "compile": bool(prefix)}}
+
+
+def rewrite_zip(src, dst, edit):
+    """Copies a torch.save archive entry by entry (stored, uncompressed), edit(name, bytes)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, edit(info.filename, zin.read(info.filename)))
+
+
+class Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def reader_fixtures(out):
+    os.makedirs(out, exist_ok=True)
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(24, generator=g, dtype=torch.float64)
+    values = collections.OrderedDict()
+    values["f64"] = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    values["f32"] = torch.randn(3, generator=g)
+    values["f16"] = torch.randn(2, 2, generator=g).half()
+    values["bf16"] = torch.randn(5, generator=g).bfloat16()
+    values["i64"] = torch.tensor([-(2 ** 40), 7, 0])
+    values["i32"] = torch.tensor([-5, 6], dtype=torch.int32)
+    values["i16"] = torch.tensor([-300, 301], dtype=torch.int16)
+    values["i8"] = torch.tensor([-7, 8], dtype=torch.int8)
+    values["u8"] = torch.tensor([0, 255], dtype=torch.uint8)
+    values["bool"] = torch.tensor([True, False, True])
+    values["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    # Views of one storage: an offset slice, a transpose (strides), a single element.
+    values["shared_slice"] = base[2:8].view(2, 3)
+    values["shared_t"] = base.view(4, 6).t()
+    values["shared_elem"] = base[17]
+    values["param"] = nn.Parameter(torch.randn(2, 2, generator=g, dtype=torch.float64))
+    values["empty"] = torch.zeros(0, 3)
+    expected = {k: v.detach().clone() for k, v in values.items()}
+    nested = {"tensors": values, "ints": [1, -2, 2 ** 40, -(2 ** 62)], "float": 0.1, "text": "ünï",
+              "none": None, "flags": (True, False), "deep": {"a": [{"b": torch.ones(2)}]}}
+    torch.save(nested, f"{out}/values.pt")
+    save_safetensors(f"{out}/expected.safetensors", expected)
+    torch.save(values, f"{out}/legacy.pt", _use_new_zipfile_serialization=False)
+    torch.save({"payload": Evil(f"{out}/pwned")}, f"{out}/evil.pt")
+    data = open(f"{out}/values.pt", "rb").read()
+    open(f"{out}/corrupt.pt", "wb").write(data[: len(data) // 2])
+    rewrite_zip(f"{out}/values.pt", f"{out}/short_storage.pt",
+                lambda name, b: b[: len(b) // 2] if "/data/" in name else b)
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    reader_fixtures(f"{out}/reader")
+
+    model = GPT(CONFIG).double()
+    optimizer = model.configure_optimizers()
+    g = torch.Generator().manual_seed(1)
+    train = torch.randint(0, CONFIG["vocab_size"], (8, CONFIG["block_size"] + 1), generator=g)
+    tx, ty = train[:, :-1].contiguous(), train[:, 1:].contiguous()
+    probe = torch.randint(0, CONFIG["vocab_size"], (4, CONFIG["block_size"] + 1), generator=g)
+    x, y = probe[:, :-1].contiguous(), probe[:, 1:].contiguous()
+    save_safetensors(f"{out}/probe.safetensors", {"inputs": x, "targets": y})
+    saved = {}
+    for step in range(1, 4):
+        optimizer.zero_grad()
+        model(tx, ty).backward()
+        optimizer.step()
+        if step < 2:
+            continue
+        saved[step] = ({k: v.clone() for k, v in model.state_dict().items()},
+                       optimizer.state_dict())
+        native_step(f"{out}/native/step_{step}", model, optimizer, step)
+        os.makedirs(f"{out}/nanogpt", exist_ok=True)
+        torch.save(nanogpt_ckpt(model, optimizer, step), f"{out}/nanogpt/ckpt_{step}.pt")
+        os.makedirs(f"{out}/compiled", exist_ok=True)
+        torch.save(nanogpt_ckpt(model, optimizer, step, "_orig_mod."),
+                   f"{out}/compiled/" + ("ckpt.pt" if step == 2 else f"ckpt_{step}.pt"))
+        hf = f"{out}/hf/checkpoint-{step}"
+        os.makedirs(hf, exist_ok=True)
+        if step == 2:
+            torch.save(model.state_dict(), f"{hf}/pytorch_model.bin")
+        else:
+            # Hugging Face's safetensors files keep one of two tied tensors (buffers stay).
+            save_safetensors(f"{hf}/model.safetensors",
+                             {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
+        torch.save(optimizer.state_dict(), f"{hf}/optimizer.pt")
+        with open(f"{hf}/trainer_state.json", "w") as f:
+            json.dump({"global_step": step, "log_history": []}, f)
+        os.makedirs(f"{out}/pt", exist_ok=True)
+        torch.save(collections.OrderedDict(model.state_dict()), f"{out}/pt/step_{step}.pt")
+
+    # Bad inputs built from the run.
+    wide = GPT(dict(CONFIG, n_embd=12)).double()
+    wide_opt = wide.configure_optimizers()
+    wide(tx, ty).backward()
+    wide_opt.step()
+    bad = nanogpt_ckpt(model, optimizer, 3)
+    bad["optimizer"] = wide_opt.state_dict()
+    os.makedirs(f"{out}/other_optimizer", exist_ok=True)
+    torch.save(bad, f"{out}/other_optimizer/ckpt.pt")
+    sd = collections.OrderedDict(model.state_dict())
+    sd["transformer.h.0.attn.c_atn.weight"] = sd.pop("transformer.h.0.attn.c_attn.weight")
+    os.makedirs(f"{out}/misnamed", exist_ok=True)
+    torch.save(sd, f"{out}/misnamed/step_2.pt")
+
+    # An optimizer whose only state is for one matrix: its shapes cannot tell nanoGPT's grouping
+    # (matrices first) from the model order.
+    mlp = nn.Module()
+    mlp.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]).double()
+    mlp_params = {n: p for n, p in mlp.named_parameters()}
+    mlp_opt = torch.optim.AdamW([{"params": [p for p in mlp_params.values() if p.dim() >= 2]},
+                                 {"params": [p for p in mlp_params.values() if p.dim() < 2]}])
+    mlp_params["layers.0.weight"].grad = torch.ones(4, 4, dtype=torch.float64)
+    mlp_opt.step()
+    os.makedirs(f"{out}/ambiguous", exist_ok=True)
+    torch.save({"model": mlp.state_dict(), "optimizer": mlp_opt.state_dict()},
+               f"{out}/ambiguous/step_1.pt")
+
+    # torch.autograd on the step-2 checkpoint as read back from nanoGPT's file.
+    ck = torch.load(f"{out}/nanogpt/ckpt_2.pt")
+    ref = GPT(CONFIG).double()
+    ref.load_state_dict(ck["model"])
+    params = list(ref.parameters())
+
+    def loss_and_grad():
+        loss = ref(x, y)
+        return loss, torch.autograd.grad(loss, params, create_graph=True)
+
+    loss, grads = loss_and_grad()
+    nxt = torch.load(f"{out}/nanogpt/ckpt_3.pt")["model"]
+    names = [n for n, _ in ref.named_parameters()]
+    delta = [nxt[n] - p.detach() for n, p in zip(names, params)]
+    # The AdamW step PyTorch would take from the saved state with the probe-set gradient.
+    stepper = GPT(CONFIG).double()
+    stepper.load_state_dict(ck["model"])
+    opt = stepper.configure_optimizers()
+    opt.load_state_dict(ck["optimizer"])
+    stepper(x, y).backward()
+    before = [p.detach().clone() for p in stepper.parameters()]
+    opt.step()
+    adamw = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
+
+    result = {"loss": loss.item()}
+    for name, u in (("delta", delta), ("adamw", adamw), ("gradient", [-gr.detach() for gr in grads])):
+        gu = sum((gr * v).sum() for gr, v in zip(grads, u))
+        hu = torch.autograd.grad(gu, params, retain_graph=True)
+        uhu = sum((h * v).sum() for h, v in zip(hu, u)).item()
+        norm2 = sum((v * v).sum() for v in u).item()
+        result[name] = {"first_order": gu.item(), "curvature": uhu, "nds": uhu / norm2,
+                        "update_norm": math.sqrt(norm2)}
+    with open(f"{out}/reference.json", "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
