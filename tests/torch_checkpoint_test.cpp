@@ -1,0 +1,285 @@
+// PyTorch checkpoint layouts against the native layout holding the same weights, and ndsprobe's
+// numbers on them against torch.autograd (tests/python/make_torch_fixtures.py).
+#include <ATen/ATen.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "curv/checkpoint.h"
+#include "curv/error.h"
+#include "curv/h5_file.h"
+#include "curv/models.h"
+#include "curv/probe_data.h"
+#include "curv/safetensors.h"
+#include "curv/token_data.h"
+#include "test_support.h"
+#include "torch_fixtures.h"
+
+using namespace curv;
+using namespace curv_test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& name) { return torch_fixtures() + "/" + name; }
+
+std::vector<int64_t> steps_of(const std::vector<CheckpointInfo>& infos) {
+  std::vector<int64_t> out;
+  for (const auto& info : infos) out.push_back(info.step);
+  return out;
+}
+
+std::unique_ptr<Objective> fixture_model(const Checkpoint& native) {
+  return make_model(ModelConfig::from_json(native.model_config_json(), "meta.json"),
+                    ModelInit{0, at::kDouble});
+}
+
+void check_same_tensors(const NamedTensors& got, const NamedTensors& want) {
+  std::map<std::string, at::Tensor> by_name(got.begin(), got.end());
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, t] : want) {
+    INFO(name);
+    REQUIRE(by_name.count(name));
+    CHECK(at::equal(by_name.at(name), t));
+  }
+}
+
+std::string ndsprobe(const std::string& args, int* status = nullptr) {
+  std::string output;
+  const int rc = run_command(tool_path("ndsprobe") + " " + args + " --quiet", &output);
+  if (status) {
+    *status = rc;
+  } else {
+    INFO(output);
+    REQUIRE(rc == 0);
+  }
+  return output;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint layouts are detected and listed", "[torch_checkpoint]") {
+  CHECK(detect_checkpoint_layout(fixture("native")) == CheckpointLayout::kNative);
+  CHECK(detect_checkpoint_layout(fixture("nanogpt")) == CheckpointLayout::kNanoGPT);
+  CHECK(detect_checkpoint_layout(fixture("compiled")) == CheckpointLayout::kNanoGPT);
+  CHECK(detect_checkpoint_layout(fixture("hf")) == CheckpointLayout::kHuggingFace);
+  CHECK(detect_checkpoint_layout(fixture("pt")) == CheckpointLayout::kTorchSteps);
+  for (const char* run : {"native", "nanogpt", "compiled", "hf", "pt"}) {
+    INFO(run);
+    CHECK(steps_of(list_checkpoints(fixture(run))) == std::vector<int64_t>{2, 3});
+  }
+  // ckpt.pt has no step in its name: it comes from iter_num.
+  CHECK(list_checkpoints(fixture("compiled"))[0].path == fixture("compiled") + "/ckpt.pt");
+  CHECK(parse_checkpoint_layout("hf") == CheckpointLayout::kHuggingFace);
+  CURV_CHECK_THROWS(parse_checkpoint_layout("keras"), InvalidArgument, Contains("keras"));
+  // The layout can be forced; a layout with nothing to list says what it looked for.
+  CURV_CHECK_THROWS(list_checkpoints(fixture("nanogpt"), {}, CheckpointLayout::kHuggingFace),
+                    FormatError, Contains("checkpoint-<N>"));
+
+  TempDir mixed;
+  fs::copy(fixture("pt"), mixed.path());
+  fs::copy(fixture("nanogpt"), mixed.path());
+  CURV_CHECK_THROWS(detect_checkpoint_layout(mixed.path()), FormatError,
+                    Contains("several layouts") && Contains("--layout"));
+  CHECK(steps_of(list_checkpoints(mixed.path(), {}, CheckpointLayout::kTorchSteps)) ==
+        std::vector<int64_t>{2, 3});
+}
+
+TEST_CASE("torch layouts load into the same Checkpoint as the native layout", "[torch_checkpoint]") {
+  const Checkpoint native = load_checkpoint(list_checkpoints(fixture("native"))[0]);
+  auto model = fixture_model(native);
+  const auto& space = model->space();
+  const ParamVector want = parameters_from(native, space, {});
+  const auto native_meta = nlohmann::json::parse(native.meta_json);
+
+  for (const char* run : {"nanogpt", "compiled", "hf", "pt"}) {
+    INFO(run);
+    Checkpoint ckpt = load_checkpoint(list_checkpoints(fixture(run))[0]);
+    CHECK(ckpt.step == 2);
+    for (const auto& [name, t] : ckpt.model) {
+      CHECK(name.find("_orig_mod.") == std::string::npos);
+      CHECK(t.dim() != 4);  // the causal-mask buffers are dropped
+    }
+    const ParamVector got = parameters_from(ckpt, space, {});
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(at::equal(got[i], want[i]));
+    if (std::string(run) == "pt") {
+      CHECK_FALSE(ckpt.indexed_optimizer);
+      continue;
+    }
+    REQUIRE(ckpt.indexed_optimizer);
+    resolve_optimizer_state(ckpt, space);
+    CHECK_FALSE(ckpt.indexed_optimizer);
+    check_same_tensors(ckpt.optimizer, native.optimizer);
+    const auto meta = nlohmann::json::parse(ckpt.meta_json);
+    CHECK(meta["optimizer"]["name"] == "adamw");
+    CHECK(meta["optimizer"]["step_count"] == 2);
+    CHECK(meta["optimizer"]["param_order"] == "ndim");
+    CHECK(meta["optimizer"]["hyper"] == native_meta["optimizer"]["hyper"]);
+    CHECK(meta["optimizer"]["param_groups"] == native_meta["optimizer"]["param_groups"]);
+    if (std::string(run) != "hf") {
+      // nanoGPT's model_args become the built-in GPT's config.
+      CHECK(ModelConfig::from_json(ckpt.model_config_json(), run).to_json() ==
+            ModelConfig::from_json(native.model_config_json(), "native").to_json());
+    }
+  }
+}
+
+TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another model",
+          "[torch_checkpoint]") {
+  const Checkpoint native = load_checkpoint(list_checkpoints(fixture("native"))[0]);
+  auto model = fixture_model(native);
+  const auto& space = model->space();
+  const auto info = list_checkpoints(fixture("nanogpt"))[0];
+
+  Checkpoint ckpt = load_checkpoint(info);
+  CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "model"), InvalidArgument,
+                    Contains("ckpt_2.pt ['optimizer']") && Contains("--param-order model") &&
+                        Contains("shape"));
+  CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "alphabetical"), InvalidArgument,
+                    Contains("alphabetical"));
+
+  // An order file naming the parameters in nanoGPT's group order gives the same state.
+  TempDir dir;
+  std::vector<std::string> order;
+  for (const auto& p : space.params()) if (p.shape.size() >= 2) order.push_back(p.name);
+  for (const auto& p : space.params()) if (p.shape.size() < 2) order.push_back(p.name);
+  {
+    std::ofstream out(dir.file("order.txt"));
+    for (const auto& name : order) out << name << "\n";
+  }
+  resolve_optimizer_state(ckpt, space, "file:" + dir.file("order.txt"));
+  check_same_tensors(ckpt.optimizer, native.optimizer);
+
+  Checkpoint misspelt = load_checkpoint(info);
+  {
+    std::ofstream out(dir.file("bad.txt"));
+    for (const auto& name : order) out << (name == order[2] ? name + "x" : name) << "\n";
+  }
+  CURV_CHECK_THROWS(resolve_optimizer_state(misspelt, space, "file:" + dir.file("bad.txt")),
+                    InvalidArgument, Contains("bad.txt") && Contains("did you mean '" + order[2]));
+
+  Checkpoint other = load_checkpoint(list_checkpoints(fixture("other_optimizer"))[0]);
+  CURV_CHECK_THROWS(resolve_optimizer_state(other, space), InvalidArgument,
+                    Contains("other_optimizer/ckpt.pt ['optimizer']") &&
+                        Contains("different model") && Contains("[11, 12]"));
+
+  // State for only one matrix: model order and nanoGPT's order both fit, and they disagree.
+  ModelConfig mlp;
+  mlp.arch = "mlp";
+  mlp.mlp.sizes = {4, 4, 4};
+  auto small = make_model(mlp, ModelInit{0, at::kDouble});
+  Checkpoint ambiguous = load_checkpoint(list_checkpoints(fixture("ambiguous"))[0]);
+  CURV_CHECK_THROWS(resolve_optimizer_state(ambiguous, small->space()), InvalidArgument,
+                    Contains("ambiguous") && Contains("--param-order"));
+  resolve_optimizer_state(ambiguous, small->space(), "ndim");
+  REQUIRE(ambiguous.optimizer.size() == 2);
+  CHECK(ambiguous.optimizer[0].first == "layers.0.weight.exp_avg");
+}
+
+TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and torch.autograd",
+          "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  const std::string probe = fixture("probe.safetensors");
+  const std::string model_json = out.file("model.json");
+  {
+    const Checkpoint native = load_checkpoint(list_checkpoints(fixture("native"))[0]);
+    std::ofstream(model_json) << native.model_config_json();
+  }
+  const std::string common = " --data " + probe + " --batch-size 4 --dtype float64 --no-realized";
+  struct Run {
+    const char* name;
+    std::string extra, directions;
+  };
+  const std::vector<Run> runs = {
+      {"native", "", "delta,gradient,adamw"},
+      {"nanogpt", "", "delta,gradient,adamw"},
+      {"compiled", " --layout nanogpt --param-order ndim", "delta,gradient,adamw"},
+      {"hf", " --model " + model_json, "delta,gradient,adamw"},
+      {"pt", " --model " + model_json + " --layout pt", "delta,gradient"},
+  };
+  const auto reference = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  for (const auto& run : runs) {
+    INFO(run.name);
+    const std::string h5 = out.file(std::string(run.name) + ".h5");
+    ndsprobe(fixture(run.name) + common + run.extra + " --directions " + run.directions + " -o " + h5);
+    H5Reader reader(h5);
+    const std::string step = std::string("/runs/") + run.name + "/step_2";
+    CHECK(reader.attribute_double(step, "loss") ==
+          Approx(reference["loss"].get<double>()).epsilon(kTolFloat64));
+    for (const char* direction : {"delta", "gradient", "adamw"}) {
+      if (run.directions.find(direction) == std::string::npos) continue;
+      INFO(direction);
+      for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
+        INFO(key);
+        const double want = reference[direction][key].get<double>();
+        const double got = reader.attribute_double(step + "/" + direction, key);
+        CHECK(std::abs(got - want) <= kTolFloat64 * std::abs(want));
+      }
+    }
+  }
+}
+
+TEST_CASE("ndsprobe: bad torch checkpoints fail with the file and key", "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  const std::string common = " --data " + fixture("probe.safetensors") + " -o " + out.file("x.h5");
+  int status = 0;
+  std::string text = ndsprobe(fixture("other_optimizer") + common + " --directions adamw", &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("ckpt.pt ['optimizer']") && Contains("different model"));
+
+  std::ofstream(out.file("model.json"))
+      << load_checkpoint(list_checkpoints(fixture("native"))[0]).model_config_json();
+  text = ndsprobe(fixture("misnamed") + common + " --model " + out.file("model.json") +
+                      " --directions gradient", &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("step_2.pt") &&
+                       Contains("'transformer.h.0.attn.c_attn.weight' is missing") &&
+                       Contains("c_atn"));
+
+  const std::string evil_run = out.file("evil_run");
+  fs::create_directories(evil_run);
+  fs::copy_file(fixture("reader/evil.pt"), evil_run + "/step_1.pt");
+  text = ndsprobe(evil_run + common + " --directions gradient", &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("step_1.pt") && Contains("not allowed"));
+  CHECK_FALSE(fs::exists(fixture("reader/pwned")));
+
+  text = ndsprobe(fixture("nanogpt") + common + " --layout hf", &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("checkpoint-<N>"));
+}
+
+TEST_CASE("ndsprobe reads uint16 token files as probe data", "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  const std::string bin = out.file("val.bin");
+  {
+    std::ofstream f(bin, std::ios::binary);
+    for (int i = 0; i < 200; ++i) {
+      const uint16_t token = static_cast<uint16_t>((i * 7 + i / 3) % 11);
+      f.write(reinterpret_cast<const char*>(&token), sizeof token);
+    }
+  }
+  // The same windows through a safetensors file give the same numbers.
+  const ProbeSet windows = load_token_probe_data(bin, 6, 5, 0, 3);
+  REQUIRE(windows.size() == 1);
+  CHECK(windows[0].inputs.sizes() == at::IntArrayRef({5, 6}));
+  CHECK(at::equal(windows[0].inputs.narrow(1, 1, 5), windows[0].targets.narrow(1, 0, 5)));
+  const std::string st = out.file("windows.safetensors");
+  write_safetensors(st, {{"inputs", windows[0].inputs}, {"targets", windows[0].targets}});
+  const std::string args = fixture("nanogpt") + " --dtype float64 --directions delta --no-realized --seed 3";
+  ndsprobe(args + " --data " + bin + " --block-size 6 --examples 5 -o " + out.file("a.h5"));
+  ndsprobe(args + " --data " + st + " -o " + out.file("b.h5"));
+  H5Reader a(out.file("a.h5")), b(out.file("b.h5"));
+  for (const char* key : {"first_order", "curvature", "nds"}) {
+    CHECK(a.attribute_double("/runs/nanogpt/step_2/delta", key) ==
+          b.attribute_double("/runs/nanogpt/step_2/delta", key));
+  }
+  int status = 0;
+  const std::string text = ndsprobe(args + " --data " + bin + " -o " + out.file("c.h5"), &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("--block-size"));
+}
