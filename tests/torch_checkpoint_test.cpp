@@ -86,6 +86,9 @@ TEST_CASE("checkpoint layouts are detected and listed", "[torch_checkpoint]") {
                     Contains("several layouts") && Contains("--layout"));
   CHECK(steps_of(list_checkpoints(mixed.path(), {}, CheckpointLayout::kTorchSteps)) ==
         std::vector<int64_t>{2, 3});
+  // A native checkpoint beside them decides.
+  fs::copy(fixture("native"), mixed.path(), fs::copy_options::recursive);
+  CHECK(detect_checkpoint_layout(mixed.path()) == CheckpointLayout::kNative);
 }
 
 TEST_CASE("torch layouts load into the same Checkpoint as the native layout", "[torch_checkpoint]") {
@@ -282,4 +285,25 @@ TEST_CASE("ndsprobe reads uint16 token files as probe data", "[torch_checkpoint]
   const std::string text = ndsprobe(args + " --data " + bin + " -o " + out.file("c.h5"), &status);
   CHECK(status != 0);
   CHECK_THAT(text, Contains("--block-size"));
+}
+
+TEST_CASE("tools/python/curv_export.py: a custom architecture exported and saved natively",
+          "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  run_python("use_curv_export.py", {CURV_SOURCE_DIR, out.path()});
+  const auto reference = nlohmann::json::parse(std::ifstream(out.file("reference.json")));
+  ndsprobe(out.file("run") + " --model " + out.file("model.pt") + " --data " +
+           out.file("probe.safetensors") +
+           " --dtype float64 --directions delta,adamw --no-realized -o " + out.file("o.h5"));
+  H5Reader reader(out.file("o.h5"));
+  CHECK(reader.attribute_double("/runs/run/step_1", "loss") ==
+        Approx(reference["loss"].get<double>()).epsilon(kTolFloat64));
+  for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
+    INFO(key);
+    const double want = reference[key].get<double>();
+    CHECK(std::abs(reader.attribute_double("/runs/run/step_1/delta", key) - want) <=
+          kTolFloat64 * std::abs(want));
+  }
+  CHECK_THAT(reader.attribute_string("/runs/run/step_1/adamw", "note"),
+             Contains("2 parameter groups"));
 }

@@ -376,6 +376,8 @@ CheckpointLayout detect_checkpoint_layout(const std::string& dir) {
       seen.emplace(CheckpointLayout::kHuggingFace, name);
     }
   }
+  // libcurv's own layout wins: a run directory may keep exports of other tools beside it.
+  if (seen.count(CheckpointLayout::kNative)) return CheckpointLayout::kNative;
   if (seen.size() == 1) return seen.begin()->first;
   if (seen.empty()) {
     const bool single = fs::is_regular_file(dir + "/model.safetensors") ||

@@ -30,8 +30,9 @@ enum class CheckpointLayout {
 // "auto", "native", "nanogpt", "hf", "pt"; InvalidArgument naming the text otherwise.
 CheckpointLayout parse_checkpoint_layout(const std::string& text);
 std::string layout_name(CheckpointLayout layout);
-// The layout of `dir` from its entries. FormatError naming `dir` when none fits, or when entries of
-// two layouts are present (then --layout chooses).
+// The layout of `dir` from its entries: native when it holds a native checkpoint, else the one
+// PyTorch layout it holds. FormatError naming `dir` when none fits, or when entries of two PyTorch
+// layouts are present (then --layout chooses).
 CheckpointLayout detect_checkpoint_layout(const std::string& dir);
 
 // One checkpoint found by list_checkpoints.
