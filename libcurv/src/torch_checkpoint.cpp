@@ -400,7 +400,9 @@ std::vector<CheckpointInfo> list_torch_checkpoints(const std::string& dir, Check
   for (const auto& name : entries_of(dir)) {
     const std::string path = (fs::path(dir) / name).string();
     if (layout == CheckpointLayout::kNanoGPT && is_nanogpt_file(name) && fs::is_regular_file(path)) {
-      auto step = digits(name.substr(5, name.size() - 8));
+      // ckpt_<N>.pt carries its step in the name.
+      std::optional<int64_t> step;
+      if (name.rfind("ckpt_", 0) == 0) step = digits(name.substr(5, name.size() - 8));
       if (!step) {
         // ckpt.pt, ckpt_best.pt: the step is the file's iter_num (read without the tensors).
         const auto root = load_torch_file(path, TorchFileOptions{false});

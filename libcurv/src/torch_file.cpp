@@ -324,7 +324,7 @@ class Unpickler {
     storage->text = key.text;
     if (load_tensors_) {
       const std::string record = "data/" + key.text;
-      const size_t need = static_cast<size_t>(numel.integer) * c10::elementSize(storage->dtype);
+      const size_t element = c10::elementSize(storage->dtype);
       size_t size = 0;
       at::DataPtr bytes;
       try {
@@ -334,10 +334,13 @@ class Unpickler {
         throw FormatError(fmt::format("{}: cannot read storage record '{}': {}", path_, record,
                                       brief_what(e)));
       }
-      if (size < need) {
-        fail(fmt::format("storage record '{}' holds {} bytes, but its {} of {} elements needs {} "
-                         "(truncated file?)", record, size, type.text, numel.integer, need));
+      // Compared by division: a forged element count must not overflow the byte count.
+      if (static_cast<uint64_t>(numel.integer) > size / element) {
+        fail(fmt::format("storage record '{}' holds {} bytes, too few for its {} of {} elements "
+                         "of {} bytes (truncated file?)", record, size, type.text, numel.integer,
+                         element));
       }
+      const size_t need = static_cast<size_t>(numel.integer) * element;
       storage->tensor = at::empty({numel.integer}, at::TensorOptions().dtype(storage->dtype));
       if (need > 0) std::memcpy(storage->tensor.data_ptr(), bytes.get(), need);
     }
@@ -370,10 +373,12 @@ class Unpickler {
     // Every element the view can reach must lie inside the storage.
     int64_t last = offset, numel = 1;
     bool bad = offset < 0;
-    for (size_t i = 0; i < size.size(); ++i) {
-      bad = bad || size[i] < 0 || stride[i] < 0;
-      numel *= size[i];
-      last += (size[i] - 1) * stride[i];
+    for (size_t i = 0; i < size.size() && !bad; ++i) {
+      int64_t reach = 0;
+      bad = size[i] < 0 || stride[i] < 0 ||
+            __builtin_mul_overflow(numel, size[i], &numel) ||
+            (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &reach) ||
+                             __builtin_add_overflow(last, reach, &last)));
     }
     if (bad || (numel > 0 && last >= storage.shape[0])) {
       fail(fmt::format("tensor view (offset {}, size {}, stride {}) lies outside storage '{}' of {} "
