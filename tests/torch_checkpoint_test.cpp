@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "curv/checkpoint.h"
+#include "curv/engine.h"
 #include "curv/error.h"
 #include "curv/h5_file.h"
 #include "curv/models.h"
@@ -205,6 +206,7 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
       {"pt", " --model " + model_json + " --layout pt", "delta,gradient"},
   };
   const auto reference = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  std::map<std::string, double> native;  // "direction/key" -> value of the native run
   for (const auto& run : runs) {
     INFO(run.name);
     const std::string h5 = out.file(std::string(run.name) + ".h5");
@@ -221,8 +223,47 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
         const double want = reference[direction][key].get<double>();
         const double got = reader.attribute_double(step + "/" + direction, key);
         CHECK(std::abs(got - want) <= kTolFloat64 * std::abs(want));
+        // The same weights and state through another layout give the same numbers.
+        const std::string id = std::string(direction) + "/" + key;
+        if (std::string(run.name) == "native") native[id] = got;
+        CHECK(std::abs(got - native.at(id)) <= 1e-13 * std::abs(native.at(id)));
       }
     }
+  }
+
+  // Half-precision weights (bfloat16 matrices, float16 vectors) in a .pt and in safetensors.
+  const std::string half = common + " --model " + model_json + " --directions delta,gradient";
+  ndsprobe(fixture("pt_half") + half + " -o " + out.file("pt_half.h5"));
+  ndsprobe(fixture("native_half") + half + " -o " + out.file("native_half.h5"));
+  H5Reader pt_half(out.file("pt_half.h5")), native_half(out.file("native_half.h5"));
+  for (const char* direction : {"delta", "gradient"}) {
+    for (const char* key : {"first_order", "curvature", "nds"}) {
+      INFO(direction << " " << key);
+      CHECK(pt_half.attribute_double(std::string("/runs/pt_half/step_2/") + direction, key) ==
+            native_half.attribute_double(std::string("/runs/native_half/step_2/") + direction, key));
+    }
+  }
+}
+
+TEST_CASE("the Hessian-vector product on a nanoGPT checkpoint equals torch.autograd's",
+          "[torch_checkpoint]") {
+  Checkpoint ckpt = load_checkpoint(list_checkpoints(fixture("nanogpt"))[0]);
+  auto model = make_model(ModelConfig::from_json(ckpt.model_config_json(), "ckpt_2.pt"),
+                          ModelInit{0, at::kDouble});
+  ProbeDataOptions options;
+  options.batch_size = 2;  // two batches: the size-weighted mean is the full-set loss
+  CurvatureEngine engine(*model, load_probe_data(fixture("probe.safetensors"), options));
+  engine.set_parameters(parameters_from(ckpt, model->space(), model->parameters()));
+  SafetensorsReader reference(fixture("hvp_delta.safetensors"));
+  ParamVector u;
+  for (const auto& p : model->space().params()) u.push_back(reference.tensor("u." + p.name));
+  const ParamVector hu = engine.hvp(u);
+  for (size_t i = 0; i < hu.size(); ++i) {
+    const auto& name = model->space()[i].name;
+    INFO(name);
+    const at::Tensor want = reference.tensor("hu." + name);
+    const double error = (hu[i] - want).norm().item<double>();
+    CHECK(error <= kTolFloat64 * std::max(1e-12, want.norm().item<double>()));
   }
 }
 

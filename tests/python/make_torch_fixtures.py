@@ -15,9 +15,11 @@ OUT_DIR receives
   hf/checkpoint-{2,3}/      Hugging Face Trainer folders (pytorch_model.bin / model.safetensors,
                             optimizer.pt, trainer_state.json)
   pt/step_{2,3}.pt          bare OrderedDict state dicts
+  pt_half/, native_half/    the weights rounded to bfloat16 (matrices) and float16 (vectors)
   other_optimizer/ckpt.pt   the model with the optimizer state of a wider model
   misnamed/step_2.pt        a state dict with one parameter name misspelt
   reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta and the AdamW step
+  hvp_delta.safetensors     u = delta ("u.<param>") and H u ("hu.<param>") at step 2
 """
 import collections
 import json
@@ -277,6 +279,15 @@ def main():
             json.dump({"global_step": step, "log_history": []}, f)
         os.makedirs(f"{out}/pt", exist_ok=True)
         torch.save(collections.OrderedDict(model.state_dict()), f"{out}/pt/step_{step}.pt")
+        # Half precision: the same weights rounded to float16 / bfloat16, in both layouts.
+        half = collections.OrderedDict(
+            (k, v.to(torch.bfloat16 if v.dim() >= 2 else torch.float16))
+            for k, v in model.state_dict().items() if not k.endswith(".attn.bias"))
+        os.makedirs(f"{out}/pt_half", exist_ok=True)
+        torch.save(half, f"{out}/pt_half/step_{step}.pt")
+        os.makedirs(f"{out}/native_half/step_{step}", exist_ok=True)
+        save_safetensors(f"{out}/native_half/step_{step}/model.safetensors",
+                         {k: v for k, v in half.items() if k != "lm_head.weight"})
 
     # Bad inputs built from the run.
     wide = GPT(dict(CONFIG, n_embd=12)).double()
@@ -330,6 +341,12 @@ def main():
     adamw = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
 
     result = {"loss": loss.item()}
+    # The Hessian-vector product itself, along the delta.
+    gu = sum((gr * v).sum() for gr, v in zip(grads, delta))
+    hu = torch.autograd.grad(gu, params, retain_graph=True)
+    save_safetensors(f"{out}/hvp_delta.safetensors",
+                     {**{f"u.{n}": v for n, v in zip(names, delta)},
+                      **{f"hu.{n}": h for n, h in zip(names, hu)}})
     for name, u in (("delta", delta), ("adamw", adamw), ("gradient", [-gr.detach() for gr in grads])):
         gu = sum((gr * v).sum() for gr, v in zip(grads, u))
         hu = torch.autograd.grad(gu, params, retain_graph=True)
