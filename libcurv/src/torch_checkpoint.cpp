@@ -330,12 +330,65 @@ std::vector<std::string> entries_of(const std::string& dir) {
   return names;
 }
 
+// The model weights of a Hugging Face folder: one file, or the index of a sharded save.
 std::string hf_model_file(const std::string& folder) {
-  for (const char* name : {"model.safetensors", "pytorch_model.bin"}) {
+  for (const char* name : {"model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                           "pytorch_model.bin.index.json"}) {
     const std::string path = folder + "/" + name;
     if (fs::is_regular_file(path)) return path;
   }
   return "";
+}
+
+// A safetensors or torch.save weights file, causal-mask buffers dropped.
+NamedTensors read_weights(const std::string& path) {
+  NamedTensors out;
+  if (has_suffix(path, ".safetensors")) {
+    for (auto& [name, t] : SafetensorsReader(path).tensors()) {
+      if (!is_causal_mask(name, t.dim())) out.emplace_back(name, t);
+    }
+    return out;
+  }
+  const auto root = load_torch_file(path);
+  if (!root->is(Kind::kDict)) {
+    throw FormatError(fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
+  }
+  return state_dict(*root, path);
+}
+
+// Every tensor of a sharded save: the shards named by the index's "weight_map", in order of
+// first mention; each tensor must be in the shard the index names.
+NamedTensors read_sharded_weights(const std::string& index_path) {
+  std::ifstream in(index_path);
+  const auto index = nlohmann::json::parse(in, nullptr, false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    throw FormatError(fmt::format("{}: expected a JSON object with a \"weight_map\" object",
+                                  index_path));
+  }
+  std::vector<std::string> shards;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    if (!shard.is_string() || shard.get<std::string>().find('/') != std::string::npos) {
+      throw FormatError(fmt::format("{}: \"weight_map.{}\" must be a file name in the folder, "
+                                    "got {}", index_path, name, shard.dump()));
+    }
+    if (std::find(shards.begin(), shards.end(), shard.get<std::string>()) == shards.end()) {
+      shards.push_back(shard.get<std::string>());
+    }
+  }
+  const std::string folder = fs::path(index_path).parent_path().string();
+  NamedTensors out;
+  for (const auto& shard : shards) {
+    for (auto& [name, t] : read_weights(folder + "/" + shard)) {
+      const auto& map = index["weight_map"];
+      if (map.contains(name) && map[name] != shard) {
+        throw FormatError(fmt::format("{}: tensor '{}' is in {}, but the index places it in {}",
+                                      index_path, name, shard, map[name].dump()));
+      }
+      out.emplace_back(name, t);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -434,20 +487,11 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
   if (info.layout == CheckpointLayout::kHuggingFace) {
     ckpt.model_file = hf_model_file(info.path);
     if (ckpt.model_file.empty()) {
-      throw FormatError(fmt::format("{}: no model.safetensors or pytorch_model.bin", info.path));
+      throw FormatError(fmt::format("{}: no model.safetensors or pytorch_model.bin (nor a sharded "
+                                    "index of either)", info.path));
     }
-    if (has_suffix(ckpt.model_file, ".safetensors")) {
-      for (auto& [name, t] : SafetensorsReader(ckpt.model_file).tensors()) {
-        if (!is_causal_mask(name, t.dim())) parts.model.emplace_back(name, t);
-      }
-    } else {
-      const auto root = load_torch_file(ckpt.model_file);
-      if (!root->is(Kind::kDict)) {
-        throw FormatError(fmt::format("{}: holds a {}, expected a state dict", ckpt.model_file,
-                                      root->type_name()));
-      }
-      parts.model = state_dict(*root, ckpt.model_file);
-    }
+    parts.model = has_suffix(ckpt.model_file, ".index.json") ? read_sharded_weights(ckpt.model_file)
+                                                             : read_weights(ckpt.model_file);
     ckpt.optimizer_file = info.path + "/optimizer.pt";
     if (fs::is_regular_file(ckpt.optimizer_file)) {
       const auto root = load_torch_file(ckpt.optimizer_file);

@@ -14,6 +14,7 @@ OUT_DIR receives
   compiled/ckpt.pt, ckpt_3.pt   the same with torch.compile's "_orig_mod." prefix
   hf/checkpoint-{2,3}/      Hugging Face Trainer folders (pytorch_model.bin / model.safetensors,
                             optimizer.pt, trainer_state.json)
+  hf_sharded/checkpoint-{2,3}/  the weights in two safetensors shards with their index
   pt/step_{2,3}.pt          bare OrderedDict state dicts
   pt_half/, native_half/    the weights rounded to bfloat16 (matrices) and float16 (vectors)
   other_optimizer/ckpt.pt   the model with the optimizer state of a wider model
@@ -275,6 +276,18 @@ def main():
             save_safetensors(f"{hf}/model.safetensors",
                              {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
         torch.save(optimizer.state_dict(), f"{hf}/optimizer.pt")
+        # A sharded save: two safetensors files and the index naming each tensor's shard.
+        sharded = f"{out}/hf_sharded/checkpoint-{step}"
+        os.makedirs(sharded, exist_ok=True)
+        items = [(k, v) for k, v in model.state_dict().items() if k != "lm_head.weight"]
+        weight_map = {}
+        for shard, part in enumerate((items[: len(items) // 2], items[len(items) // 2:])):
+            name = f"model-0000{shard + 1}-of-00002.safetensors"
+            save_safetensors(f"{sharded}/{name}", dict(part))
+            weight_map.update({k: name for k, _ in part})
+        with open(f"{sharded}/model.safetensors.index.json", "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        torch.save(optimizer.state_dict(), f"{sharded}/optimizer.pt")
         with open(f"{hf}/trainer_state.json", "w") as f:
             json.dump({"global_step": step, "log_history": []}, f)
         os.makedirs(f"{out}/pt", exist_ok=True)
