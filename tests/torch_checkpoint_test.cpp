@@ -246,6 +246,26 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
   }
 }
 
+TEST_CASE("ndsprobe on a nanoGPT run without biases equals torch.autograd", "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  ndsprobe(fixture("nanogpt_nobias") + " --data " + fixture("probe.safetensors") +
+           " --dtype float64 --no-realized --directions gradient,adamw -o " + out.file("o.h5"));
+  const auto reference = nlohmann::json::parse(std::ifstream(fixture("reference_nobias.json")));
+  H5Reader reader(out.file("o.h5"));
+  CHECK_THAT(reader.attribute_string("/", "model"), Contains("bias=false"));
+  CHECK(reader.attribute_double("/runs/nanogpt_nobias/step_2", "loss") ==
+        Approx(reference["loss"].get<double>()).epsilon(kTolFloat64));
+  for (const char* direction : {"gradient", "adamw"}) {
+    for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
+      INFO(direction << " " << key);
+      const double want = reference[direction][key].get<double>();
+      const double got =
+          reader.attribute_double(std::string("/runs/nanogpt_nobias/step_2/") + direction, key);
+      CHECK(std::abs(got - want) <= kTolFloat64 * std::abs(want));
+    }
+  }
+}
+
 TEST_CASE("the Hessian-vector product on a nanoGPT checkpoint equals torch.autograd's",
           "[torch_checkpoint]") {
   Checkpoint ckpt = load_checkpoint(list_checkpoints(fixture("nanogpt"))[0]);

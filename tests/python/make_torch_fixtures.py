@@ -19,7 +19,8 @@ OUT_DIR receives
   pt_half/, native_half/    the weights rounded to bfloat16 (matrices) and float16 (vectors)
   other_optimizer/ckpt.pt   the model with the optimizer state of a wider model
   misnamed/step_2.pt        a state dict with one parameter name misspelt
-  reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta and the AdamW step
+  reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta, the AdamW step, -g
+  nanogpt_nobias/ckpt.pt, reference_nobias.json   the same for a nanoGPT without biases
   hvp_delta.safetensors     u = delta ("u.<param>") and H u ("hu.<param>") at step 2
 """
 import collections
@@ -329,45 +330,63 @@ def main():
     torch.save({"model": mlp.state_dict(), "optimizer": mlp_opt.state_dict()},
                f"{out}/ambiguous/step_1.pt")
 
-    # torch.autograd on the step-2 checkpoint as read back from nanoGPT's file.
-    ck = torch.load(f"{out}/nanogpt/ckpt_2.pt")
-    ref = GPT(CONFIG).double()
+    reference(f"{out}/nanogpt/ckpt_2.pt", f"{out}/nanogpt/ckpt_3.pt", CONFIG, x, y,
+              f"{out}/reference.json", f"{out}/hvp_delta.safetensors")
+
+    # nanoGPT without biases (LayerNorm without bias too), saved once as ckpt.pt.
+    nobias = dict(CONFIG, bias=False)
+    torch.manual_seed(3)
+    model = GPT(nobias).double()
+    optimizer = model.configure_optimizers()
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(tx, ty).backward()
+        optimizer.step()
+    os.makedirs(f"{out}/nanogpt_nobias", exist_ok=True)
+    ckpt = nanogpt_ckpt(model, optimizer, 2)
+    ckpt["model_args"] = dict(nobias)
+    torch.save(ckpt, f"{out}/nanogpt_nobias/ckpt.pt")
+    reference(f"{out}/nanogpt_nobias/ckpt.pt", None, nobias, x, y,
+              f"{out}/reference_nobias.json")
+
+
+def reference(path, next_path, config, x, y, json_path, hvp_path=None):
+    """torch.autograd at the checkpoint `path` as read back from nanoGPT's file: loss, and g.u,
+    u'Hu, NDS, |u| for u = delta (to next_path), the AdamW step and -g; optionally H u along the
+    delta as a safetensors file."""
+    ck = torch.load(path)
+    ref = GPT(config).double()
     ref.load_state_dict(ck["model"])
     params = list(ref.parameters())
-
-    def loss_and_grad():
-        loss = ref(x, y)
-        return loss, torch.autograd.grad(loss, params, create_graph=True)
-
-    loss, grads = loss_and_grad()
-    nxt = torch.load(f"{out}/nanogpt/ckpt_3.pt")["model"]
     names = [n for n, _ in ref.named_parameters()]
-    delta = [nxt[n] - p.detach() for n, p in zip(names, params)]
+    loss = ref(x, y)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    directions = {"gradient": [-gr.detach() for gr in grads]}
+    if next_path:
+        nxt = torch.load(next_path)["model"]
+        directions["delta"] = [nxt[n] - p.detach() for n, p in zip(names, params)]
     # The AdamW step PyTorch would take from the saved state with the probe-set gradient.
-    stepper = GPT(CONFIG).double()
+    stepper = GPT(config).double()
     stepper.load_state_dict(ck["model"])
     opt = stepper.configure_optimizers()
     opt.load_state_dict(ck["optimizer"])
     stepper(x, y).backward()
     before = [p.detach().clone() for p in stepper.parameters()]
     opt.step()
-    adamw = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
+    directions["adamw"] = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
 
     result = {"loss": loss.item()}
-    # The Hessian-vector product itself, along the delta.
-    gu = sum((gr * v).sum() for gr, v in zip(grads, delta))
-    hu = torch.autograd.grad(gu, params, retain_graph=True)
-    save_safetensors(f"{out}/hvp_delta.safetensors",
-                     {**{f"u.{n}": v for n, v in zip(names, delta)},
-                      **{f"hu.{n}": h for n, h in zip(names, hu)}})
-    for name, u in (("delta", delta), ("adamw", adamw), ("gradient", [-gr.detach() for gr in grads])):
+    for name, u in directions.items():
         gu = sum((gr * v).sum() for gr, v in zip(grads, u))
         hu = torch.autograd.grad(gu, params, retain_graph=True)
+        if name == "delta" and hvp_path:
+            save_safetensors(hvp_path, {**{f"u.{n}": v for n, v in zip(names, u)},
+                                        **{f"hu.{n}": h for n, h in zip(names, hu)}})
         uhu = sum((h * v).sum() for h, v in zip(hu, u)).item()
         norm2 = sum((v * v).sum() for v in u).item()
         result[name] = {"first_order": gu.item(), "curvature": uhu, "nds": uhu / norm2,
                         "update_norm": math.sqrt(norm2)}
-    with open(f"{out}/reference.json", "w") as f:
+    with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
 
 
