@@ -369,3 +369,18 @@ TEST_CASE("tools/python/curv_export.py: a custom architecture exported and saved
   CHECK_THAT(reader.attribute_string("/runs/run/step_1/adamw", "note"),
              Contains("2 parameter groups"));
 }
+
+TEST_CASE("torch layouts: inconsistent files name the file and key", "[torch_checkpoint]") {
+  TempDir run;
+  fs::copy(fixture("hf"), run.path(), fs::copy_options::recursive);
+  std::ofstream(run.file("checkpoint-2/trainer_state.json")) << R"({"global_step": 5})";
+  CURV_CHECK_THROWS(load_checkpoint(list_checkpoints(run.path())[0]), FormatError,
+                    Contains("checkpoint-2/trainer_state.json") && Contains("global_step") &&
+                        Contains("5"));
+  // A nanoGPT file named for a step other than its iter_num keeps the name's step.
+  TempDir renamed;
+  fs::copy_file(fixture("nanogpt/ckpt_2.pt"), renamed.file("ckpt_7.pt"));
+  const Checkpoint ckpt = load_checkpoint(list_checkpoints(renamed.path())[0]);
+  CHECK(ckpt.step == 7);
+  CHECK(nlohmann::json::parse(ckpt.meta_json)["iter_num"] == 2);
+}

@@ -57,6 +57,18 @@ std::vector<std::string> first_few(const std::vector<std::string>& items) {
   return out;
 }
 
+// The selection of `found` (sorted, not empty); InvalidArgument when it keeps none.
+std::vector<CheckpointInfo> select_some(const std::vector<CheckpointInfo>& found,
+                                        const StepSelection& selection, const std::string& dir) {
+  auto selected = selection.select(found);
+  if (selected.empty()) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
+        selection.describe(), found.size(), dir, found.front().step, found.back().step));
+  }
+  return selected;
+}
+
 // Parses and checks the fixed keys of meta.json, so that the accessors cannot meet a surprise.
 nlohmann::json parse_meta(const std::string& text, const std::string& origin) {
   nlohmann::json j;
@@ -198,14 +210,7 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
                                              CheckpointLayout layout) {
   if (layout == CheckpointLayout::kAuto) layout = detect_checkpoint_layout(dir);
   if (layout != CheckpointLayout::kNative) {
-    auto found = list_torch_checkpoints(dir, layout);
-    auto selected = selection.select(found);
-    if (selected.empty()) {
-      throw InvalidArgument(fmt::format(
-          "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
-          selection.describe(), found.size(), dir, found.front().step, found.back().step));
-    }
-    return selected;
+    return select_some(list_torch_checkpoints(dir, layout), selection, dir);
   }
   std::error_code ec;
   const auto status = fs::status(dir, ec);
@@ -245,13 +250,7 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
   }
   std::sort(found.begin(), found.end(),
             [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
-  auto selected = selection.select(found);
-  if (selected.empty()) {
-    throw InvalidArgument(fmt::format(
-        "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
-        selection.describe(), found.size(), dir, found.front().step, found.back().step));
-  }
-  return selected;
+  return select_some(found, selection, dir);
 }
 
 Checkpoint load_checkpoint(const CheckpointInfo& info) {

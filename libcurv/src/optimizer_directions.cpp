@@ -162,6 +162,10 @@ class OptimizerDirection : public Direction {
     const std::string saved = c.current->optimizer_name();
     if (saved.empty()) return "its meta.json names no optimizer";
     if (saved != family_) return fmt::format("it was saved by optimizer '{}', not '{}'", saved, family_);
+    if (c.current->indexed_optimizer) {
+      return "its torch optimizer state is not mapped to parameter names yet "
+             "(resolve_optimizer_state)";
+    }
     if (c.current->optimizer.empty() && c.current->step_count().value_or(c.step) != 0 &&
         family_ != "signsgd" &&
         !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {

@@ -501,16 +501,18 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
       }
       parts.optimizer = optimizer_state_dict(*root, ckpt.optimizer_file, parts.meta);
     }
-    ckpt.meta_file = info.path + "/trainer_state.json";
-    if (fs::is_regular_file(ckpt.meta_file)) {
-      std::ifstream in(ckpt.meta_file);
+    // The optimizer's hyper-parameters and step count come from optimizer.pt.
+    ckpt.meta_file = parts.optimizer ? ckpt.optimizer_file : info.path;
+    const std::string trainer_state = info.path + "/trainer_state.json";
+    if (fs::is_regular_file(trainer_state)) {
+      std::ifstream in(trainer_state);
       const auto state = nlohmann::json::parse(in, nullptr, false);
       if (state.is_discarded() || !state.is_object()) {
-        throw FormatError(fmt::format("{}: not a JSON object", ckpt.meta_file));
+        throw FormatError(fmt::format("{}: not a JSON object", trainer_state));
       }
       if (state.contains("global_step") && state["global_step"] != info.step) {
         throw FormatError(fmt::format("{}: \"global_step\" is {} but the folder is step {}",
-                                      ckpt.meta_file, state["global_step"].dump(), info.step));
+                                      trainer_state, state["global_step"].dump(), info.step));
       }
     }
   } else {
