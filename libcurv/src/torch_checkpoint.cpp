@@ -159,6 +159,7 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   const auto& state = require(dict.find("state"), origin, "state", Kind::kDict);
   const auto& groups = require(dict.find("param_groups"), origin, "param_groups", Kind::kList);
   std::set<int64_t> indices;
+  bool amsgrad = false;
   for (size_t g = 0; g < groups.items.size(); ++g) {
     const std::string where = fmt::format("param_groups[{}]", g);
     const auto& group = *groups.items[g];
@@ -177,6 +178,8 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
     }
     parsed.hyper = group_hyper(group, origin);
     out->groups.push_back(std::move(parsed));
+    const PyValue* flag = group.find("amsgrad");
+    amsgrad = amsgrad || (flag && flag->is(Kind::kBool) && flag->boolean);
   }
   std::set<std::string> keys;
   std::optional<int64_t> step_count;
@@ -215,6 +218,9 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   } else if (keys.count("exp_avg") && first.contains("beta2")) {
     name = "lion";
   }
+  // AMSGrad divides by the running maximum of v̂, a step libcurv does not rebuild: the distinct
+  // name makes a rebuilt adamw direction refuse the state instead of misreading it.
+  if (name == "adamw" && amsgrad) name = "adamw-amsgrad";
   if (!name.empty()) opt["name"] = name;
   opt["hyper"] = first;
   if (step_count) opt["step_count"] = *step_count;

@@ -340,9 +340,14 @@ class Unpickler {
                          "of {} bytes (truncated file?)", record, size, type.text, numel.integer,
                          element));
       }
-      const size_t need = static_cast<size_t>(numel.integer) * element;
-      storage->tensor = at::empty({numel.integer}, at::TensorOptions().dtype(storage->dtype));
-      if (need > 0) std::memcpy(storage->tensor.data_ptr(), bytes.get(), need);
+      // The tensor owns the record's buffer: no second copy of a checkpoint's largest part.
+      const auto options = at::TensorOptions().dtype(storage->dtype);
+      if (numel.integer == 0) {
+        storage->tensor = at::empty({0}, options);
+      } else {
+        auto holder = std::make_shared<at::DataPtr>(std::move(bytes));
+        storage->tensor = at::from_blob(holder->get(), {numel.integer}, [holder](void*) {}, options);
+      }
     }
     storages_.emplace(key.text, storage);
     return storage;
@@ -389,7 +394,12 @@ class Unpickler {
     v->dtype = storage.dtype;
     v->shape = size;
     if (storage.tensor.defined()) {
-      v->tensor = storage.tensor.as_strided(size, stride, offset).clone(at::MemoryFormat::Contiguous);
+      // A view of a whole storage in order is the storage itself; anything else is copied out,
+      // so a small slice does not keep a large storage alive.
+      auto view = storage.tensor.as_strided(size, stride, offset);
+      v->tensor = offset == 0 && numel == storage.shape[0] && view.is_contiguous()
+                      ? view
+                      : view.clone(at::MemoryFormat::Contiguous);
     }
     return v;
   }
