@@ -74,6 +74,14 @@ TEST_CASE("torch.save files: every storage dtype, views, shared storages, contai
   REQUIRE(deep->is(Kind::kList));
   CHECK(at::equal(deep->items[0]->find("b")->tensor, at::ones({2})));
 
+  // Pickle protocol 4 gives the same tree.
+  const auto p4 = load_torch_file(dir + "/values_p4.pt");
+  for (const auto& [key, value] : tensors->entries) {
+    INFO(key->text);
+    CHECK(at::equal(p4->find("tensors")->find(key->text)->tensor, value->tensor));
+  }
+  CHECK(p4->find("ints")->items[3]->integer == -(int64_t{1} << 62));
+
   // Without tensors: shapes and dtypes only.
   const auto light = load_torch_file(dir + "/values.pt", TorchFileOptions{false});
   const PyValue* f16 = light->find("tensors")->find("f16");
@@ -88,7 +96,11 @@ TEST_CASE("torch.save files: bad input is a FormatError naming the file, nothing
   namespace fs = std::filesystem;
   CURV_CHECK_THROWS(load_torch_file(dir + "/evil.pt"), FormatError,
                     Contains("evil.pt") && Contains("system") && Contains("not allowed"));
+  CURV_CHECK_THROWS(load_torch_file(dir + "/evil_p4.pt"), FormatError,
+                    Contains("evil_p4.pt") && Contains("system") && Contains("not allowed"));
   CHECK_FALSE(fs::exists(dir + "/pwned"));
+  CURV_CHECK_THROWS(load_torch_file(dir + "/big_endian.pt"), FormatError,
+                    Contains("big_endian.pt") && Contains("byteorder"));
   CURV_CHECK_THROWS(load_torch_file(dir + "/legacy.pt"), FormatError,
                     Contains("legacy.pt") && Contains("legacy") && Contains("torch.save"));
   CURV_CHECK_THROWS(load_torch_file(dir + "/corrupt.pt"), FormatError,

@@ -7,7 +7,8 @@ OUT_DIR receives
   reader/values.pt          an OrderedDict of every storage dtype, views with offsets and strides,
                             tensors sharing one storage, a Parameter, nested containers, scalars
   reader/expected.safetensors  the same tensors, contiguous, written by hand (bfloat16 as bits)
-  reader/legacy.pt, evil.pt, corrupt.pt, short_storage.pt   bad inputs
+  reader/values_p4.pt       the same saved with pickle protocol 4
+  reader/legacy.pt, evil.pt, evil_p4.pt, corrupt.pt, short_storage.pt, big_endian.pt   bad inputs
   probe.safetensors         inputs/targets (int64) of the probe set
   native/step_{2,3}/        the run below in libcurv's layout
   nanogpt/ckpt_{2,3}.pt     the same run as nanoGPT saves it (model, optimizer, model_args, ...)
@@ -238,6 +239,15 @@ def reader_fixtures(out):
     open(f"{out}/corrupt.pt", "wb").write(data[: len(data) // 2])
     rewrite_zip(f"{out}/values.pt", f"{out}/short_storage.pt",
                 lambda name, b: b[: len(b) // 2] if "/data/" in name else b)
+    # Protocol 4 (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) reads the same.
+    torch.save(nested, f"{out}/values_p4.pt", pickle_protocol=4)
+    torch.save({"payload": Evil(f"{out}/pwned")}, f"{out}/evil_p4.pt", pickle_protocol=4)
+    # A big-endian archive (as torch >= 2.1 marks it in a byteorder record).
+    with zipfile.ZipFile(f"{out}/values.pt") as zin, \
+            zipfile.ZipFile(f"{out}/big_endian.pt", "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+        zout.writestr("values/byteorder", b"big")
 
 
 def main():
