@@ -172,6 +172,13 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
                     Contains("other_optimizer/ckpt.pt ['optimizer']") &&
                         Contains("different model") && Contains("[11, 12]"));
 
+  // Names recorded by the optimizer (param_names) decide, whatever the group order.
+  Checkpoint named = load_checkpoint(list_checkpoints(fixture("named_optimizer"))[0]);
+  resolve_optimizer_state(named, space);
+  CHECK(nlohmann::json::parse(named.meta_json)["optimizer"]["param_order"] == "names");
+  check_same_tensors(named.optimizer,
+                     SafetensorsReader(fixture("named_optimizer_expected.safetensors")).tensors());
+
   // State for only one matrix: model order and nanoGPT's order both fit, and they disagree.
   ModelConfig mlp;
   mlp.arch = "mlp";

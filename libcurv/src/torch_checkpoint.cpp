@@ -26,6 +26,8 @@ struct IndexedOptimizerState {
   struct Group {
     std::vector<int64_t> params;  // indices, in the group's order
     nlohmann::json hyper;         // libcurv's field names
+    // The parameter names, when the optimizer recorded them (param_names, PyTorch >= 2.6).
+    std::vector<std::string> names;
   };
   std::vector<Group> groups;
   std::map<int64_t, NamedTensors> state;  // index -> (key, tensor), non-scalar states only
@@ -177,6 +179,20 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
       parsed.params.push_back(p->integer);
     }
     parsed.hyper = group_hyper(group, origin);
+    if (const PyValue* names = group.find("param_names")) {
+      if (!names->is(Kind::kList) || names->items.size() != parsed.params.size()) {
+        throw FormatError(fmt::format("{}: '{}.param_names' is {}, expected {} names", origin,
+                                      where, names->brief(), parsed.params.size()));
+      }
+      for (const auto& n : names->items) {
+        if (!n->is(Kind::kString)) {
+          throw FormatError(fmt::format("{}: '{}.param_names' holds {}", origin, where, n->brief()));
+        }
+        std::string name = n->text;
+        if (name.rfind(kCompilePrefix, 0) == 0) name = name.substr(std::string(kCompilePrefix).size());
+        parsed.names.push_back(name);
+      }
+    }
     out->groups.push_back(std::move(parsed));
     const PyValue* flag = group.find("amsgrad");
     amsgrad = amsgrad || (flag && flag->is(Kind::kBool) && flag->boolean);
@@ -627,9 +643,15 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
       }
       m.of_index = matrices;
       m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
-    } else if (rule.rfind("file:", 0) == 0) {
-      const std::string path = rule.substr(5);
-      const auto names = read_order_file(path);
+    } else if (rule == "names" || rule.rfind("file:", 0) == 0) {
+      const bool recorded = rule == "names";
+      const std::string path = recorded ? origin + " param_names" : rule.substr(5);
+      std::vector<std::string> names;
+      if (recorded) {
+        for (const auto& g : ix.groups) names.insert(names.end(), g.names.begin(), g.names.end());
+      } else {
+        names = read_order_file(path);
+      }
       if (names.size() != total) {
         throw InvalidArgument(fmt::format("{}: --param-order file '{}' lists {} names for the "
                                           "optimizer's {} parameters", origin, path, names.size(),
@@ -639,8 +661,8 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
       for (const auto& name : names) {
         auto index = space.find(name);
         if (!index) {
-          throw InvalidArgument(fmt::format("--param-order file '{}': '{}' is not a model "
-                                            "parameter{}", path, name,
+          throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
+                                            recorded ? "" : "--param-order file ", path, name,
                                             did_you_mean(name, model_names)));
         }
         m.of_index.push_back(*index);
@@ -654,8 +676,19 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
     return m;
   };
 
+  const bool names_recorded =
+      !ix.groups.empty() && std::all_of(ix.groups.begin(), ix.groups.end(), [](const auto& g) {
+        return g.names.size() == g.params.size() && !g.params.empty();
+      });
   Mapping chosen;
-  if (param_order == "auto") {
+  if (param_order == "auto" && names_recorded) {
+    // The optimizer saved its parameters' names: no order needs to be guessed.
+    chosen = by_rule("names");
+    if (!chosen.problem.empty()) {
+      throw InvalidArgument(fmt::format("{}: optimizer state does not fit the model: {}", origin,
+                                        chosen.problem));
+    }
+  } else if (param_order == "auto") {
     std::vector<Mapping> fits, misfits;
     for (const char* rule : {"model", "ndim"}) {
       auto m = by_rule(rule);

@@ -20,11 +20,15 @@ OUT_DIR receives
   pt_half/, native_half/    the weights rounded to bfloat16 (matrices) and float16 (vectors)
   other_optimizer/ckpt.pt   the model with the optimizer state of a wider model
   misnamed/step_2.pt        a state dict with one parameter name misspelt
+  named_optimizer/step_1.pt an optimizer over the parameters in reverse order with param_names,
+                            and named_optimizer_expected.safetensors, its state by name
+  ambiguous/step_1.pt       optimizer state whose shapes fit two parameter orders
   reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta, the AdamW step, -g
   nanogpt_nobias/ckpt.pt, reference_nobias.json   the same for a nanoGPT without biases
   hvp_delta.safetensors     u = delta ("u.<param>") and H u ("hu.<param>") at step 2
 """
 import collections
+import copy
 import json
 import math
 import os
@@ -326,6 +330,21 @@ def main():
     sd["transformer.h.0.attn.c_atn.weight"] = sd.pop("transformer.h.0.attn.c_attn.weight")
     os.makedirs(f"{out}/misnamed", exist_ok=True)
     torch.save(sd, f"{out}/misnamed/step_2.pt")
+
+    # An optimizer over the parameters in reverse order, which records their names (as
+    # param_names, like PyTorch >= 2.6, here with torch.compile's prefix): no rule is needed.
+    rev = copy.deepcopy(model)
+    named = list(rev.named_parameters())[::-1]
+    rev_opt = torch.optim.AdamW([p for _, p in named], lr=1e-3)
+    rev(tx, ty).backward()
+    rev_opt.step()
+    osd = rev_opt.state_dict()
+    osd["param_groups"][0]["param_names"] = ["_orig_mod." + n for n, _ in named]
+    os.makedirs(f"{out}/named_optimizer", exist_ok=True)
+    torch.save({"model": rev.state_dict(), "optimizer": osd}, f"{out}/named_optimizer/step_1.pt")
+    save_safetensors(f"{out}/named_optimizer_expected.safetensors",
+                     {f"{n}.{k}": rev_opt.state[p][k] for n, p in named
+                      for k in ("exp_avg", "exp_avg_sq")})
 
     # An optimizer whose only state is for one matrix: its shapes cannot tell nanoGPT's grouping
     # (matrices first) from the model order.

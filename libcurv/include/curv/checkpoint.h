@@ -117,7 +117,9 @@ Checkpoint load_checkpoint(const CheckpointInfo& info);
 //  - "ndim": two groups, parameters with ndim >= 2 then the rest, each in model order (nanoGPT's
 //    configure_optimizers);
 //  - "file:PATH": PATH lists the parameter names in index order, one per line;
-//  - "auto": whichever of "model" and "ndim" fits the group sizes and every state tensor's shape.
+//  - "auto": the names the optimizer recorded (param_groups[].param_names, PyTorch >= 2.6) when
+//    every group has them, else whichever of "model" and "ndim" fits the group sizes and every
+//    state tensor's shape.
 // InvalidArgument naming the optimizer file: a count or shape that fits no rule (optimizer state
 // for a different model), an ambiguous "auto" (two rules fit and disagree), an unknown name in
 // the order file (with the closest model names).
