@@ -220,6 +220,8 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
     const std::string h5 = out.file(std::string(run.name) + ".h5");
     ndsprobe(fixture(run.name) + common + run.extra + " --directions " + run.directions + " -o " + h5);
     H5Reader reader(h5);
+    CHECK(reader.attribute_string(std::string("/runs/") + run.name, "layout") ==
+          (std::string(run.name) == "compiled" ? "nanogpt" : run.name));
     const std::string step = std::string("/runs/") + run.name + "/step_2";
     CHECK(reader.attribute_double(step, "loss") ==
           Approx(reference["loss"].get<double>()).epsilon(kTolFloat64));

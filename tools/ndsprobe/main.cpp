@@ -308,8 +308,6 @@ int run(int argc, char** argv) {
   provenance.blocks = a.block_groups.empty() ? a.blocks : "groups:" + fmt::format("{}", fmt::join(a.block_groups, ";"));
   provenance.hvp_method = a.hvp;
   provenance.extra["probe_data"] = a.data;
-  provenance.extra["layout"] = layout_name(
-      layout == CheckpointLayout::kAuto ? chosen[0][0].layout : layout);
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
   provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));
   ProbeReport report(a.output, provenance, a.resume);
@@ -320,6 +318,7 @@ int run(int argc, char** argv) {
   size_t done = 0;
   for (size_t r = 0; r < a.runs.size(); ++r) {
     report.set_run_attribute(names[r], "path", fs::absolute(a.runs[r]).string());
+    report.set_run_attribute(names[r], "layout", layout_name(all[r].front().layout));
     for (const auto& info : chosen[r]) {
       bool all_done = true;
       for (const auto& d : directions) all_done = all_done && report.done(names[r], info.step, d->name());
