@@ -479,7 +479,27 @@ std::string PyValue::type_name() const {
   return "?";
 }
 
-std::string PyValue::brief() const {
+PyValue::~PyValue() {
+  std::vector<Ref> pending;
+  auto adopt = [&pending](PyValue& v) {
+    for (auto& item : v.items) pending.push_back(std::move(item));
+    for (auto& [key, value] : v.entries) {
+      pending.push_back(std::move(key));
+      pending.push_back(std::move(value));
+    }
+    v.items.clear();
+    v.entries.clear();
+  };
+  adopt(*this);
+  while (!pending.empty()) {
+    Ref next = std::move(pending.back());
+    pending.pop_back();
+    // The last owner takes the children first, so `next` dies with none to recurse into.
+    if (next && next.use_count() == 1) adopt(*next);
+  }
+}
+
+std::string PyValue::brief_at(int level) const {
   switch (kind) {
     case Kind::kNone: return "None";
     case Kind::kBool: return boolean ? "True" : "False";
@@ -489,10 +509,13 @@ std::string PyValue::brief() const {
     case Kind::kBytes: return fmt::format("bytes({})", text.size());
     case Kind::kTuple:
     case Kind::kList: {
-      std::vector<std::string> parts;
-      for (size_t i = 0; i < std::min<size_t>(items.size(), 5); ++i) parts.push_back(items[i]->brief());
-      if (items.size() > 5) parts.push_back("...");
       const bool tuple = kind == Kind::kTuple;
+      if (level >= 3) return tuple ? "(...)" : "[...]";
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < std::min<size_t>(items.size(), 5); ++i) {
+        parts.push_back(items[i]->brief_at(level + 1));
+      }
+      if (items.size() > 5) parts.push_back("...");
       return (tuple ? "(" : "[") + join(parts, ", ") + (tuple ? ")" : "]");
     }
     case Kind::kDict: return fmt::format("dict({} entries)", entries.size());

@@ -8,6 +8,8 @@ OUT_DIR receives
                             tensors sharing one storage, a Parameter, nested containers, scalars
   reader/expected.safetensors  the same tensors, contiguous, written by hand (bfloat16 as bits)
   reader/values_p4.pt       the same saved with pickle protocol 4
+  reader/damaged/*.pt       values.pt with its pickle cut short or one byte changed
+  reader/deep.pt, cyclic.pt a tuple nested 10^6 deep; a self-containing list as a storage id
   reader/legacy.pt, evil.pt, evil_p4.pt, corrupt.pt, short_storage.pt, big_endian.pt   bad inputs
   probe.safetensors         inputs/targets (int64) of the probe set
   native/step_{2,3}/        the run below in libcurv's layout
@@ -243,6 +245,29 @@ def reader_fixtures(out):
     open(f"{out}/corrupt.pt", "wb").write(data[: len(data) // 2])
     rewrite_zip(f"{out}/values.pt", f"{out}/short_storage.pt",
                 lambda name, b: b[: len(b) // 2] if "/data/" in name else b)
+    # Damaged pickles: cut short at many points, or with one byte changed.
+    os.makedirs(f"{out}/damaged", exist_ok=True)
+    pickle_bytes = zipfile.ZipFile(f"{out}/values.pt").read("values/data.pkl")
+    rng = torch.Generator().manual_seed(11)
+    for k in range(60):
+        cut = (k * len(pickle_bytes)) // 60
+        rewrite_zip(f"{out}/values.pt", f"{out}/damaged/cut_{k}.pt",
+                    lambda name, b: b[:cut] if name.endswith("data.pkl") else b)
+        at = int(torch.randint(0, len(pickle_bytes), (1,), generator=rng))
+        value = int(torch.randint(0, 256, (1,), generator=rng))
+        flipped = pickle_bytes[:at] + bytes([value]) + pickle_bytes[at + 1:]
+        rewrite_zip(f"{out}/values.pt", f"{out}/damaged/flip_{k}.pt",
+                    lambda name, b: flipped if name.endswith("data.pkl") else b)
+
+    # A tuple nested a million levels deep (NONE, then TUPLE1 again and again), and a list that
+    # holds itself, given as a malformed storage reference so that the error message renders it.
+    deep = b"\x80\x02N" + b"\x85" * 1_000_000 + b"."
+    rewrite_zip(f"{out}/values.pt", f"{out}/deep.pt",
+                lambda name, b: deep if name.endswith("data.pkl") else b)
+    cyclic = b"\x80\x02]q\x00h\x00a" + b"Q."  # L = []; L.append(L); persistent id L
+    rewrite_zip(f"{out}/values.pt", f"{out}/cyclic.pt",
+                lambda name, b: cyclic if name.endswith("data.pkl") else b)
+
     # Protocol 4 (FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE) reads the same.
     torch.save(nested, f"{out}/values_p4.pt", pickle_protocol=4)
     torch.save({"payload": Evil(f"{out}/pwned")}, f"{out}/evil_p4.pt", pickle_protocol=4)

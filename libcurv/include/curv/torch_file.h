@@ -19,6 +19,12 @@ struct PyValue {
                     kGlobal, kStorage };
   using Ref = std::shared_ptr<PyValue>;
 
+  PyValue() = default;
+  PyValue(const PyValue&) = default;
+  PyValue& operator=(const PyValue&) = default;
+  // Releases nested values iteratively: a pickle may nest a million levels deep.
+  ~PyValue();
+
   Kind kind = Kind::kNone;
   bool boolean = false;
   int64_t integer = 0;
@@ -37,8 +43,10 @@ struct PyValue {
   const PyValue* find(const std::string& key) const;
   // "dict", "int", "tensor", ... as in messages.
   std::string type_name() const;
-  // A short rendering for messages: 3, 'text', tensor(float32, [2, 3]), dict(5 entries), ...
-  std::string brief() const;
+  // A short rendering for messages: 3, 'text', tensor(float32, [2, 3]), dict(5 entries), ...;
+  // containers show at most 5 items and 3 levels, so a cyclic list renders too.
+  std::string brief() const { return brief_at(0); }
+  std::string brief_at(int level) const;
 };
 
 struct TorchFileOptions {
