@@ -608,8 +608,20 @@ std::vector<std::string> read_order_file(const std::string& path) {
 
 }  // namespace
 
+void validate_param_order(const std::string& param_order) {
+  const bool file = param_order.rfind("file:", 0) == 0;
+  if (param_order != "auto" && param_order != "model" && param_order != "ndim" && !file) {
+    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim or "
+                                      "file:PATH", param_order));
+  }
+  if (file && !fs::is_regular_file(param_order.substr(5))) {
+    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order));
+  }
+}
+
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order) {
+  validate_param_order(param_order);
   if (!ckpt.indexed_optimizer) return;
   const IndexedOptimizerState& ix = *ckpt.indexed_optimizer;
   const std::string& origin = ix.origin;

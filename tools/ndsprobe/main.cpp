@@ -219,14 +219,7 @@ int run(int argc, char** argv) {
                                       a.data));
   }
   const CheckpointLayout layout = parse_checkpoint_layout(a.layout);
-  if (a.param_order != "auto" && a.param_order != "model" && a.param_order != "ndim" &&
-      a.param_order.rfind("file:", 0) != 0) {
-    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim or file:PATH",
-                                      a.param_order));
-  }
-  if (a.param_order.rfind("file:", 0) == 0 && !fs::is_regular_file(a.param_order.substr(5))) {
-    throw InvalidArgument(fmt::format("--param-order {}: no such file", a.param_order));
-  }
+  validate_param_order(a.param_order);
 
   init_runtime(RuntimeOptions{a.runtime.threads});
   // Validate everything cheap before the first HVP.

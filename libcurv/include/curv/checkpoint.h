@@ -125,6 +125,9 @@ Checkpoint load_checkpoint(const CheckpointInfo& info);
 // the order file (with the closest model names).
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto");
+// InvalidArgument naming `param_order` unless it is auto, model, ndim, or file:PATH with PATH an
+// existing file: lets a tool check the rule before any checkpoint is read.
+void validate_param_order(const std::string& param_order);
 
 // The parameters of `space` from `ckpt.model`, in the space's order, converted to the dtype and
 // device of `like` (aligned with `space`; if `like` is empty, kept as stored). InvalidArgument
