@@ -322,6 +322,11 @@ TEST_CASE("ndsprobe: bad torch checkpoints fail with the file and key", "[torch_
   CHECK_THAT(text, Contains("step_1.pt") && Contains("not allowed"));
   CHECK_FALSE(fs::exists(fixture("reader/pwned")));
 
+  text = ndsprobe(fixture("nanogpt") + common + " --param-order file:" + out.file("none.txt"),
+                  &status);
+  CHECK(status != 0);
+  CHECK_THAT(text, Contains("none.txt") && Contains("no such file"));
+
   text = ndsprobe(fixture("nanogpt") + common + " --layout hf", &status);
   CHECK(status != 0);
   CHECK_THAT(text, Contains("checkpoint-<N>"));
@@ -377,6 +382,13 @@ TEST_CASE("tools/python/curv_export.py: a custom architecture exported and saved
   }
   CHECK_THAT(reader.attribute_string("/runs/run/step_1/adamw", "note"),
              Contains("2 parameter groups"));
+
+  // Exported without a loss: logits scored by cross-entropy.
+  ndsprobe(out.file("run_logits") + " --model " + out.file("logits.pt") +
+           " --script-mode logits --data " + out.file("probe.safetensors") +
+           " --dtype float64 --directions gradient --no-realized -o " + out.file("l.h5"));
+  CHECK(H5Reader(out.file("l.h5")).attribute_double("/runs/run_logits/step_2", "loss") ==
+        Approx(reference["logits_loss"].get<double>()).epsilon(kTolFloat64));
 }
 
 TEST_CASE("torch layouts: inconsistent files name the file and key", "[torch_checkpoint]") {

@@ -1,6 +1,7 @@
 """Uses tools/python/curv_export.py as a user would: a custom architecture with a custom loss,
 exported to TorchScript, trained with AdamW (two parameter groups) and saved in the native layout;
-writes the probe data and torch.autograd's numbers for the delta direction at step 1.
+writes the probe data and torch.autograd's numbers for the delta direction at step 1. The model
+is also exported without its loss (logits.pt) and saved without optimizer at step 2 (run_logits/).
 
 Usage: use_curv_export.py REPO_ROOT OUT_DIR
 """
@@ -59,6 +60,12 @@ def main():
         curv_export.save_checkpoint(model, optimizer, step, f"{out}/run", prefix=prefix)
         snapshots[step] = [p.detach().clone() for p in model.parameters()]
 
+    # The same model exported without its loss: forward(x) returns logits, names unprefixed.
+    assert curv_export.export_model(model, f"{out}/logits.pt", example_batch=(x, y)) == ""
+    curv_export.save_checkpoint(model, None, 2, f"{out}/run_logits")
+    with torch.no_grad():
+        logits_loss = nn.functional.cross_entropy(model(x), y).item()
+
     # torch.autograd at step 1 along the delta to step 2.
     with torch.no_grad():
         for p, v in zip(model.parameters(), snapshots[1]):
@@ -72,7 +79,7 @@ def main():
     uhu = sum((h * v).sum() for h, v in zip(hu, u)).item()
     norm2 = sum((v * v).sum() for v in u).item()
     with open(f"{out}/reference.json", "w") as f:
-        json.dump({"prefix": prefix, "loss": loss.item(), "first_order": gu.item(),
+        json.dump({"prefix": prefix, "loss": loss.item(), "logits_loss": logits_loss, "first_order": gu.item(),
                    "curvature": uhu, "nds": uhu / norm2, "update_norm": math.sqrt(norm2)}, f)
 
 
