@@ -275,6 +275,35 @@ TEST_CASE("ndsprobe on a nanoGPT run without biases equals torch.autograd", "[to
   }
 }
 
+TEST_CASE("ndsprobe rebuilds MuonWithAuxAdam's step from a nanoGPT checkpoint as torch does",
+          "[torch_checkpoint][ndsprobe]") {
+  TempDir out;
+  ndsprobe(fixture("muon") + " --data " + fixture("probe.safetensors") +
+           " --dtype float64 --no-realized --directions muon,update -o " + out.file("o.h5"));
+  const auto reference = nlohmann::json::parse(std::ifstream(fixture("reference_muon.json")));
+  H5Reader reader(out.file("o.h5"));
+  for (const char* direction : {"muon", "update"}) {
+    for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
+      INFO(direction << " " << key);
+      const double want = reference["muon"][key].get<double>();
+      const double got = reader.attribute_double(std::string("/runs/muon/step_2/") + direction, key);
+      CHECK(std::abs(got - want) <= kTolFloat64 * std::abs(want));
+    }
+  }
+  // The optimizer's own groups decide which matrices are orthogonalised.
+  Checkpoint ckpt = load_checkpoint(list_checkpoints(fixture("muon"))[0]);
+  auto model = make_model(ModelConfig::from_json(ckpt.model_config_json(), "muon"),
+                          ModelInit{0, at::kDouble});
+  resolve_optimizer_state(ckpt, model->space());
+  const auto meta = nlohmann::json::parse(ckpt.meta_json)["optimizer"];
+  CHECK(meta["name"] == "muon");
+  CHECK(meta["param_order"] == "hidden");
+  CHECK_THAT(meta["muon_params"].get<std::string>(),
+             Contains("transformer\\.h\\.0\\.attn\\.c_attn\\.weight"));
+  CHECK(meta["hyper"]["adam_lr"] == 3e-3);
+  CHECK(meta["hyper"]["lr"] == 0.05);
+}
+
 TEST_CASE("the Hessian-vector product on a nanoGPT checkpoint equals torch.autograd's",
           "[torch_checkpoint]") {
   Checkpoint ckpt = load_checkpoint(list_checkpoints(fixture("nanogpt"))[0]);

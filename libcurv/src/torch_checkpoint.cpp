@@ -12,6 +12,7 @@
 
 #include "curv/checkpoint.h"
 #include "curv/error.h"
+#include "curv/optimizers.h"
 #include "curv/safetensors.h"
 #include "curv/torch_file.h"
 #include "strings.h"
@@ -28,6 +29,8 @@ struct IndexedOptimizerState {
     nlohmann::json hyper;         // libcurv's field names
     // The parameter names, when the optimizer recorded them (param_names, PyTorch >= 2.6).
     std::vector<std::string> names;
+    // Keller Jordan's MuonWithAuxAdam marks each group: orthogonalised (true) or AdamW (false).
+    std::optional<bool> use_muon;
   };
   std::vector<Group> groups;
   std::map<int64_t, NamedTensors> state;  // index -> (key, tensor), non-scalar states only
@@ -179,6 +182,27 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
       parsed.params.push_back(p->integer);
     }
     parsed.hyper = group_hyper(group, origin);
+    if (const PyValue* flag = group.find("use_muon"); flag && flag->is(Kind::kBool)) {
+      parsed.use_muon = flag->boolean;
+      if (!flag->boolean) {
+        // The auxiliary AdamW's hyper-parameters have their own names in libcurv's Muon.
+        nlohmann::json adam = nlohmann::json::object();
+        for (const auto& [key, value] : parsed.hyper.items()) {
+          adam[key == "weight_decay" ? "adam_weight_decay" : "adam_" + key] = value;
+        }
+        parsed.hyper = adam;
+      }
+    }
+    // torch.optim.Muon: the sum form of momentum, and optionally the RMS-matching scale.
+    if (group.find("ns_coefficients")) {
+      parsed.hyper["sum_momentum"] = 1.0;
+      const PyValue* adjust = group.find("adjust_lr_fn");
+      parsed.hyper["rms_scale"] =
+          adjust && adjust->is(Kind::kString) && adjust->text == "match_rms_adamw" ? 1.0 : 0.0;
+      if (const PyValue* steps = group.find("ns_steps"); steps && steps->is(Kind::kInt)) {
+        parsed.hyper["ns_steps"] = static_cast<double>(steps->integer);
+      }
+    }
     if (const PyValue* names = group.find("param_names")) {
       if (!names->is(Kind::kList) || names->items.size() != parsed.params.size()) {
         throw FormatError(fmt::format("{}: '{}.param_names' is {}, expected {} names", origin,
@@ -226,8 +250,27 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   auto& opt = meta["optimizer"];
   opt = nlohmann::json::object();
   const nlohmann::json first = out->groups.empty() ? nlohmann::json::object() : out->groups[0].hyper;
+  // Muon keeps a momentum buffer like SGD, but its groups have no dampening (SGD's always do).
+  const bool muon = std::any_of(out->groups.begin(), out->groups.end(),
+                                [](const auto& g) { return g.use_muon.has_value(); }) ||
+                    (keys.count("momentum_buffer") && !groups.items.empty() &&
+                     !groups.items[0]->find("dampening"));
   std::string name;
-  if (keys.count("exp_avg_sq") || (keys.empty() && first.contains("beta2") && first.contains("eps"))) {
+  nlohmann::json hyper = first;
+  if (muon) {
+    name = "muon";
+    // One hyper object for both rules: the first orthogonalised group's, the first AdamW group's.
+    hyper = nlohmann::json::object();
+    for (bool want : {true, false}) {
+      for (const auto& g : out->groups) {
+        if (g.use_muon.value_or(true) == want) {
+          hyper.update(g.hyper);
+          break;
+        }
+      }
+    }
+  } else if (keys.count("exp_avg_sq") ||
+             (keys.empty() && first.contains("beta2") && first.contains("eps"))) {
     name = "adamw";
   } else if (keys.count("momentum_buffer") || (keys.empty() && first.contains("momentum"))) {
     name = "sgd";
@@ -238,7 +281,7 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   // name makes a rebuilt adamw direction refuse the state instead of misreading it.
   if (name == "adamw" && amsgrad) name = "adamw-amsgrad";
   if (!name.empty()) opt["name"] = name;
-  opt["hyper"] = first;
+  opt["hyper"] = hyper;
   if (step_count) opt["step_count"] = *step_count;
   return out;
 }
@@ -594,6 +637,15 @@ std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& spac
   return "";
 }
 
+std::string regex_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 std::vector<std::string> read_order_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InvalidArgument(fmt::format("--param-order file '{}' cannot be opened", path));
@@ -610,8 +662,9 @@ std::vector<std::string> read_order_file(const std::string& path) {
 
 void validate_param_order(const std::string& param_order) {
   const bool file = param_order.rfind("file:", 0) == 0;
-  if (param_order != "auto" && param_order != "model" && param_order != "ndim" && !file) {
-    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim or "
+  if (param_order != "auto" && param_order != "model" && param_order != "ndim" &&
+      param_order != "hidden" && !file) {
+    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden or "
                                       "file:PATH", param_order));
   }
   if (file && !fs::is_regular_file(param_order.substr(5))) {
@@ -640,6 +693,34 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
         return m;
       }
       for (size_t i = 0; i < total; ++i) m.of_index.push_back(i);
+    } else if (rule == "hidden") {
+      // Muon's split: the matrices it orthogonalises by default, then the rest, in any groups.
+      if (total != space.size()) {
+        m.problem = count_problem(space.size(), "the model");
+        return m;
+      }
+      for (size_t i = 0; i < space.size(); ++i) {
+        if (is_hidden_matrix(space[i])) m.of_index.push_back(i);
+      }
+      // The orthogonalised matrices fill whole groups.
+      size_t boundary = 0;
+      bool aligned = m.of_index.empty();
+      for (const auto& g : ix.groups) {
+        boundary += g.params.size();
+        aligned = aligned || boundary == m.of_index.size();
+      }
+      if (!aligned) {
+        std::vector<std::string> sizes;
+        for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
+        m.problem = fmt::format("its groups hold {} parameters, which do not start with the "
+                                "model's {} hidden matrices", join(sizes, " + "),
+                                m.of_index.size());
+        m.of_index.clear();
+        return m;
+      }
+      for (size_t i = 0; i < space.size(); ++i) {
+        if (!is_hidden_matrix(space[i])) m.of_index.push_back(i);
+      }
     } else if (rule == "ndim") {
       std::vector<size_t> matrices, rest;
       for (size_t i = 0; i < space.size(); ++i) {
@@ -680,8 +761,8 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
         m.of_index.push_back(*index);
       }
     } else {
-      throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim or "
-                                        "file:PATH", rule));
+      throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden "
+                                        "or file:PATH", rule));
     }
     std::vector<size_t> params(m.of_index.begin(), m.of_index.end());
     m.problem = check_shapes(ix, space, indices, params);
@@ -702,7 +783,7 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
     }
   } else if (param_order == "auto") {
     std::vector<Mapping> fits, misfits;
-    for (const char* rule : {"model", "ndim"}) {
+    for (const char* rule : {"model", "ndim", "hidden"}) {
       auto m = by_rule(rule);
       (m.problem.empty() ? fits : misfits).push_back(std::move(m));
     }
@@ -714,15 +795,20 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
           "is for a different model, or pass --param-order file:PATH listing the names in "
           "optimizer order", origin, join(why, "; ")));
     }
-    if (fits.size() > 1 && fits[0].of_index != fits[1].of_index && !ix.state.empty()) {
-      throw InvalidArgument(fmt::format(
-          "{}: optimizer parameter order is ambiguous: the shapes fit both the model order and "
-          "nanoGPT's ndim order (matrices first); pass --param-order model, ndim or file:PATH",
-          origin));
+    // Rules that fit but map some index differently leave the names undecided, unless there is
+    // no state at all (then only the group hyper-parameters depend on the order).
+    std::vector<std::string> disagreeing = {fits[0].rule};
+    for (size_t i = 1; i < fits.size(); ++i) {
+      if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
     }
-    // Without any state tensor only the group hyper-parameters depend on the order; nanoGPT's
-    // grouping is the more specific claim when its group sizes fit.
-    chosen = fits.size() > 1 ? fits[1] : fits[0];
+    if (disagreeing.size() > 1 && !ix.state.empty()) {
+      throw InvalidArgument(fmt::format(
+          "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
+          "rules {}, which name the parameters differently; pass --param-order with one of them "
+          "or file:PATH", origin, join(disagreeing, ", ")));
+    }
+    // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
+    chosen = fits.back();
   } else {
     chosen = by_rule(param_order);
     if (!chosen.problem.empty()) {
@@ -748,6 +834,15 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
   }
   meta["optimizer"]["param_groups"] = groups;
   meta["optimizer"]["param_order"] = chosen.rule;
+  // MuonWithAuxAdam's groups say which parameters it orthogonalises: exactly those names.
+  std::vector<std::string> orthogonalised;
+  k = 0;
+  for (const auto& g : ix.groups) {
+    for (size_t i = 0; i < g.params.size(); ++i, ++k) {
+      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(space[chosen.of_index[k]].name));
+    }
+  }
+  if (!orthogonalised.empty()) meta["optimizer"]["muon_params"] = "^(" + join(orthogonalised, "|") + ")$";
   ckpt.meta_json = meta.dump();
   ckpt.optimizer = std::move(named);
   ckpt.indexed_optimizer.reset();

@@ -27,6 +27,7 @@ OUT_DIR receives
   ambiguous/step_1.pt       optimizer state whose shapes fit two parameter orders
   reference.json            loss, g.u, u'Hu and NDS at step 2 for u = delta, the AdamW step, -g
   nanogpt_nobias/ckpt.pt, reference_nobias.json   the same for a nanoGPT without biases
+  muon/ckpt.pt, reference_muon.json   a nanoGPT trained with MuonWithAuxAdam; its rebuilt step
   hvp_delta.safetensors     u = delta ("u.<param>") and H u ("hu.<param>") at step 2
 """
 import collections
@@ -138,6 +139,72 @@ class GPT(nn.Module):
         groups = [{"params": decay, "weight_decay": HYPER["weight_decay"]},
                   {"params": nodecay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
+
+
+# --- Keller Jordan's MuonWithAuxAdam (github.com/KellerJordan/Muon), with Newton-Schulz in the
+# --- parameters' dtype (the original runs it in bfloat16) so that float64 runs compare exactly
+
+def newton_schulz(g, steps=5):
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g / (g.norm() + 1e-7)
+    transposed = g.size(-2) > g.size(-1)
+    if transposed:
+        x = x.mT
+    for _ in range(steps):
+        m = x @ x.mT
+        x = a * x + (b * m + c * m @ m) @ x
+    return x.mT if transposed else x
+
+
+class MuonWithAuxAdam(torch.optim.Optimizer):
+    def __init__(self, groups):
+        for g in groups:
+            if g["use_muon"]:
+                g.setdefault("lr", 0.02)
+                g.setdefault("momentum", 0.95)
+                g.setdefault("weight_decay", 0)
+            else:
+                g.setdefault("lr", 3e-4)
+                g.setdefault("betas", (0.9, 0.95))
+                g.setdefault("eps", 1e-10)
+                g.setdefault("weight_decay", 0)
+        super().__init__(groups, dict())
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if group["use_muon"]:
+                    if not state:
+                        state["momentum_buffer"] = torch.zeros_like(p)
+                    buf = state["momentum_buffer"]
+                    buf.lerp_(p.grad, 1 - group["momentum"])
+                    update = p.grad.lerp(buf, group["momentum"])
+                    update = newton_schulz(update) * max(1, p.size(-2) / p.size(-1)) ** 0.5
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(update, alpha=-group["lr"])
+                else:
+                    if not state:
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                        state["step"] = 0
+                    state["step"] += 1
+                    b1, b2 = group["betas"]
+                    state["exp_avg"].lerp_(p.grad, 1 - b1)
+                    state["exp_avg_sq"].lerp_(p.grad.square(), 1 - b2)
+                    m = state["exp_avg"] / (1 - b1 ** state["step"])
+                    v = state["exp_avg_sq"] / (1 - b2 ** state["step"])
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(m / (v.sqrt() + group["eps"]), alpha=-group["lr"])
+
+
+def muon_groups(model):
+    hidden = [p for n, p in model.named_parameters() if p.ndim >= 2 and ".h." in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and ".h." in n)]
+    return [{"params": hidden, "use_muon": True, "lr": 0.05, "weight_decay": 0.01},
+            {"params": rest, "use_muon": False, "lr": 3e-3, "betas": (0.9, 0.95),
+             "weight_decay": 0.02}]
 
 
 # --- files
@@ -384,6 +451,19 @@ def main():
     torch.save({"model": mlp.state_dict(), "optimizer": mlp_opt.state_dict()},
                f"{out}/ambiguous/step_1.pt")
 
+    # A nanoGPT run trained with MuonWithAuxAdam.
+    torch.manual_seed(4)
+    model = GPT(CONFIG).double()
+    optimizer = MuonWithAuxAdam(muon_groups(model))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(tx, ty).backward()
+        optimizer.step()
+    os.makedirs(f"{out}/muon", exist_ok=True)
+    torch.save(nanogpt_ckpt(model, optimizer, 2), f"{out}/muon/ckpt.pt")
+    reference(f"{out}/muon/ckpt.pt", None, CONFIG, x, y, f"{out}/reference_muon.json",
+              make_optimizer=lambda m: MuonWithAuxAdam(muon_groups(m)), step_name="muon")
+
     reference(f"{out}/nanogpt/ckpt_2.pt", f"{out}/nanogpt/ckpt_3.pt", CONFIG, x, y,
               f"{out}/reference.json", f"{out}/hvp_delta.safetensors")
 
@@ -404,10 +484,11 @@ def main():
               f"{out}/reference_nobias.json")
 
 
-def reference(path, next_path, config, x, y, json_path, hvp_path=None):
+def reference(path, next_path, config, x, y, json_path, hvp_path=None,
+              make_optimizer=GPT.configure_optimizers, step_name="adamw"):
     """torch.autograd at the checkpoint `path` as read back from nanoGPT's file: loss, and g.u,
-    u'Hu, NDS, |u| for u = delta (to next_path), the AdamW step and -g; optionally H u along the
-    delta as a safetensors file."""
+    u'Hu, NDS, |u| for u = delta (to next_path), the optimizer's step from the saved state (named
+    step_name) and -g; optionally H u along the delta as a safetensors file."""
     ck = torch.load(path)
     ref = GPT(config).double()
     ref.load_state_dict(ck["model"])
@@ -422,12 +503,12 @@ def reference(path, next_path, config, x, y, json_path, hvp_path=None):
     # The AdamW step PyTorch would take from the saved state with the probe-set gradient.
     stepper = GPT(config).double()
     stepper.load_state_dict(ck["model"])
-    opt = stepper.configure_optimizers()
+    opt = make_optimizer(stepper)
     opt.load_state_dict(ck["optimizer"])
     stepper(x, y).backward()
     before = [p.detach().clone() for p in stepper.parameters()]
     opt.step()
-    directions["adamw"] = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
+    directions[step_name] = [p.detach() - b for p, b in zip(stepper.parameters(), before)]
 
     result = {"loss": loss.item()}
     for name, u in directions.items():

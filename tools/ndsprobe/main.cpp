@@ -149,7 +149,8 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "native", "nanogpt", "hf", "pt"}));
   app.add_option("--param-order", a.param_order,
                  "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
-                 "matrices first) or file:PATH (one name per line)")->capture_default_str();
+                 "matrices first), hidden (Muon: hidden matrices first) or file:PATH (one name "
+                 "per line)")->capture_default_str();
   app.add_option("--data", a.data, "Probe data: safetensors file with 'inputs' and 'targets', or "
                  "a uint16 token file (nanoGPT's .bin; needs --block-size)");
   app.add_option("--block-size", a.block_size, "Window length T for uint16 token data: --examples "

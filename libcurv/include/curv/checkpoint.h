@@ -116,16 +116,18 @@ Checkpoint load_checkpoint(const CheckpointInfo& info);
 //  - "model": all groups together hold the model's parameters in model order;
 //  - "ndim": two groups, parameters with ndim >= 2 then the rest, each in model order (nanoGPT's
 //    configure_optimizers);
+//  - "hidden": the matrices Muon orthogonalises by default (is_hidden_matrix), filling whole
+//    groups, then the rest, each in model order (Keller Jordan's MuonWithAuxAdam setups);
 //  - "file:PATH": PATH lists the parameter names in index order, one per line;
 //  - "auto": the names the optimizer recorded (param_groups[].param_names, PyTorch >= 2.6) when
-//    every group has them, else whichever of "model" and "ndim" fits the group sizes and every
-//    state tensor's shape.
+//    every group has them, else whichever of "model", "ndim" and "hidden" fits the group sizes
+//    and every state tensor's shape.
 // InvalidArgument naming the optimizer file: a count or shape that fits no rule (optimizer state
 // for a different model), an ambiguous "auto" (two rules fit and disagree), an unknown name in
 // the order file (with the closest model names).
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto");
-// InvalidArgument naming `param_order` unless it is auto, model, ndim, or file:PATH with PATH an
+// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, or file:PATH with PATH an
 // existing file: lets a tool check the rule before any checkpoint is read.
 void validate_param_order(const std::string& param_order);
 
