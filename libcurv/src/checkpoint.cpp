@@ -19,6 +19,7 @@
 #include "curv/error.h"
 #include "curv/safetensors.h"
 #include "strings.h"
+#include "torch_layouts.h"
 
 namespace curv {
 
@@ -32,6 +33,11 @@ constexpr const char* kMetaFile = "meta.json";
 constexpr size_t kMaxListed = 5;
 
 std::string file_in(const std::string& folder, const char* name) { return folder + "/" + name; }
+
+// The origin of a part of `ckpt` for messages: the field load_checkpoint set, else the native name.
+std::string origin_of(const Checkpoint& ckpt, const std::string& field, const char* native) {
+  return field.empty() ? file_in(ckpt.path, native) : field;
+}
 
 // Non-negative decimal integer, all of `text`; nullopt otherwise (or on overflow).
 std::optional<int64_t> parse_step_number(const std::string& text) {
@@ -49,6 +55,18 @@ std::vector<std::string> first_few(const std::vector<std::string>& items) {
   for (size_t i = 0; i < std::min(items.size(), kMaxListed); ++i) out.push_back("'" + items[i] + "'");
   if (items.size() > kMaxListed) out.push_back(fmt::format("... ({} in all)", items.size()));
   return out;
+}
+
+// The selection of `found` (sorted, not empty); InvalidArgument when it keeps none.
+std::vector<CheckpointInfo> select_some(const std::vector<CheckpointInfo>& found,
+                                        const StepSelection& selection, const std::string& dir) {
+  auto selected = selection.select(found);
+  if (selected.empty()) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
+        selection.describe(), found.size(), dir, found.front().step, found.back().step));
+  }
+  return selected;
 }
 
 // Parses and checks the fixed keys of meta.json, so that the accessors cannot meet a surprise.
@@ -188,7 +206,12 @@ std::string StepSelection::describe() const {
 // Listing and loading
 
 std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
-                                             const StepSelection& selection) {
+                                             const StepSelection& selection,
+                                             CheckpointLayout layout) {
+  if (layout == CheckpointLayout::kAuto) layout = detect_checkpoint_layout(dir);
+  if (layout != CheckpointLayout::kNative) {
+    return select_some(list_torch_checkpoints(dir, layout), selection, dir);
+  }
   std::error_code ec;
   const auto status = fs::status(dir, ec);
   if (!fs::exists(status)) {
@@ -227,23 +250,25 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
   }
   std::sort(found.begin(), found.end(),
             [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
-  auto selected = selection.select(found);
-  if (selected.empty()) {
-    throw InvalidArgument(fmt::format(
-        "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
-        selection.describe(), found.size(), dir, found.front().step, found.back().step));
-  }
-  return selected;
+  return select_some(found, selection, dir);
 }
 
 Checkpoint load_checkpoint(const CheckpointInfo& info) {
+  if (info.layout != CheckpointLayout::kNative) {
+    Checkpoint ckpt = load_torch_checkpoint(info);
+    parse_meta(ckpt.meta_json, ckpt.meta_file);
+    return ckpt;
+  }
   Checkpoint ckpt;
   ckpt.step = info.step;
   ckpt.path = info.path;
-  ckpt.model = SafetensorsReader(file_in(info.path, kModelFile)).tensors();
-  const std::string optimizer_path = file_in(info.path, kOptimizerFile);
+  ckpt.model_file = file_in(info.path, kModelFile);
+  ckpt.optimizer_file = file_in(info.path, kOptimizerFile);
+  ckpt.meta_file = file_in(info.path, kMetaFile);
+  ckpt.model = SafetensorsReader(ckpt.model_file).tensors();
+  const std::string optimizer_path = ckpt.optimizer_file;
   if (fs::exists(optimizer_path)) ckpt.optimizer = SafetensorsReader(optimizer_path).tensors();
-  const std::string meta_path = file_in(info.path, kMetaFile);
+  const std::string meta_path = ckpt.meta_file;
   if (fs::exists(meta_path)) {
     ckpt.meta_json = read_text(meta_path);
     const auto meta = parse_meta(ckpt.meta_json, meta_path);
@@ -256,19 +281,19 @@ Checkpoint load_checkpoint(const CheckpointInfo& info) {
 }
 
 std::string Checkpoint::optimizer_name() const {
-  const auto meta = parse_meta(meta_json, file_in(path, kMetaFile));
+  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
   if (!meta.contains("optimizer")) return "";
   return meta["optimizer"].value("name", std::string());
 }
 
 std::optional<int64_t> Checkpoint::step_count() const {
-  const auto meta = parse_meta(meta_json, file_in(path, kMetaFile));
+  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
   if (!meta.contains("optimizer") || !meta["optimizer"].contains("step_count")) return std::nullopt;
   return meta["optimizer"]["step_count"].get<int64_t>();
 }
 
 double Checkpoint::hyper(const std::string& key, double fallback) const {
-  const std::string origin = file_in(path, kMetaFile);
+  const std::string origin = origin_of(*this, meta_file, kMetaFile);
   const auto meta = parse_meta(meta_json, origin);
   if (!meta.contains("optimizer") || !meta["optimizer"].contains("hyper")) return fallback;
   const auto& hyper = meta["optimizer"]["hyper"];
@@ -281,7 +306,7 @@ double Checkpoint::hyper(const std::string& key, double fallback) const {
 }
 
 std::string Checkpoint::model_config_json() const {
-  const auto meta = parse_meta(meta_json, file_in(path, kMetaFile));
+  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
   return meta.contains("model") ? meta["model"].dump() : "";
 }
 
@@ -290,7 +315,7 @@ std::string Checkpoint::model_config_json() const {
 
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
                             const ParamVector& like, bool allow_extra) {
-  const std::string file = file_in(ckpt.path, kModelFile);
+  const std::string file = origin_of(ckpt, ckpt.model_file, kModelFile);
   if (!like.empty() && like.size() != space.size()) {
     throw InvalidArgument(fmt::format("parameters_from({}): `like` has {} tensors, the model {}",
                                       file, like.size(), space.size()));
@@ -376,7 +401,7 @@ at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,
 
 at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const std::string& key,
                            bool required) {
-  const std::string file = file_in(ckpt.path, kOptimizerFile);
+  const std::string file = origin_of(ckpt, ckpt.optimizer_file, kOptimizerFile);
   auto t = optimizer_state(ckpt, param.name, key);
   if (!t.defined()) {
     if (!required) return t;

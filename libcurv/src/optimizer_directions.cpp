@@ -87,14 +87,50 @@ class OptimizerDirection : public Direction {
     if (!whatif_) {
       const std::string why = saved_state_problem(c);
       if (why.empty()) {
-        OptimizerConfig config = config_from(*c.current);
-        auto optimizer = make_optimizer(config, space);
-        optimizer->load_state(c.current->optimizer, c.current->step_count().value_or(c.step),
-                              c.current->path + "/optimizer.safetensors");
+        const std::string source = c.current->optimizer_file.empty()
+                                       ? c.current->path + "/optimizer.safetensors"
+                                       : c.current->optimizer_file;
+        auto rebuilt = [&](const nlohmann::json* group_hyper) {
+          auto optimizer = make_optimizer(config_from(*c.current, group_hyper), space);
+          optimizer->load_state(c.current->optimizer, c.current->step_count().value_or(c.step),
+                                source);
+          return optimizer;
+        };
+        auto optimizer = rebuilt(nullptr);
         c.note = fmt::format("rebuilt from saved {} state (step count {})", family_,
                              optimizer->step_count());
         c.partition = optimizer->partition();
-        return optimizer->peek(c.theta, g);
+        ParamVector u = optimizer->peek(c.theta, g);
+        // Parameter groups with their own hyper-parameters (nanoGPT: no weight decay on gains
+        // and biases) take their step from an optimizer configured like the group.
+        const auto meta = nlohmann::json::parse(c.current->meta_json, nullptr, false);
+        const auto* groups = meta.is_object() && meta.contains("optimizer") &&
+                                     meta["optimizer"].is_object() &&
+                                     meta["optimizer"].contains("param_groups") &&
+                                     meta["optimizer"]["param_groups"].is_array()
+                                 ? &meta["optimizer"]["param_groups"]
+                                 : nullptr;
+        for (size_t k = 0; groups && k < groups->size(); ++k) {
+          const auto& group = (*groups)[k];
+          if (!group.is_object() || !group.contains("params") || !group["params"].is_array() ||
+              !group.contains("hyper") || !group["hyper"].is_object()) {
+            throw FormatError(fmt::format("{}: \"optimizer.param_groups[{}]\" must be an object "
+                                          "with \"params\" (names) and \"hyper\"",
+                                          c.current->meta_file, k));
+          }
+          const ParamVector group_u = rebuilt(&group["hyper"])->peek(c.theta, g);
+          for (const auto& name : group["params"]) {
+            const auto index = name.is_string() ? space.find(name.get<std::string>()) : std::nullopt;
+            if (!index) {
+              throw FormatError(fmt::format("{}: \"optimizer.param_groups[{}]\" names {}, which "
+                                            "is not a model parameter", c.current->meta_file, k,
+                                            name.dump()));
+            }
+            u[*index] = group_u[*index];
+          }
+        }
+        if (groups && groups->size() > 1) c.note += fmt::format(", {} parameter groups", groups->size());
+        return u;
       }
       if (!c.whatif_fallback) {
         throw InvalidArgument(fmt::format("direction {} at {}: {} (use the {}.whatif direction, "
@@ -126,18 +162,33 @@ class OptimizerDirection : public Direction {
     const std::string saved = c.current->optimizer_name();
     if (saved.empty()) return "its meta.json names no optimizer";
     if (saved != family_) return fmt::format("it was saved by optimizer '{}', not '{}'", saved, family_);
+    if (c.current->indexed_optimizer) {
+      return "its torch optimizer state is not mapped to parameter names yet "
+             "(resolve_optimizer_state)";
+    }
     if (c.current->optimizer.empty() && c.current->step_count().value_or(c.step) != 0 &&
         family_ != "signsgd" &&
         !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {
-      return "it has no optimizer.safetensors";
+      return "it has no saved optimizer state";
     }
     return "";
   }
 
-  OptimizerConfig config_from(const Checkpoint& ckpt) const {
+  // The checkpoint's hyper-parameters, those of one of its parameter groups on top when given,
+  // then the direction's own overrides.
+  OptimizerConfig config_from(const Checkpoint& ckpt, const nlohmann::json* group_hyper = nullptr) const {
     OptimizerConfig config = OptimizerConfig::defaults(family_);
     for (const auto& [key, value] : config.hyper()) {
-      config.set(key, fmt::format("{}", ckpt.hyper(key, value)));
+      double v = ckpt.hyper(key, value);
+      if (group_hyper && group_hyper->contains(key)) {
+        if (!(*group_hyper)[key].is_number()) {
+          throw FormatError(fmt::format("{}: parameter group hyper-parameter \"{}\" must be a "
+                                        "number, got {}", ckpt.meta_file, key,
+                                        (*group_hyper)[key].dump()));
+        }
+        v = (*group_hyper)[key].get<double>();
+      }
+      config.set(key, fmt::format("{}", v));
     }
     // The partition regex travels beside the numeric hyper-parameters.
     const auto meta = nlohmann::json::parse(ckpt.meta_json, nullptr, false);

@@ -5,6 +5,7 @@
 
 #include "curv/error.h"
 #include "curv/safetensors.h"
+#include "curv/token_data.h"
 #include "fmt_torch.h"
 
 namespace curv {
@@ -42,6 +43,17 @@ ProbeSet load_probe_data(const std::string& path, const ProbeDataOptions& option
   if (!inputs.is_floating_point()) inputs = inputs.to(at::kLong);
   if (!targets.is_floating_point()) targets = targets.to(at::kLong);
   return ProbeSet::split(inputs, targets, options.batch_size);
+}
+
+ProbeSet load_token_probe_data(const std::string& path, int64_t block_size, int64_t examples,
+                               int64_t batch_size, uint64_t seed) {
+  if (block_size <= 0 || examples <= 0) {
+    throw InvalidArgument(fmt::format("token probe data '{}': block size {} and examples {} must "
+                                      "be > 0", path, block_size, examples));
+  }
+  const TokenData tokens = TokenData::from_uint16_file(path);
+  auto [inputs, targets] = tokens.windows(examples, block_size, seed);
+  return ProbeSet::split(inputs, targets, batch_size);
 }
 
 }  // namespace curv

@@ -259,7 +259,7 @@ int run(int argc, char** argv) {
 
   int64_t start = 0;
   if (a.resume) {
-    auto listing = list_checkpoints(a.out);
+    auto listing = list_checkpoints(a.out, {}, CheckpointLayout::kNative);  // its own saves
     Checkpoint last = load_checkpoint(listing.back());
     load_parameters(*model, parameters_from(last, model->space(), model->parameters()));
     optimizer->load_state(last.optimizer, last.step_count().value_or(last.step),

@@ -35,6 +35,9 @@ struct Args {
   tools::ModelArgs model;
   tools::RuntimeArgs runtime;
   std::string data;
+  int64_t block_size = 0;
+  std::string layout = "auto";
+  std::string param_order = "auto";
   int64_t batch_size = 32;
   int64_t examples = 0;
   std::vector<std::string> directions = {"delta", "gradient", "random"};
@@ -338,9 +341,19 @@ int run(int argc, char** argv) {
   Args a;
   CLI::App app{"ndsprobe: curvature along optimizer update directions, per layer and within "
                "layers, on directories of training checkpoints. Writes HDF5 (docs/hdf5-schema.md)."};
-  app.add_option("checkpoints", a.runs, "Checkpoint directories (folders step_<N>/), one run each");
+  app.add_option("checkpoints", a.runs, "Checkpoint directories, one run each (step_<N>/, "
+                 "nanoGPT ckpt*.pt, Hugging Face checkpoint-<N>/ or step_<N>.pt; see --layout)");
   tools::add_model_args(app, a.model);
-  app.add_option("--data", a.data, "Probe data: safetensors file with 'inputs' and 'targets'");
+  app.add_option("--layout", a.layout, "Checkpoint layout: auto (detected), native, nanogpt, hf, pt")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "native", "nanogpt", "hf", "pt"}));
+  app.add_option("--param-order", a.param_order,
+                 "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
+                 "matrices first), hidden (Muon: hidden matrices first) or file:PATH (one name "
+                 "per line)")->capture_default_str();
+  app.add_option("--data", a.data, "Probe data: safetensors file with 'inputs' and 'targets', or "
+                 "a uint16 token file (nanoGPT's .bin; needs --block-size)");
+  app.add_option("--block-size", a.block_size, "Window length T for uint16 token data: --examples "
+                 "windows at seeded offsets")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", a.batch_size, "Probe batch size (examples per HVP batch)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--examples", a.examples, "Use the first N probe examples (0 = all)")
@@ -433,7 +446,18 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (a.runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
-  if (a.data.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors");
+  if (a.data.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
+  const bool token_data = fs::path(a.data).extension() == ".bin";
+  if (token_data && (a.block_size == 0 || a.examples == 0)) {
+    throw InvalidArgument(fmt::format("--data {}: a uint16 token file needs --block-size T and "
+                                      "--examples N (the number of windows)", a.data));
+  }
+  if (!token_data && a.block_size != 0) {
+    throw InvalidArgument(fmt::format("--block-size applies to uint16 token files (.bin), not {}",
+                                      a.data));
+  }
+  const CheckpointLayout layout = parse_checkpoint_layout(a.layout);
+  validate_param_order(a.param_order);
 
   init_runtime(RuntimeOptions{a.runtime.threads});
   // Validate everything cheap before the first HVP.
@@ -459,7 +483,7 @@ int run(int argc, char** argv) {
   const StepSelection selection = StepSelection::parse(a.steps, a.stride);
   std::vector<std::vector<CheckpointInfo>> all, chosen;
   for (const auto& dir : a.runs) {
-    all.push_back(list_checkpoints(dir));
+    all.push_back(list_checkpoints(dir, {}, layout));
     chosen.push_back(selection.select(all.back()));
     if (chosen.back().empty()) {
       throw InvalidArgument(fmt::format("no checkpoint of '{}' in the selection {}", dir,
@@ -475,7 +499,9 @@ int run(int argc, char** argv) {
   ProbeDataOptions data_options;
   data_options.batch_size = a.batch_size;
   data_options.max_examples = a.examples;
-  ProbeSet probe = load_probe_data(a.data, data_options);
+  ProbeSet probe = token_data ? load_token_probe_data(a.data, a.block_size, a.examples,
+                                                      a.batch_size, a.runtime.seed)
+                             : load_probe_data(a.data, data_options);
   const BlockPartition blocks = make_blocks(a, objective.space());
 
   EngineOptions engine_options;
@@ -567,6 +593,7 @@ int run(int argc, char** argv) {
   size_t done = 0;
   for (size_t r = 0; r < a.runs.size(); ++r) {
     report.set_run_attribute(names[r], "path", fs::absolute(a.runs[r]).string());
+    report.set_run_attribute(names[r], "layout", layout_name(all[r].front().layout));
     for (const auto& info : chosen[r]) {
       const bool spectrum_done =
           !a.any_spectrum() || report.writer().exists(spectrum_path(names[r], info.step));
@@ -578,6 +605,7 @@ int run(int argc, char** argv) {
         continue;
       }
       Checkpoint ckpt = load_checkpoint(info);
+      resolve_optimizer_state(ckpt, objective.space(), a.param_order);
       DirectionContext context;
       context.engine = &engine;
       context.current = &ckpt;

@@ -18,4 +18,11 @@ struct ProbeDataOptions {
 // FormatError names the file and the missing or malformed key.
 ProbeSet load_probe_data(const std::string& path, const ProbeDataOptions& options = {});
 
+// Language-model windows from a nanoGPT-style uint16 token file (train.bin / val.bin): `examples`
+// windows of `block_size` tokens (targets shifted by one) at offsets drawn from `seed` (SplitMix64,
+// the same on every platform), split into batches of `batch_size`. FormatError names the file;
+// InvalidArgument when the file is shorter than one window.
+ProbeSet load_token_probe_data(const std::string& path, int64_t block_size, int64_t examples,
+                               int64_t batch_size, uint64_t seed);
+
 }  // namespace curv
