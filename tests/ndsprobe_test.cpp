@@ -144,6 +144,37 @@ TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips
   CHECK(after.table("/runs/run_a/step_10/spectrum/eigen").doubles("eigenvalue") ==
         reader.table("/runs/run_a/step_10/spectrum/eigen").doubles("eigenvalue"));
 
+  // The other eigen-solvers agree with Lanczos at step 10: Spectra on every block, power
+  // iteration on the largest |λ|.
+  const Table lanczos = reader.table("/runs/run_a/step_10/spectrum/eigen");
+  auto value_of = [](const Table& t, const std::string& block, const std::string& which) {
+    for (size_t i = 0; i < t.num_rows(); ++i) {
+      if (t.strings("block")[i] == block && t.strings("which")[i] == which && t.int64s("rank")[i] == 0)
+        return t.doubles("eigenvalue")[i];
+    }
+    FAIL("no " << which << " eigenvalue of block " << block);
+    return 0.0;
+  };
+  const std::string other = f.dir.file("other.h5");
+  f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --directions gradient --steps 10 "
+             "--spectrum --spectrum-blocks --eig-method spectra --eig-tol 1e-10 -o " + other);
+  const Table spectra = H5Reader(other).table("/runs/run_a/step_10/spectrum/eigen");
+  CHECK(spectra.num_rows() == lanczos.num_rows() / 2);  // top 1 + bottom 1 instead of 2 + 2
+  for (const std::string& block : spectra.strings("block")) {
+    for (const std::string which : {"largest", "smallest"}) {
+      INFO(block << " " << which);
+      CHECK(value_of(spectra, block, which) ==
+            Approx(value_of(lanczos, block, which)).epsilon(1e-7));
+    }
+  }
+  f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --directions gradient --steps 10 "
+             "--spectrum --eig-method power --eig-tol 1e-12 --eig-max-hvps 20000 -o " + other);
+  const double lmax = value_of(lanczos, "total", "largest");
+  const double lmin = value_of(lanczos, "total", "smallest");
+  const double dominant = std::abs(lmax) >= std::abs(lmin) ? lmax : lmin;
+  CHECK(value_of(H5Reader(other).table("/runs/run_a/step_10/spectrum/eigen"), "total", "dominant") ==
+        Approx(dominant).epsilon(1e-6));
+
   // Bad spectrum options name the flag.
   int status = 0;
   std::string err = f.ndsprobe(f.run + " --data " + f.data + " --spectrum --eig-method power "
