@@ -15,13 +15,7 @@ using namespace curv_test;
 
 namespace {
 
-std::string curvtrain(const std::string& args) {
-  std::string output;
-  const int rc = run_command(tool_path("curvtrain") + " " + args + " --quiet --threads 2", &output);
-  INFO(output);
-  REQUIRE(rc == 0);
-  return output;
-}
+std::string curvtrain(const std::string& args) { return run_tool("curvtrain", args + " --threads 2"); }
 
 ParamVector final_params(const std::string& dir) {
   auto listing = list_checkpoints(dir);

@@ -45,15 +45,7 @@ struct Fixture {
     }
   }
   std::string ndsprobe(const std::string& args, int* status = nullptr) const {
-    std::string output;
-    const int rc = run_command(tool_path("ndsprobe") + " " + args + " --quiet", &output);
-    if (status) {
-      *status = rc;
-    } else {
-      INFO(output);
-      REQUIRE(rc == 0);
-    }
-    return output;
+    return run_tool("ndsprobe", args, status);
   }
 };
 

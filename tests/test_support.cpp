@@ -53,4 +53,16 @@ std::string tool_path(const std::string& name) {
   return std::string(CURV_TOOLS_DIR) + "/" + name + "/" + name;
 }
 
+std::string run_tool(const std::string& name, const std::string& args, int* status) {
+  std::string output;
+  const int rc = run_command(tool_path(name) + " " + args + " --quiet", &output);
+  if (status) {
+    *status = rc;
+  } else {
+    INFO(output);
+    REQUIRE(rc == 0);
+  }
+  return output;
+}
+
 }  // namespace curv_test

@@ -43,6 +43,10 @@ int run_command(const std::string& command, std::string* output = nullptr);
 // Path of a built tool, e.g. tool_path("ndsprobe").
 std::string tool_path(const std::string& name);
 
+// Runs a built tool with `args` and --quiet; returns its output. With `status`, the exit status
+// goes there; without, a non-zero exit fails the test (with the output).
+std::string run_tool(const std::string& name, const std::string& args, int* status = nullptr);
+
 constexpr double kTolFloat64 = 1e-10;
 constexpr double kTolFloat32 = 1e-4;
 

@@ -49,15 +49,7 @@ void check_same_tensors(const NamedTensors& got, const NamedTensors& want) {
 }
 
 std::string ndsprobe(const std::string& args, int* status = nullptr) {
-  std::string output;
-  const int rc = run_command(tool_path("ndsprobe") + " " + args + " --quiet", &output);
-  if (status) {
-    *status = rc;
-  } else {
-    INFO(output);
-    REQUIRE(rc == 0);
-  }
-  return output;
+  return run_tool("ndsprobe", args, status);
 }
 
 }  // namespace
