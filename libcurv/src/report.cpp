@@ -199,24 +199,13 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
 
   const double u_sq = r.update_norm * r.update_norm;
   Table blocks;
-  std::vector<std::string> names;
-  std::vector<double> sq_norm, first_order, curvature, stderr_, row_sum, nds;
-  for (const auto& b : r.blocks) {
-    names.push_back(b.name);
-    sq_norm.push_back(b.sq_norm);
-    first_order.push_back(b.first_order);
-    curvature.push_back(b.curvature);
-    stderr_.push_back(b.curvature_stderr);
-    row_sum.push_back(b.row_sum);
-    nds.push_back(b.nds);
-  }
-  blocks.add_column("name", names);
-  blocks.add_column("sq_norm", sq_norm);
-  blocks.add_column("first_order", first_order);
-  blocks.add_column("curvature", curvature);
-  blocks.add_column("curvature_stderr", stderr_);
-  blocks.add_column("row_sum", row_sum);
-  blocks.add_column("nds", nds);
+  blocks.add_column("name", r.blocks, [](const BlockTerms& b) { return b.name; });
+  blocks.add_column("sq_norm", r.blocks, [](const BlockTerms& b) { return b.sq_norm; });
+  blocks.add_column("first_order", r.blocks, [](const BlockTerms& b) { return b.first_order; });
+  blocks.add_column("curvature", r.blocks, [](const BlockTerms& b) { return b.curvature; });
+  blocks.add_column("curvature_stderr", r.blocks, [](const BlockTerms& b) { return b.curvature_stderr; });
+  blocks.add_column("row_sum", r.blocks, [](const BlockTerms& b) { return b.row_sum; });
+  blocks.add_column("nds", r.blocks, [](const BlockTerms& b) { return b.nds; });
   w.table(g + "/blocks", blocks);
   if (r.coupling.size() > 0) {
     const auto L = static_cast<uint64_t>(r.coupling.rows());
@@ -227,15 +216,9 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   }
   if (!r.multipliers.empty()) {
     Table m;
-    std::vector<double> eta, predicted, realized;
-    for (const auto& x : r.multipliers) {
-      eta.push_back(x.eta);
-      predicted.push_back(x.predicted);
-      realized.push_back(x.realized);
-    }
-    m.add_column("eta", eta);
-    m.add_column("predicted", predicted);
-    m.add_column("realized", realized);
+    m.add_column("eta", r.multipliers, [](const MultiplierTerms& x) { return x.eta; });
+    m.add_column("predicted", r.multipliers, [](const MultiplierTerms& x) { return x.predicted; });
+    m.add_column("realized", r.multipliers, [](const MultiplierTerms& x) { return x.realized; });
     w.table(g + "/multipliers", m);
   }
   if (within) {
@@ -257,32 +240,16 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
       w.attribute(pg, "top_k_energy", p.top_k_energy);
       w.dataset(pg + "/singular_values", p.singular_values);
       Table modes;
-      std::vector<int64_t> index;
-      std::vector<double> sigma, share, kappa;
-      for (const auto& m : p.modes) {
-        index.push_back(m.index);
-        sigma.push_back(m.sigma);
-        share.push_back(m.energy_share);
-        kappa.push_back(m.curvature);
-      }
-      modes.add_column("index", index);
-      modes.add_column("sigma", sigma);
-      modes.add_column("energy_share", share);
-      modes.add_column("curvature", kappa);
+      modes.add_column("index", p.modes, [](const ModeTerms& m) { return m.index; });
+      modes.add_column("sigma", p.modes, [](const ModeTerms& m) { return m.sigma; });
+      modes.add_column("energy_share", p.modes, [](const ModeTerms& m) { return m.energy_share; });
+      modes.add_column("curvature", p.modes, [](const ModeTerms& m) { return m.curvature; });
       w.table(pg + "/modes", modes);
       Table groups;
-      std::vector<std::string> gname;
-      std::vector<double> gsq, gcurv, gnds;
-      for (const auto& x : p.groups) {
-        gname.push_back(x.name);
-        gsq.push_back(x.sq_norm);
-        gcurv.push_back(x.curvature);
-        gnds.push_back(x.nds);
-      }
-      groups.add_column("name", gname);
-      groups.add_column("sq_norm", gsq);
-      groups.add_column("curvature", gcurv);
-      groups.add_column("nds", gnds);
+      groups.add_column("name", p.groups, [](const GroupTerms& x) { return x.name; });
+      groups.add_column("sq_norm", p.groups, [](const GroupTerms& x) { return x.sq_norm; });
+      groups.add_column("curvature", p.groups, [](const GroupTerms& x) { return x.curvature; });
+      groups.add_column("nds", p.groups, [](const GroupTerms& x) { return x.nds; });
       w.table(pg + "/groups", groups);
     }
   }

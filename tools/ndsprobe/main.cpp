@@ -100,34 +100,27 @@ std::string spectrum_path(const std::string& run, int64_t step) {
 }
 
 void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
-  std::vector<std::string> blocks, which;
-  std::vector<int64_t> rank, hvps, converged;
-  std::vector<double> value, residual, bound;
-  auto add = [&](const std::vector<RitzPair>& pairs, const char* kind) {
-    for (size_t i = 0; i < pairs.size(); ++i) {
-      blocks.push_back(block);
-      which.push_back(kind);
-      rank.push_back(static_cast<int64_t>(i));
-      value.push_back(pairs[i].value);
-      residual.push_back(pairs[i].residual);
-      bound.push_back(pairs[i].error_bound);
-      hvps.push_back(r.hvps);
-      converged.push_back(r.converged ? 1 : 0);
-    }
+  struct Row {
+    std::string which;
+    int64_t rank;
+    const RitzPair* pair;
   };
-  add(r.largest, "largest");
-  add(r.smallest, "smallest");
-  add(r.dominant, "dominant");
-  Table rows;
-  rows.add_column("block", blocks);
-  rows.add_column("which", which);
-  rows.add_column("rank", rank);
-  rows.add_column("eigenvalue", value);
-  rows.add_column("residual", residual);
-  rows.add_column("error_bound", bound);
-  rows.add_column("hvps", hvps);
-  rows.add_column("converged", converged);
-  t.append_rows(rows);
+  std::vector<Row> rows;
+  for (const auto& [which, pairs] : {std::pair{"largest", &r.largest}, std::pair{"smallest", &r.smallest},
+                                     std::pair{"dominant", &r.dominant}}) {
+    for (size_t i = 0; i < pairs->size(); ++i) rows.push_back({which, static_cast<int64_t>(i), &(*pairs)[i]});
+  }
+  const int64_t converged = r.converged ? 1 : 0;
+  Table part;
+  part.add_column("block", rows, [&](const Row&) { return block; });
+  part.add_column("which", rows, [](const Row& x) { return x.which; });
+  part.add_column("rank", rows, [](const Row& x) { return x.rank; });
+  part.add_column("eigenvalue", rows, [](const Row& x) { return x.pair->value; });
+  part.add_column("residual", rows, [](const Row& x) { return x.pair->residual; });
+  part.add_column("error_bound", rows, [](const Row& x) { return x.pair->error_bound; });
+  part.add_column("hvps", rows, [&](const Row&) { return r.hvps; });
+  part.add_column("converged", rows, [&](const Row&) { return converged; });
+  t.append_rows(part);
 }
 
 void append_trace(Table& t, const std::string& block, const TraceResult& r) {

@@ -25,6 +25,16 @@ class Table {
   // InvalidArgument if the name is empty, contains '/', is "." or "..", is taken, or the length
   // differs from the existing columns.
   void add_column(const std::string& name, Column values);
+  // The column of one field of each item, e.g.
+  //   add_column("nds", blocks, [](const BlockTerms& b) { return b.nds; });
+  // the field is a double, an int64_t or a std::string.
+  template <typename Item, typename Field>
+  void add_column(const std::string& name, const std::vector<Item>& items, Field field) {
+    std::vector<std::decay_t<std::invoke_result_t<Field, const Item&>>> values;
+    values.reserve(items.size());
+    for (const auto& item : items) values.push_back(field(item));
+    add_column(name, Column(std::move(values)));
+  }
   // Appends the rows of `other`, which must have the same column names and types in the same
   // order (InvalidArgument otherwise). An empty table takes over the columns of `other`.
   void append_rows(const Table& other);
