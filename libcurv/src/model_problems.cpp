@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "curv/error.h"
+#include "curv/zipf_pcfg.h"
 #include "fmt_torch.h"
 
 namespace curv {
@@ -22,10 +23,6 @@ at::Tensor random_orthogonal(int64_t n, at::Generator& gen) {
   auto qr = at::linalg_qr(a);
   at::Tensor q = std::get<0>(qr), r = std::get<1>(qr);
   return q * at::sign(r.diagonal()).unsqueeze(0);
-}
-
-int64_t high_mode_count(const QuadraticConfig& c) {
-  return std::llround(c.alpha * static_cast<double>(std::min(c.rows, c.cols)));
 }
 
 // Objectives with a single matrix parameter and fixed buffers.
@@ -145,7 +142,9 @@ class MemoryObjective : public SingleMatrixObjective {
 
 }  // namespace
 
-int64_t QuadraticConfig::high_modes() const { return high_mode_count(*this); }
+int64_t QuadraticConfig::high_modes() const {
+  return std::llround(alpha * static_cast<double>(std::min(rows, cols)));
+}
 
 void validate_quadratic(const QuadraticConfig& c) {
   if (c.rows <= 0 || c.cols <= 0) {
@@ -281,20 +280,9 @@ Batch memory_all_classes(int64_t classes) {
 }
 
 at::Tensor memory_class_buckets(int64_t classes, double s, double head_mass) {
-  if (!(head_mass > 0 && head_mass <= 1)) {
-    throw InvalidArgument(fmt::format("memory buckets: head_mass = {} must be in (0, 1]", head_mass));
-  }
-  // Classes are ranked by frequency already (class 0 the most frequent); equal frequencies
-  // (s = 0) fill the head in class order.
   at::Tensor p = memory_class_probabilities(classes, s);
-  auto pa = p.accessor<double, 1>();
-  at::Tensor buckets = at::ones({classes}, at::TensorOptions().dtype(at::kLong));
-  double mass = 0;
-  for (int64_t c = 0; c < classes && mass < head_mass - 1e-12; ++c) {
-    buckets[c] = 0;
-    mass += pa[c];
-  }
-  return buckets;
+  return head_tail_buckets(std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + classes),
+                           head_mass, "memory buckets");
 }
 
 namespace {

@@ -374,31 +374,11 @@ std::vector<double> ZipfPcfg::token_probabilities(double s) const {
 
 at::Tensor ZipfPcfg::frequency_buckets(double s, double head_mass) const {
   check_exponent(s, "frequency_buckets");
-  if (!(head_mass > 0 && head_mass <= 1)) {
-    throw InvalidArgument(
-        fmt::format("zipf_pcfg frequency_buckets: head_mass = {} must be in (0, 1]", head_mass));
-  }
-  const auto freq = token_probabilities(s);
+  auto freq = token_probabilities(s);
   const int64_t bos = options_.bos_token;
-  std::vector<int64_t> order;
-  double total = 0;
-  for (int64_t t = 0; t < options_.vocab_size; ++t) {
-    if (t == bos) continue;
-    order.push_back(t);
-    total += freq[t];
-  }
-  // Ties broken by token id so the buckets are a function of the grammar and s alone.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return freq[a] > freq[b]; });
-  auto buckets = at::full({options_.vocab_size}, kTailBucket, at::kLong);
-  auto* b = buckets.data_ptr<int64_t>();
-  if (bos >= 0) b[bos] = kBosBucket;
-  double mass = 0;
-  for (auto t : order) {
-    if (freq[t] <= 0 || mass >= head_mass * total) break;
-    b[t] = kHeadBucket;
-    mass += freq[t];
-  }
+  if (bos >= 0) freq[bos] = 0;  // left out of the split: its own bucket
+  at::Tensor buckets = head_tail_buckets(freq, head_mass, "zipf_pcfg frequency_buckets");
+  if (bos >= 0) buckets[bos] = kBosBucket;
   return buckets;
 }
 
@@ -437,6 +417,31 @@ std::string ZipfPcfg::describe() const {
       o.vocab_size, o.depth, o.roots, o.symbols_per_level, o.rules_per_symbol, o.min_children,
       o.max_children, o.emissions_per_symbol, o.bos_token, o.exponent, o.grammar_seed,
       mean_sentence_length(o.exponent), structure_hash());
+}
+
+at::Tensor head_tail_buckets(const std::vector<double>& probabilities, double head_mass,
+                             const std::string& what) {
+  if (!(head_mass > 0 && head_mass <= 1)) {
+    throw InvalidArgument(fmt::format("{}: head_mass = {} must be in (0, 1]", what, head_mass));
+  }
+  const auto n = static_cast<int64_t>(probabilities.size());
+  std::vector<int64_t> order(probabilities.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  // Ties broken by id, so the buckets are a function of the probabilities alone.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return probabilities[a] > probabilities[b]; });
+  const double total = std::accumulate(probabilities.begin(), probabilities.end(), 0.0);
+  // A head that holds head_mass up to rounding is complete (e.g. 8 of 16 equal classes for 0.5).
+  const double target = head_mass * total * (1 - 1e-12);
+  auto buckets = at::full({n}, ZipfPcfg::kTailBucket, at::kLong);
+  auto* b = buckets.data_ptr<int64_t>();
+  double mass = 0;
+  for (auto id : order) {
+    if (probabilities[id] <= 0 || mass >= target) break;
+    b[id] = ZipfPcfg::kHeadBucket;
+    mass += probabilities[id];
+  }
+  return buckets;
 }
 
 }  // namespace curv

@@ -110,4 +110,11 @@ class ZipfPcfg {
   std::vector<std::vector<Symbol>> levels_;
 };
 
+// The head/tail split behind ZipfPcfg::frequency_buckets and the associative memory's class
+// buckets: bucket per id, the most probable ids (ties broken by id) until they hold `head_mass`
+// of the total probability are ZipfPcfg::kHeadBucket, the rest (zero-probability ids included)
+// ZipfPcfg::kTailBucket. InvalidArgument naming `what` unless head_mass is in (0, 1].
+at::Tensor head_tail_buckets(const std::vector<double>& probabilities, double head_mass,
+                             const std::string& what);
+
 }  // namespace curv
