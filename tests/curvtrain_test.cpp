@@ -63,9 +63,7 @@ TEST_CASE("the in-training probe audits the applied update: on the probe set it 
   curvtrain("-o " + run + " --optimizer muon:lr=0.05,adam_lr=1e-2 --dtype float64 --steps 4 "
             "--batch-size 4 --save-every 1 --eval-every 2 --train-tokens 20000 --eval-sequences 8 "
             "--probe-sequences 8 --probe-every 2 --probe-on both --probe-output " + live);
-  std::string output;
-  REQUIRE(run_command(tool_path("ndsprobe") + " " + run + " --data " + run + "/probe.safetensors "
-                      "--directions delta --dtype float64 --quiet -o " + offline, &output) == 0);
+  run_tool("ndsprobe", run + " --data " + run + "/probe.safetensors --directions delta --dtype float64 -o " + offline);
   const Table a = H5Reader(live).table("/taylor"), b = H5Reader(offline).table("/taylor");
   int matched = 0, on_batch = 0;
   for (size_t i = 0; i < a.num_rows(); ++i) {

@@ -235,13 +235,11 @@ TEST_CASE("curvtrain and ndsprobe on the quadratic: every exact Muon step has ND
   const std::string config = dir.path() + "/quadratic.json";
   std::ofstream(config) << as_model(c).to_json();
   const std::string run = dir.path() + "/run";
-  REQUIRE(run_command(fmt::format("{} --model {} --optimizer muon:lr=0.05,exact_polar=1,weight_decay=0 "
-                                  "--steps 6 --save-every 2 --dtype float64 --quiet -o {}",
-                                  tool_path("curvtrain"), config, run)) == 0);
+  run_tool("curvtrain", fmt::format("--model {} --optimizer muon:lr=0.05,exact_polar=1,weight_decay=0 "
+                                    "--steps 6 --save-every 2 --dtype float64 -o {}", config, run));
   const std::string out = dir.path() + "/probe.h5";
-  REQUIRE(run_command(fmt::format("{} {} --data {}/probe.safetensors --directions muon,gradient,delta "
-                                  "--dtype float64 --quiet -o {}",
-                                  tool_path("ndsprobe"), run, run, out)) == 0);
+  run_tool("ndsprobe", fmt::format("{} --data {}/probe.safetensors --directions muon,gradient,delta "
+                                   "--dtype float64 -o {}", run, run, out));
   QuadraticProblem problem(c);
   std::map<int64_t, at::Tensor> weights;
   for (const auto& info : list_checkpoints(run)) {
@@ -276,10 +274,9 @@ TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact
   const std::string config = dir.path() + "/memory.json";
   std::ofstream(config) << as_model(c).to_json();
   const std::string run = dir.path() + "/run";
-  REQUIRE(run_command(fmt::format("{} --model {} --optimizer muon:exact_polar=1,weight_decay=0 "
-                                  "--zipf-s 1 --steps 4 --batch-size 32 --save-every 4 "
-                                  "--dtype float64 --quiet -o {}",
-                                  tool_path("curvtrain"), config, run)) == 0);
+  run_tool("curvtrain", fmt::format("--model {} --optimizer muon:exact_polar=1,weight_decay=0 "
+                                    "--zipf-s 1 --steps 4 --batch-size 32 --save-every 4 "
+                                    "--dtype float64 -o {}", config, run));
   // The log carries head and tail validation loss: at s = 1, 2 of 8 classes are the head.
   std::ifstream log(run + "/log.csv");
   std::string header, row;
@@ -293,9 +290,8 @@ TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact
   write_safetensors(dir.path() + "/imbalanced.safetensors",
                     {{"inputs", probe.inputs}, {"targets", probe.targets}});
   const std::string out = dir.path() + "/probe.h5";
-  REQUIRE(run_command(fmt::format("{} {} --data {}/imbalanced.safetensors --steps 0 "
-                                  "--directions muon,gradient --dtype float64 --quiet -o {}",
-                                  tool_path("ndsprobe"), run, dir.path(), out)) == 0);
+  run_tool("ndsprobe", fmt::format("{} --data {}/imbalanced.safetensors --steps 0 "
+                                   "--directions muon,gradient --dtype float64 -o {}", run, dir.path(), out));
   const Table taylor = H5Reader(out).table("/taylor");
   const at::Tensor p = shares(counts);
   int checked = 0;

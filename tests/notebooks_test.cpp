@@ -33,17 +33,16 @@ void make_demo_dir(const std::string& dir) {
   std::vector<std::string> runs;
   for (const std::string optimizer : {"adamw", "muon"}) {
     const std::string run = fmt::format("{}/runs/{}_s0", dir, optimizer);
-    REQUIRE(run_command(fmt::format("{} -o {} --model {} --optimizer {} --steps 20 --save-every 10 "
-                                    "--eval-every 10 --probe-every 10 --probe-output {}/train_probe.h5 "
-                                    "--run-name {}_s0 --quiet",
-                                    tool_path("curvtrain"), run, model, optimizer, dir, optimizer)) == 0);
+    run_tool("curvtrain", fmt::format("-o {} --model {} --optimizer {} --steps 20 --save-every 10 "
+                                      "--eval-every 10 --probe-every 10 --probe-output {}/train_probe.h5 "
+                                      "--run-name {}_s0", run, model, optimizer, dir, optimizer));
     runs.push_back(run);
   }
-  REQUIRE(run_command(fmt::format("{} {} {} --data {}/probe.safetensors --directions update,delta "
-                                  "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 --eig-max-hvps 30 --spectrum-blocks "
-                                  "--trace hutchpp --trace-hvps 12 --density --slq-runs 2 --slq-steps 10 "
-                                  "--precond-sharpness --overlap -o {}/ndsprobe.h5 --quiet",
-                                  tool_path("ndsprobe"), runs[0], runs[1], runs[0], dir)) == 0);
+  run_tool("ndsprobe", fmt::format("{} {} --data {}/probe.safetensors --directions update,delta "
+                                   "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 "
+                                   "--eig-max-hvps 30 --spectrum-blocks --trace hutchpp --trace-hvps 12 "
+                                   "--density --slq-runs 2 --slq-steps 10 --precond-sharpness --overlap "
+                                   "-o {}/ndsprobe.h5", runs[0], runs[1], runs[0], dir));
 }
 
 }  // namespace
