@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "curv/engine.h"
-#include "curv/models.h"
-#include "curv/runtime.h"
+#include "curv/core/engine.h"
+#include "curv/models/models.h"
+#include "curv/core/runtime.h"
 #include "reference_model.h"
 
 namespace {

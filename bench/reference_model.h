@@ -5,8 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "curv/models.h"
-#include "curv/probe_set.h"
+#include "curv/models/models.h"
+#include "curv/core/probe_set.h"
 
 namespace curv_bench {
 

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "curv/engine.h"
-#include "curv/linear_operator.h"
-#include "curv/runtime.h"
-#include "curv/spectrum.h"
+#include "curv/core/engine.h"
+#include "curv/core/linear_operator.h"
+#include "curv/core/runtime.h"
+#include "curv/analysis/spectrum.h"
 #include "reference_model.h"
 
 namespace {

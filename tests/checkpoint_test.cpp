@@ -1,4 +1,4 @@
-#include "curv/checkpoint.h"
+#include "curv/io/checkpoint.h"
 
 #include <ATen/ATen.h>
 
@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "curv/error.h"
-#include "curv/models.h"
-#include "curv/safetensors.h"
+#include "curv/core/error.h"
+#include "curv/models/models.h"
+#include "curv/io/safetensors.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <fstream>
 
-#include "curv/checkpoint.h"
-#include "curv/h5_file.h"
-#include "curv/models.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
+#include "curv/models/models.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,10 +1,10 @@
-#include "curv/engine.h"
+#include "curv/core/engine.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "curv/error.h"
-#include "curv/linear_operator.h"
+#include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -9,9 +9,9 @@
 
 #include <memory>
 
-#include "curv/models.h"
-#include "curv/objective.h"
-#include "curv/probe_set.h"
+#include "curv/models/models.h"
+#include "curv/core/objective.h"
+#include "curv/core/probe_set.h"
 
 namespace curv_test {
 

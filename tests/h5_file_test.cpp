@@ -1,6 +1,6 @@
 // Tests of the HDF5 file layer: round trips of every dataset/attribute kind, tables, the atomic
 // commit, error messages, and interoperability with h5py in both directions.
-#include "curv/h5_file.h"
+#include "curv/io/h5_file.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <utility>
 
-#include "curv/error.h"
+#include "curv/core/error.h"
 #include "test_support.h"
 
 namespace {

@@ -1,12 +1,12 @@
-#include "curv/linear_operator.h"
+#include "curv/core/linear_operator.h"
 
 #include <Spectra/SymEigsSolver.h>
 #include <catch2/catch.hpp>
 
 #include <Eigen/Eigenvalues>
 
-#include "curv/engine.h"
-#include "curv/spectra_adapter.h"
+#include "curv/core/engine.h"
+#include "curv/core/spectra_adapter.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include "curv/model_problems.h"
+#include "curv/models/model_problems.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -8,15 +8,15 @@
 #include <fstream>
 #include <map>
 
-#include "curv/blocks.h"
-#include "curv/checkpoint.h"
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/h5_file.h"
-#include "curv/linear_operator.h"
-#include "curv/optimizers.h"
-#include "curv/safetensors.h"
-#include "curv/taylor.h"
+#include "curv/core/blocks.h"
+#include "curv/io/checkpoint.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/io/h5_file.h"
+#include "curv/core/linear_operator.h"
+#include "curv/optim/optimizers.h"
+#include "curv/io/safetensors.h"
+#include "curv/analysis/taylor.h"
 #include "fixtures.h"
 #include "test_support.h"
 

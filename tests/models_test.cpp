@@ -1,10 +1,10 @@
-#include "curv/models.h"
+#include "curv/models/models.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "curv/engine.h"
-#include "curv/error.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
 #include "fixtures.h"
 #include "test_support.h"
 

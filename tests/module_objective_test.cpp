@@ -3,9 +3,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "curv/engine.h"
-#include "curv/linear_operator.h"
-#include "curv/objective.h"
+#include "curv/core/engine.h"
+#include "curv/core/linear_operator.h"
+#include "curv/core/objective.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "curv/checkpoint.h"
-#include "curv/engine.h"
-#include "curv/h5_file.h"
-#include "curv/safetensors.h"
+#include "curv/io/checkpoint.h"
+#include "curv/core/engine.h"
+#include "curv/io/h5_file.h"
+#include "curv/io/safetensors.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include "curv/optimizers.h"
+#include "curv/optim/optimizers.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -6,10 +6,10 @@
 #include <fstream>
 #include <iterator>
 
-#include "curv/checkpoint.h"
-#include "curv/directions.h"
-#include "curv/engine.h"
-#include "curv/error.h"
+#include "curv/io/checkpoint.h"
+#include "curv/analysis/direction_registry.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,11 +1,11 @@
-#include "curv/param_space.h"
+#include "curv/core/param_space.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "curv/blocks.h"
-#include "curv/error.h"
-#include "curv/models.h"
+#include "curv/core/blocks.h"
+#include "curv/core/error.h"
+#include "curv/models/models.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include "curv/safetensors.h"
+#include "curv/io/safetensors.h"
 
 #include <ATen/ATen.h>
 
@@ -11,7 +11,7 @@
 #include <limits>
 #include <sstream>
 
-#include "curv/error.h"
+#include "curv/core/error.h"
 #include "test_support.h"
 
 namespace {

@@ -1,12 +1,12 @@
-#include "curv/script_objective.h"
+#include "curv/models/script_objective.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
 #include <fstream>
 
-#include "curv/engine.h"
-#include "curv/error.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
 #include "fixtures.h"
 #include "test_support.h"
 

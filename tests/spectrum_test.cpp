@@ -1,4 +1,4 @@
-#include "curv/spectrum.h"
+#include "curv/analysis/spectrum.h"
 
 #include <ATen/ATen.h>
 
@@ -8,11 +8,11 @@
 #include <cmath>
 #include <fstream>
 
-#include "curv/blocks.h"
-#include "curv/checkpoint.h"
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/script_objective.h"
+#include "curv/core/blocks.h"
+#include "curv/io/checkpoint.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/models/script_objective.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,11 +1,11 @@
-#include "curv/taylor.h"
+#include "curv/analysis/taylor.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/linear_operator.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
 #include "fixtures.h"
 #include "test_support.h"
 

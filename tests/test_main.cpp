@@ -1,7 +1,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include "curv/runtime.h"
+#include "curv/core/runtime.h"
 
 int main(int argc, char* argv[]) {
   curv::init_runtime();

@@ -7,14 +7,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "curv/checkpoint.h"
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/h5_file.h"
-#include "curv/models.h"
-#include "curv/probe_data.h"
-#include "curv/safetensors.h"
-#include "curv/token_data.h"
+#include "curv/io/checkpoint.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/io/h5_file.h"
+#include "curv/models/models.h"
+#include "curv/io/probe_data.h"
+#include "curv/io/safetensors.h"
+#include "curv/io/token_data.h"
 #include "test_support.h"
 #include "torch_fixtures.h"
 

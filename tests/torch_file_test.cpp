@@ -1,4 +1,4 @@
-#include "curv/torch_file.h"
+#include "curv/io/torch_file.h"
 
 #include <ATen/ATen.h>
 
@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "curv/error.h"
-#include "curv/safetensors.h"
+#include "curv/core/error.h"
+#include "curv/io/safetensors.h"
 #include "test_support.h"
 #include "torch_fixtures.h"
 

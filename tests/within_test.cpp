@@ -1,10 +1,10 @@
-#include "curv/within.h"
+#include "curv/analysis/within.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "curv/engine.h"
-#include "curv/linear_operator.h"
+#include "curv/core/engine.h"
+#include "curv/core/linear_operator.h"
 #include "fixtures.h"
 #include "test_support.h"
 

@@ -1,4 +1,4 @@
-#include "curv/zipf_pcfg.h"
+#include "curv/io/zipf_pcfg.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <set>
 
-#include "curv/error.h"
+#include "curv/core/error.h"
 #include "test_support.h"
 
 using namespace curv;

@@ -10,11 +10,12 @@
 #include <cstring>
 #include <string>
 
-#include "curv/blocks.h"
-#include "curv/objective.h"
-#include "curv/report.h"
-#include "curv/runtime.h"
-#include "curv/training.h"
+#include "curv/core/blocks.h"
+#include "curv/core/objective.h"
+#include "curv/analysis/report.h"
+#include "curv/core/runtime.h"
+#include "curv/analysis/in_training_probe.h"
+#include "curv/optim/schedule.h"
 
 int main(int argc, char** argv) {
   int steps = 100, probe_every = 25;

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "curv/error.h"
-#include "curv/runtime.h"
-#include "curv/script_objective.h"
+#include "curv/core/error.h"
+#include "curv/core/runtime.h"
+#include "curv/models/script_objective.h"
 
 namespace curv::tools {
 

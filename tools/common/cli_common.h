@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "curv/models.h"
-#include "curv/objective.h"
+#include "curv/models/models.h"
+#include "curv/core/objective.h"
 
 namespace curv::tools {
 

@@ -14,19 +14,20 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
-#include "curv/checkpoint.h"
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/model_problems.h"
-#include "curv/models.h"
-#include "curv/optimizers.h"
-#include "curv/probe_set.h"
-#include "curv/report.h"
-#include "curv/runtime.h"
-#include "curv/safetensors.h"
-#include "curv/token_data.h"
-#include "curv/training.h"
-#include "curv/zipf_pcfg.h"
+#include "curv/io/checkpoint.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/models/model_problems.h"
+#include "curv/models/models.h"
+#include "curv/optim/optimizers.h"
+#include "curv/core/probe_set.h"
+#include "curv/analysis/report.h"
+#include "curv/core/runtime.h"
+#include "curv/io/safetensors.h"
+#include "curv/io/token_data.h"
+#include "curv/analysis/in_training_probe.h"
+#include "curv/optim/schedule.h"
+#include "curv/io/zipf_pcfg.h"
 
 namespace fs = std::filesystem;
 using namespace curv;

@@ -11,19 +11,19 @@
 #include <set>
 
 #include "cli_common.h"
-#include "curv/blocks.h"
-#include "curv/checkpoint.h"
-#include "curv/directions.h"
-#include "curv/engine.h"
-#include "curv/error.h"
-#include "curv/h5_file.h"
-#include "curv/linear_operator.h"
-#include "curv/probe_data.h"
-#include "curv/report.h"
-#include "curv/runtime.h"
-#include "curv/spectrum.h"
-#include "curv/taylor.h"
-#include "curv/within.h"
+#include "curv/core/blocks.h"
+#include "curv/io/checkpoint.h"
+#include "curv/analysis/direction_registry.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/io/h5_file.h"
+#include "curv/core/linear_operator.h"
+#include "curv/io/probe_data.h"
+#include "curv/analysis/report.h"
+#include "curv/core/runtime.h"
+#include "curv/analysis/spectrum.h"
+#include "curv/analysis/taylor.h"
+#include "curv/analysis/within.h"
 
 namespace fs = std::filesystem;
 using namespace curv;

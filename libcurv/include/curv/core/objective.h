@@ -1,0 +1,61 @@
+// Objective: the scalar mean loss of a model on a batch, as a function of its parameters. The
+// curvature engine only ever sees this interface, so modules, TorchScript files and the built-in
+// models are probed the same way.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "curv/core/param_space.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
+namespace curv {
+
+// One batch: inputs and targets share their first dimension (the examples).
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+  int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  // Names and shapes of the differentiable parameters, in a fixed order.
+  virtual const ParamSpace& space() const = 0;
+  // The live parameter tensors (leaves with requires_grad), aligned with space().
+  virtual ParamVector parameters() = 0;
+  // Mean loss over the batch: a 0-dim tensor, differentiable twice w.r.t. parameters().
+  // Throws ModelError naming the shapes when the batch does not fit the model.
+  virtual at::Tensor loss(const Batch& batch) = 0;
+  // One line for logs and provenance, e.g. "gpt(n_layer=4, n_embd=128, ...)".
+  virtual std::string describe() const = 0;
+  // Per-target losses (shape of the targets) for per-bucket evaluation. Models scored by
+  // cross-entropy provide them; the default throws ModelError.
+  virtual at::Tensor token_losses(const Batch& batch);
+  // Floating dtype of the parameters.
+  at::ScalarType dtype();
+  c10::Device device();
+};
+
+// Copies `values` into the objective's parameters (shapes must match; dtype is converted).
+void load_parameters(Objective& objective, const ParamVector& values);
+// Detached copies of the current parameter values.
+ParamVector snapshot_parameters(Objective& objective);
+
+// The loss of a torch::nn::Module on a batch, for custom LibTorch trainers. `loss_fn` runs the
+// module and returns the scalar mean loss; the parameters are module->named_parameters().
+using ModuleLossFn = std::function<at::Tensor(const Batch&)>;
+std::unique_ptr<Objective> make_module_objective(std::shared_ptr<torch::nn::Module> module,
+                                                 ModuleLossFn loss_fn,
+                                                 std::string description = "module");
+
+}  // namespace curv

@@ -1,0 +1,167 @@
+// Checkpoint directories — the native layout DIR/step_<N>/ with model.safetensors, optional
+// optimizer.safetensors and meta.json, and PyTorch's layouts (nanoGPT ckpt.pt, Hugging Face
+// checkpoint-<N>/, step_<N>.pt): listing, step selection, loading, matching to a model, saving.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "curv/core/param_space.h"
+
+namespace curv {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// How a run directory stores its checkpoints (docs/checkpoints.md).
+enum class CheckpointLayout {
+  kAuto,         // detected from the directory's entries
+  kNative,       // step_<N>/{model.safetensors, optimizer.safetensors, meta.json}
+  kNanoGPT,      // ckpt.pt or ckpt_<anything>.pt: {'model', 'optimizer', 'model_args', 'iter_num'}
+  kHuggingFace,  // checkpoint-<N>/{model.safetensors | pytorch_model.bin, optimizer.pt}
+  kTorchSteps,   // step_<N>.pt: a state dict, or a dict with 'model' (and 'optimizer')
+};
+// "auto", "native", "nanogpt", "hf", "pt"; InvalidArgument naming the text otherwise.
+CheckpointLayout parse_checkpoint_layout(const std::string& text);
+std::string layout_name(CheckpointLayout layout);
+// The layout of `dir` from its entries: native when it holds a native checkpoint, else the one
+// PyTorch layout it holds. FormatError naming `dir` when none fits, or when entries of two PyTorch
+// layouts are present (then --layout chooses).
+CheckpointLayout detect_checkpoint_layout(const std::string& dir);
+
+// One checkpoint found by list_checkpoints.
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;  // the step_<N> or checkpoint-<N> folder, or the .pt file
+  CheckpointLayout layout = CheckpointLayout::kNative;
+};
+
+// Which checkpoints of a run to analyse: those with first <= step <= last, then every stride-th of
+// them by position (the first in range is always kept), so a run saved at irregular steps thins
+// evenly.
+struct StepSelection {
+  int64_t first = std::numeric_limits<int64_t>::min();
+  int64_t last = std::numeric_limits<int64_t>::max();
+  int64_t stride = 1;
+
+  // "100:2000", "100:", ":500", "500" (that step only) or "" (all). Throws InvalidArgument naming
+  // the text for anything else, a negative bound, first > last or stride < 1.
+  static StepSelection parse(const std::string& range, int64_t stride = 1);
+  // The selected subset of `sorted` (ascending by step), order kept.
+  std::vector<CheckpointInfo> select(const std::vector<CheckpointInfo>& sorted) const;
+  std::string describe() const;  // "100:2000, stride 2" — for messages
+};
+
+// The step_<N> folders of `dir` (N a non-negative decimal integer) that hold a model.safetensors,
+// sorted by N and thinned by `selection`; other entries are ignored. A folder without
+// model.safetensors is an incomplete save (save_checkpoint writes that file last) and is skipped.
+// Throws FormatError naming `dir` when it does not exist, is not a directory or has no
+// checkpoint, or when two folders have the same N (step_7, step_07); InvalidArgument naming the
+// range and the available steps when the selection keeps none.
+//
+// The other layouts: nanoGPT's files take the step from the name's digits (ckpt_<N>.pt) or else
+// from the file's iter_num; Hugging Face folders and step_<N>.pt files from their names.
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
+                                             const StepSelection& selection = {},
+                                             CheckpointLayout layout = CheckpointLayout::kAuto);
+
+// A torch optimizer.state_dict() as saved: state keyed by parameter index, not yet mapped to the
+// model's parameter names (see resolve_optimizer_state).
+struct IndexedOptimizerState;
+
+// A checkpoint in memory: tensors on the CPU as stored, meta.json as raw text. meta.json is a JSON
+// object: {"step": N, "optimizer": {"name": "adamw", "hyper": {"lr": 1e-3, ...},
+// "step_count": N}, "model": {model config as ModelConfig::to_json writes it}, ...anything else}.
+// Checkpoints of the PyTorch layouts are converted on load into the same form: model tensors by
+// name (torch.compile's "_orig_mod." prefix removed, nanoGPT's causal-mask buffers dropped), and a
+// meta_json made from what the file records (model_args, iter_num, param_groups).
+struct Checkpoint {
+  int64_t step = 0;
+  std::string path;                  // the step_<N> folder (or the checkpoint's folder or file)
+  NamedTensors model;                // model.safetensors, in file order
+  NamedTensors optimizer;            // optimizer.safetensors; empty if the file is absent
+  std::string meta_json = "{}";      // meta.json as read; "{}" if the file is absent
+  // Where each part came from, for messages: "<path>/model.safetensors", "<file> ['model']", ...
+  std::string model_file, optimizer_file, meta_file;
+  // A torch optimizer's index-keyed state, until resolve_optimizer_state names it.
+  std::shared_ptr<const IndexedOptimizerState> indexed_optimizer;
+
+  // Accessors into meta_json. They throw FormatError naming meta.json and the key when a value
+  // has the wrong type (load_checkpoint already checked the fixed keys, so only hyper() can).
+  std::string optimizer_name() const;          // optimizer.name, "" if absent
+  std::optional<int64_t> step_count() const;   // optimizer.step_count
+  // optimizer.hyper[key] if present (must be a number), else `fallback`.
+  double hyper(const std::string& key, double fallback) const;
+  std::string model_config_json() const;       // the "model" object as JSON text, "" if absent
+};
+
+// Reads model.safetensors, optimizer.safetensors and meta.json of `info.path`. Throws FormatError
+// naming the file: unreadable safetensors, meta.json that is not valid JSON or not an object, a
+// fixed key of the wrong type ("step", "optimizer", "optimizer.name", "optimizer.hyper",
+// "optimizer.step_count", "model"), or a "step" that differs from the folder's N.
+// The PyTorch layouts are read with load_torch_file's allow-list, so a checkpoint never runs code;
+// FormatError names the file and key of anything malformed.
+Checkpoint load_checkpoint(const CheckpointInfo& info);
+
+// Names a torch optimizer's index-keyed state after the model's parameters: fills
+// `ckpt.optimizer` ("<param>.<key>") and meta_json's "optimizer.param_groups", and clears
+// `indexed_optimizer` (no-op when it is empty). PyTorch numbers parameters by their position in
+// param_groups, so `param_order` says how the groups were built from the model:
+//  - "model": all groups together hold the model's parameters in model order;
+//  - "ndim": two groups, parameters with ndim >= 2 then the rest, each in model order (nanoGPT's
+//    configure_optimizers);
+//  - "hidden": the matrices Muon orthogonalises by default (is_hidden_matrix), filling whole
+//    groups, then the rest, each in model order (Keller Jordan's MuonWithAuxAdam setups);
+//  - "file:PATH": PATH lists the parameter names in index order, one per line;
+//  - "auto": the names the optimizer recorded (param_groups[].param_names, PyTorch >= 2.6) when
+//    every group has them, else whichever of "model", "ndim" and "hidden" fits the group sizes
+//    and every state tensor's shape.
+// InvalidArgument naming the optimizer file: a count or shape that fits no rule (optimizer state
+// for a different model), an ambiguous "auto" (two rules fit and disagree), an unknown name in
+// the order file (with the closest model names).
+void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
+                             const std::string& param_order = "auto");
+// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, or file:PATH with PATH an
+// existing file: lets a tool check the rule before any checkpoint is read.
+void validate_param_order(const std::string& param_order);
+
+// The parameters of `space` from `ckpt.model`, in the space's order, converted to the dtype and
+// device of `like` (aligned with `space`; if `like` is empty, kept as stored). InvalidArgument
+// naming model.safetensors when the model and the checkpoint do not fit:
+//  - a model parameter missing from the file (with the closest names in the file);
+//  - a tensor in the file that is not a model parameter (up to 5 listed, each with the closest
+//    model names), unless `allow_extra`. Tolerated always: "lm_head.weight" when the model has no
+//    such parameter but has "transformer.wte.weight" and the file's two tensors are equal (a tied
+//    head stored twice, as nanoGPT's state_dict does);
+//  - a shape that differs (parameter and both shapes), or a non-floating tensor.
+ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
+                            const ParamVector& like, bool allow_extra = false);
+
+// Optimizer state "<param>.<key>" (e.g. key "exp_avg_sq") as stored, or an undefined tensor if
+// absent: whether that is an error depends on the caller.
+at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,
+                           const std::string& key);
+// The same, checked against the parameter: InvalidArgument naming optimizer.safetensors, the
+// parameter, the key and both shapes when the shapes differ. When absent: an undefined tensor,
+// or, if `required`, InvalidArgument naming the file (or its absence), parameter and key, and
+// the states the file does hold for that parameter.
+at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const std::string& key,
+                           bool required = false);
+
+// Writes DIR/step_<N>/ (directories created), each file atomically: optimizer.safetensors (or
+// removes a stale one when `optimizer_state` is empty), meta.json, then model.safetensors. An
+// existing model.safetensors is removed first and the new one written last, so a crash mid-save
+// leaves a folder that list_checkpoints skips, never a mix of two saves. `meta_json` is a JSON object or "" ({}): its "step" is set to N
+// (InvalidArgument if it holds another value). InvalidArgument for a negative step, params not
+// matching the space (count or shapes) or bad meta_json; FormatError if a file cannot be written.
+void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& space,
+                     const ParamVector& params, const NamedTensors& optimizer_state,
+                     const std::string& meta_json = "");
+
+}  // namespace curv

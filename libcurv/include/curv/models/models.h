@@ -1,0 +1,90 @@
+// Built-in models, written functionally on ATen so they are twice differentiable everywhere:
+// an MLP, a GPT with nanoGPT's parameter names (pre-LayerNorm, plain softmax causal attention,
+// exact GELU, tied or untied head), and the two model problems of the seed papers whose
+// curvature is known in closed form (model_problems.h). All are described by a small JSON config.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "curv/core/objective.h"
+
+namespace curv {
+
+struct GptConfig {
+  int64_t vocab_size = 512;
+  int64_t block_size = 64;  // context length; inputs are (batch, T <= block_size) int64 tokens
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  bool bias = true;  // biases in Linear and LayerNorm, as nanoGPT's `bias`
+  bool tied = true;  // lm_head shares transformer.wte.weight
+};
+
+struct MlpConfig {
+  std::vector<int64_t> sizes = {8, 16, 4};  // input, hidden..., output
+  std::string activation = "tanh";          // tanh | gelu | relu | sigmoid
+  std::string loss = "cross_entropy";       // cross_entropy (int64 targets) | mse
+};
+
+// The structured quadratic L(W) = ½·w_L·‖W‖² + ½·(w_H − w_L)·‖U_kᵀ W V_k‖² of one matrix
+// W (rows × cols): its Hessian w_L·I⊗I + (w_H − w_L)·P_V⊗P_U has Kronecker rank 2 with jointly
+// diagonal factors, curvature w_H on the modes u_i v_jᵀ with i, j < k and w_L on all others,
+// k = alpha·min(rows, cols). Training starts at W_0 = U diag(d) Vᵀ with d_i = d_high for i < k,
+// d_low otherwise. U, V are orthogonal: random (from basis_seed) or the identity.
+struct QuadraticConfig {
+  int64_t rows = 32;
+  int64_t cols = 32;
+  double alpha = 0.25;    // fraction of the min(rows, cols) diagonal modes with curvature w_high
+  double w_high = 10.0;
+  double w_low = 1.0;
+  double d_high = 1.0;    // initial singular values on the high- and low-curvature modes
+  double d_low = 1.0;
+  std::string basis = "random";  // random | identity
+  uint64_t basis_seed = 0;
+  int64_t high_modes() const;    // k
+};
+
+// The one-layer linear associative memory with softmax retrieval: class c's key e_in(c) is
+// mapped to logits E_out·W·e_in(c) over the classes, loss cross-entropy against the stored
+// class. Keys and output embeddings are fixed (orthonormal rows, or Gaussian / sqrt(dim) rows
+// when dim < classes) from embedding_seed; W (dim × dim) starts at zero. Class frequencies come
+// with the data (power law p_c ∝ (c+1)^(−s), class 0 the most frequent).
+struct MemoryConfig {
+  int64_t classes = 64;
+  int64_t dim = 64;
+  std::string embeddings = "orthonormal";  // orthonormal (needs dim >= classes) | gaussian
+  uint64_t embedding_seed = 0;
+};
+
+struct ModelConfig {
+  std::string arch = "gpt";  // gpt | mlp | quadratic | memory
+  GptConfig gpt;
+  MlpConfig mlp;
+  QuadraticConfig quadratic;
+  MemoryConfig memory;
+
+  void validate() const;  // throws InvalidArgument naming the field and value
+  // JSON: {"arch": "gpt", "vocab_size": 512, "n_layer": 4, ...} or
+  //       {"arch": "mlp", "sizes": [8, 16, 4], "activation": "tanh", "loss": "cross_entropy"},
+  //       {"arch": "quadratic", "rows": 32, "cols": 32, "alpha": 0.25, "w_high": 10, ...},
+  //       {"arch": "memory", "classes": 64, "dim": 64, "embeddings": "orthonormal"}.
+  static ModelConfig from_json(const std::string& text, const std::string& origin = "<json>");
+  static ModelConfig from_file(const std::string& path);
+  std::string to_json() const;
+  std::string describe() const;
+};
+
+struct ModelInit {
+  uint64_t seed = 0;
+  at::ScalarType dtype = at::ScalarType::Float;
+  std::string device = "cpu";
+};
+
+// A built-in model with nanoGPT-style initialisation (normal(0, 0.02), residual projections
+// scaled by 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains) drawn from `init.seed`.
+std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit& init = {});
+
+}  // namespace curv

@@ -1,0 +1,116 @@
+// Optimizers as update rules u = rule(θ, g, state): the same objects train models (θ ← θ + u),
+// rebuild the step an optimizer would take at a checkpoint from its saved state, and take what-if
+// steps from fresh state. AdamW, Muon (and variants), NorMuon, SGD, signSGD, Signum, Lion.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "curv/core/param_space.h"
+#include "curv/core/structure.h"
+
+namespace curv {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Hyper-parameters of every optimizer; each reads the fields it needs (see docs/optimizers.md).
+struct OptimizerConfig {
+  std::string name = "adamw";  // adamw | muon | normuon | sgd | signsgd | signum | lion
+  double lr = 1e-3;
+  double weight_decay = 0.0;   // decoupled (θ ← θ(1 − lr·wd)) except SGD's L2 form
+  double beta1 = 0.9;          // AdamW/Lion β₁; Signum/Muon/SGD use `momentum`
+  double beta2 = 0.999;        // AdamW β₂; Lion β₂; NorMuon second-moment β₂
+  double eps = 1e-8;           // AdamW ε
+  double momentum = 0.0;       // SGD μ, Signum β, Muon/NorMuon μ
+  double dampening = 0.0;      // SGD τ
+  bool nesterov = false;       // SGD and Muon
+  // Muon family
+  bool sum_momentum = false;   // B = μB + g (torch.optim.Muon, Moonlight) instead of the EMA form
+  bool rms_scale = false;      // scale 0.2·sqrt(max(rows, cols)) instead of sqrt(max(1, rows/cols))
+  int64_t ns_steps = 5;        // Newton–Schulz iterations
+  bool exact_polar = false;    // U Vᵀ from an SVD instead of Newton–Schulz (analysis only)
+  // The AdamW that Muon/NorMuon apply to parameters outside their partition.
+  double adam_lr = 1e-3;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double adam_weight_decay = 0.0;
+  // Parameters the Muon family orthogonalises (regex on names). Empty: every parameter with
+  // ndim >= 2 except embeddings and the output head.
+  std::string muon_params;
+
+  // Defaults of each optimizer (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
+  // wd 1e-2; muon lr 0.02, μ 0.95, Nesterov; normuon lr 0.02, μ 0.95, β₂ 0.95; sgd lr 0.1;
+  // signsgd lr 1e-3; signum lr 1e-3, β 0.9; lion lr 1e-4, β (0.9, 0.99).
+  static OptimizerConfig defaults(const std::string& name);
+  // "adamw", "adamw:lr=1e-3,weight_decay=0.1", "muon:sum_momentum=1,rms_scale=1"; keys are the
+  // field names. Starts from defaults(name). InvalidArgument names the bad key or value.
+  static OptimizerConfig parse(const std::string& spec);
+  void set(const std::string& key, const std::string& value);  // one field by name
+  // Numeric fields by name, as stored in meta.json's "optimizer.hyper".
+  std::vector<std::pair<std::string, double>> hyper() const;
+  std::string to_json() const;  // {"name": ..., "hyper": {...}, "muon_params": ...}
+  void validate() const;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  const OptimizerConfig& config() const { return config_; }
+  OptimizerConfig& mutable_config() { return config_; }  // e.g. the lr of a schedule
+  int64_t step_count() const { return step_count_; }
+
+  // The displacement u of the next step from θ with gradient g; advances the state.
+  ParamVector step(const ParamVector& theta, const ParamVector& grad);
+  // The same u without touching the state.
+  ParamVector peek(const ParamVector& theta, const ParamVector& grad) const;
+
+  // State as "<param>.<key>" tensors (PyTorch's key names: exp_avg, exp_avg_sq,
+  // momentum_buffer, ...), and back. load_state checks every tensor's presence and shape and
+  // names the parameter and key on error; `source` names the file in messages.
+  NamedTensors state() const;
+  void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& source);
+  // Which rule each parameter gets ("muon" or "adamw" for the Muon family, else the name).
+  std::vector<std::string> partition() const;
+  // meta.json's "optimizer" object: name, hyper, step_count, muon_params and the partition
+  // ({"param": "muon" | "adamw" | ...}), as checkpoints record it.
+  std::string meta_json() const;
+  virtual std::unique_ptr<Optimizer> clone() const = 0;
+
+ protected:
+  Optimizer(OptimizerConfig config, const ParamSpace& space);
+  // Per-parameter rule: writes u for parameter i and updates its state slots.
+  virtual at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& grad,
+                            int64_t t) = 0;
+  // State slots parameter i needs (e.g. {"exp_avg", "exp_avg_sq"}).
+  virtual std::vector<std::string> slots(size_t i) const = 0;
+  virtual std::string rule(size_t) const { return config_.name; }
+  // Shape of a state slot; the parameter's shape unless a rule keeps reduced statistics.
+  virtual std::vector<int64_t> slot_shape(size_t i, const std::string& key) const;
+  at::Tensor& slot(size_t i, const std::string& key, const at::Tensor& like);
+
+  OptimizerConfig config_;
+  ParamSpace space_;
+  int64_t step_count_ = 0;
+  // state_[i][key]
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> state_;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space);
+
+// Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix
+// (4-D tensors viewed as (out, −1)), after Frobenius normalisation; transposes when rows > cols.
+at::Tensor newton_schulz(const at::Tensor& g, int64_t steps = 5);
+// U Vᵀ from the thin SVD of g: the exact polar factor, the limit of Newton–Schulz. Directions of
+// singular values below max(rows, cols)·eps·σ_max (a rank-deficient g) map to zero, as they do
+// under Newton–Schulz.
+at::Tensor polar_factor(const at::Tensor& g);
+// Muon's scale for a rows x cols update: sqrt(max(1, rows/cols)), or 0.2·sqrt(max(rows, cols)).
+double muon_scale(int64_t rows, int64_t cols, bool rms_scale);
+
+}  // namespace curv

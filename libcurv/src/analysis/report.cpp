@@ -1,0 +1,313 @@
+#include "curv/analysis/report.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <variant>
+
+#include "curv/core/error.h"
+#include "curv/io/h5_file.h"
+#include "curv/analysis/taylor.h"
+#include "curv/analysis/within.h"
+
+namespace curv {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Columns of the long table /taylor, in order. Kept in one place: the writer, the resume check
+// and docs/hdf5-schema.md follow it.
+const std::vector<std::string> kTaylorDoubles = {
+    "loss", "first_order", "curvature", "predicted", "realized", "nds", "update_norm",
+    "sq_norm", "row_sum", "within", "cross", "rho_within", "eta_star"};
+
+Table empty_taylor_table() {
+  Table t;
+  t.add_column("run", std::vector<std::string>{});
+  t.add_column("step", std::vector<int64_t>{});
+  t.add_column("direction", std::vector<std::string>{});
+  t.add_column("block", std::vector<std::string>{});
+  for (const auto& c : kTaylorDoubles) t.add_column(c, std::vector<double>{});
+  return t;
+}
+
+Table empty_status_table() {
+  Table t;
+  t.add_column("run", std::vector<std::string>{});
+  t.add_column("step", std::vector<int64_t>{});
+  t.add_column("direction", std::vector<std::string>{});
+  t.add_column("status", std::vector<std::string>{});
+  t.add_column("message", std::vector<std::string>{});
+  return t;
+}
+
+std::string step_group(const std::string& run, int64_t step) {
+  return fmt::format("/runs/{}/step_{}", run, step);
+}
+
+void check_name(const std::string& what, const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    throw InvalidArgument(fmt::format("{} name '{}' cannot be an HDF5 group name (empty, '/', "
+                                      "'.' or '..')", what, name));
+  }
+}
+
+}  // namespace
+
+// The rows of `table` that are not of unit (run, step, direction).
+Table without_unit(const Table& table, const std::string& run, int64_t step,
+                   const std::string& direction) {
+  const auto& runs = table.strings("run");
+  const auto& steps = table.int64s("step");
+  const auto& directions = table.strings("direction");
+  std::vector<size_t> keep;
+  for (size_t i = 0; i < table.num_rows(); ++i) {
+    if (!(runs[i] == run && steps[i] == step && directions[i] == direction)) keep.push_back(i);
+  }
+  if (keep.size() == table.num_rows()) return table;
+  Table out;
+  for (const auto& name : table.names()) {
+    std::visit(
+        [&](const auto& values) {
+          std::decay_t<decltype(values)> kept;
+          for (size_t i : keep) kept.push_back(values[i]);
+          out.add_column(name, std::move(kept));
+        },
+        table.column(name));
+  }
+  return out;
+}
+
+std::string unit_path(const std::string& run, int64_t step, const std::string& direction) {
+  return step_group(run, step) + "/" + direction;
+}
+
+ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
+    : path_(std::move(path)),
+      taylor_(std::make_unique<Table>(empty_taylor_table())),
+      status_(std::make_unique<Table>(empty_status_table())) {
+  const auto parent = std::filesystem::path(path_).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+    throw InvalidArgument(fmt::format("output '{}': directory '{}' does not exist", path_,
+                                      parent.string()));
+  }
+  if (resume && std::filesystem::exists(path_)) {
+    writer_ = std::make_unique<H5Writer>(H5Writer::load(path_));
+    H5Reader reader(path_);
+    auto check = [&](const char* key, const std::string& ours) {
+      const std::string theirs = reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
+      if (theirs != ours) {
+        throw InvalidArgument(fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
+                                          "(write to a new file, or drop --resume to replace it)",
+                                          path_, key, theirs, ours));
+      }
+    };
+    check("model", p.model);
+    check("dtype", p.dtype);
+    check("probe_hash", p.probe_hash);
+    check("blocks", p.blocks);
+    check("seed", std::to_string(p.seed));
+    if (reader.exists("/taylor")) *taylor_ = reader.table("/taylor");
+    if (reader.exists("/status")) *status_ = reader.table("/status");
+  } else {
+    writer_ = std::make_unique<H5Writer>(path_);
+  }
+  auto& w = *writer_;
+  w.attribute("/", "tool", p.tool);
+  w.attribute("/", "version", p.version);
+  w.attribute("/", "command_line", p.command_line);
+  w.attribute("/", "model", p.model);
+  w.attribute("/", "dtype", p.dtype);
+  // Written as text so resume compares it exactly, whatever its size.
+  w.attribute("/", "seed", std::to_string(p.seed));
+  w.attribute("/", "probe_examples", p.probe_examples);
+  w.attribute("/", "probe_batches", p.probe_batches);
+  w.attribute("/", "probe_hash", p.probe_hash);
+  w.attribute("/", "threads", p.threads);
+  w.attribute("/", "runtime", p.runtime);
+  w.attribute("/", "blocks", p.blocks);
+  w.attribute("/", "hvp_method", p.hvp_method);
+  w.attribute("/", "schema", std::string("libcurv-probe/1"));
+  for (const auto& [key, value] : p.extra) w.attribute("/", key, value);
+}
+
+ProbeReport::~ProbeReport() = default;
+
+H5Writer& ProbeReport::writer() { return *writer_; }
+const Table& ProbeReport::taylor_table() const { return *taylor_; }
+const Table& ProbeReport::status_table() const { return *status_; }
+
+bool ProbeReport::done(const std::string& run, int64_t step, const std::string& direction) const {
+  // A unit recorded as unavailable (a delta at the then-last checkpoint) is tried again: later
+  // checkpoints may have arrived since.
+  return writer_->exists(unit_path(run, step, direction)) &&
+         status_of(run, step, direction) != "unavailable";
+}
+
+std::string ProbeReport::status_of(const std::string& run, int64_t step,
+                                   const std::string& direction) const {
+  const auto& runs = status_->strings("run");
+  const auto& steps = status_->int64s("step");
+  const auto& directions = status_->strings("direction");
+  const auto& statuses = status_->strings("status");
+  for (size_t i = 0; i < status_->num_rows(); ++i) {
+    if (runs[i] == run && steps[i] == step && directions[i] == direction) return statuses[i];
+  }
+  return "";
+}
+
+void ProbeReport::drop_status(const std::string& run, int64_t step, const std::string& direction) {
+  *status_ = without_unit(*status_, run, step, direction);
+}
+
+void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm) {
+  check_name("run", run);
+  const std::string g = step_group(run, step);
+  writer_->group(g);
+  writer_->attribute(g, "step", step);
+  writer_->attribute(g, "loss", loss);
+  writer_->attribute(g, "grad_norm", grad_norm);
+}
+
+void ProbeReport::set_run_attribute(const std::string& run, const std::string& key,
+                                    const std::string& value) {
+  check_name("run", run);
+  writer_->attribute("/runs/" + run, key, value);
+}
+
+void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::string& direction,
+                             const TaylorResult& r, const WithinReport* within) {
+  check_name("run", run);
+  check_name("direction", direction);
+  auto& w = *writer_;
+  const std::string g = unit_path(run, step, direction);
+  w.remove(g);
+  w.group(g);
+  drop_status(run, step, direction);
+  *taylor_ = without_unit(*taylor_, run, step, direction);
+  const std::pair<const char*, double> scalars[] = {
+      {"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
+      {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},
+      {"eta_star", r.eta_star}, {"update_norm", r.update_norm}, {"s_within", r.s_within},
+      {"s_cross", r.s_cross}, {"rho_within", r.rho_within}, {"seconds", r.seconds}};
+  for (const auto& [key, value] : scalars) w.attribute(g, key, value);
+  w.attribute(g, "hvps", r.hvps);
+  w.attribute(g, "coupling_mode", to_string(r.coupling_mode));
+
+  const double u_sq = r.update_norm * r.update_norm;
+  Table blocks;
+  blocks.add_column("name", r.blocks, [](const BlockTerms& b) { return b.name; });
+  blocks.add_column("sq_norm", r.blocks, [](const BlockTerms& b) { return b.sq_norm; });
+  blocks.add_column("first_order", r.blocks, [](const BlockTerms& b) { return b.first_order; });
+  blocks.add_column("curvature", r.blocks, [](const BlockTerms& b) { return b.curvature; });
+  blocks.add_column("curvature_stderr", r.blocks, [](const BlockTerms& b) { return b.curvature_stderr; });
+  blocks.add_column("row_sum", r.blocks, [](const BlockTerms& b) { return b.row_sum; });
+  blocks.add_column("nds", r.blocks, [](const BlockTerms& b) { return b.nds; });
+  w.table(g + "/blocks", blocks);
+  if (r.coupling.size() > 0) {
+    const auto L = static_cast<uint64_t>(r.coupling.rows());
+    std::vector<double> c(L * L);
+    for (uint64_t i = 0; i < L; ++i)
+      for (uint64_t j = 0; j < L; ++j) c[i * L + j] = r.coupling(i, j);
+    w.dataset(g + "/coupling", c, {L, L});
+  }
+  if (!r.multipliers.empty()) {
+    Table m;
+    m.add_column("eta", r.multipliers, [](const MultiplierTerms& x) { return x.eta; });
+    m.add_column("predicted", r.multipliers, [](const MultiplierTerms& x) { return x.predicted; });
+    m.add_column("realized", r.multipliers, [](const MultiplierTerms& x) { return x.realized; });
+    w.table(g + "/multipliers", m);
+  }
+  if (within) {
+    const std::string wg = g + "/within";
+    w.group(wg);
+    w.attribute(wg, "hvps", within->hvps);
+    w.attribute(wg, "skipped", within->skipped);
+    std::vector<std::string> params;
+    for (const auto& p : within->params) params.push_back(p.name);
+    w.attribute(wg, "params", params);
+    for (const auto& p : within->params) {
+      const std::string pg = wg + "/" + p.name;
+      w.group(pg);
+      std::vector<double> shape(p.shape.begin(), p.shape.end());
+      w.attribute(pg, "shape", shape);
+      w.attribute(pg, "sq_norm", p.sq_norm);
+      w.attribute(pg, "svd_entropy", p.svd_entropy);
+      w.attribute(pg, "effective_rank", p.effective_rank);
+      w.attribute(pg, "top_k_energy", p.top_k_energy);
+      w.dataset(pg + "/singular_values", p.singular_values);
+      Table modes;
+      modes.add_column("index", p.modes, [](const ModeTerms& m) { return m.index; });
+      modes.add_column("sigma", p.modes, [](const ModeTerms& m) { return m.sigma; });
+      modes.add_column("energy_share", p.modes, [](const ModeTerms& m) { return m.energy_share; });
+      modes.add_column("curvature", p.modes, [](const ModeTerms& m) { return m.curvature; });
+      w.table(pg + "/modes", modes);
+      Table groups;
+      groups.add_column("name", p.groups, [](const GroupTerms& x) { return x.name; });
+      groups.add_column("sq_norm", p.groups, [](const GroupTerms& x) { return x.sq_norm; });
+      groups.add_column("curvature", p.groups, [](const GroupTerms& x) { return x.curvature; });
+      groups.add_column("nds", p.groups, [](const GroupTerms& x) { return x.nds; });
+      w.table(pg + "/groups", groups);
+    }
+  }
+
+  // Long-format rows: the total, then one per block.
+  Table rows;
+  const size_t n = r.blocks.size() + 1;
+  std::vector<std::string> run_col(n, run), dir_col(n, direction), block_col;
+  std::vector<int64_t> step_col(n, step);
+  std::map<std::string, std::vector<double>> cols;
+  auto push = [&](const std::string& block, std::map<std::string, double> v) {
+    block_col.push_back(block);
+    for (const auto& c : kTaylorDoubles) cols[c].push_back(v.count(c) ? v[c] : kNaN);
+  };
+  push("total", {{"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
+                 {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},
+                 {"update_norm", r.update_norm}, {"sq_norm", u_sq},
+                 {"row_sum", r.curvature}, {"within", r.s_within}, {"cross", r.s_cross},
+                 {"rho_within", r.rho_within}, {"eta_star", r.eta_star}});
+  for (const auto& b : r.blocks) {
+    // A block's predicted share g_l·u_l + ½ u_lᵀ(Hu)_l: the shares add up to the total.
+    push(b.name, {{"loss", r.loss}, {"first_order", b.first_order}, {"curvature", b.curvature},
+                  {"predicted", b.first_order + 0.5 * b.row_sum}, {"nds", b.nds},
+                  {"update_norm", std::sqrt(b.sq_norm)}, {"sq_norm", b.sq_norm},
+                  {"row_sum", b.row_sum}, {"within", b.curvature / u_sq},
+                  {"cross", (b.row_sum - b.curvature) / u_sq}});
+  }
+  rows.add_column("run", run_col);
+  rows.add_column("step", step_col);
+  rows.add_column("direction", dir_col);
+  rows.add_column("block", block_col);
+  for (const auto& c : kTaylorDoubles) rows.add_column(c, cols[c]);
+  taylor_->append_rows(rows);
+}
+
+void ProbeReport::add_status(const std::string& run, int64_t step, const std::string& direction,
+                             const std::string& status, const std::string& message) {
+  check_name("run", run);
+  check_name("direction", direction);
+  const std::string g = unit_path(run, step, direction);
+  writer_->remove(g);
+  writer_->group(g);
+  drop_status(run, step, direction);
+  writer_->attribute(g, "status", status);
+  writer_->attribute(g, "message", message);
+  Table row;
+  row.add_column("run", std::vector<std::string>{run});
+  row.add_column("step", std::vector<int64_t>{step});
+  row.add_column("direction", std::vector<std::string>{direction});
+  row.add_column("status", std::vector<std::string>{status});
+  row.add_column("message", std::vector<std::string>{message});
+  status_->append_rows(row);
+}
+
+void ProbeReport::commit() {
+  writer_->table("/taylor", *taylor_);
+  writer_->table("/status", *status_);
+  writer_->commit();
+}
+
+}  // namespace curv

@@ -1,0 +1,178 @@
+#include "curv/core/param_space.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "core/fmt_torch.h"
+
+#include <algorithm>
+
+#include "curv/core/error.h"
+#include "core/strings.h"
+
+namespace curv {
+
+ParamSpace::ParamSpace(const std::vector<std::string>& names, const std::vector<at::Tensor>& like) {
+  if (names.size() != like.size()) {
+    throw InvalidArgument(fmt::format("ParamSpace: {} names for {} tensors", names.size(),
+                                      like.size()));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (by_name_.count(names[i])) {
+      throw InvalidArgument(fmt::format("ParamSpace: parameter name '{}' appears twice", names[i]));
+    }
+    ParamInfo info;
+    info.name = names[i];
+    info.shape = like[i].sizes().vec();
+    info.numel = like[i].numel();
+    info.offset = numel_;
+    numel_ += info.numel;
+    by_name_[info.name] = i;
+    params_.push_back(std::move(info));
+  }
+}
+
+std::vector<std::string> ParamSpace::names() const {
+  std::vector<std::string> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_) out.push_back(p.name);
+  return out;
+}
+
+std::optional<size_t> ParamSpace::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t ParamSpace::index(const std::string& name) const {
+  if (auto i = find(name)) return *i;
+  throw InvalidArgument(fmt::format("no parameter named '{}'{}", name,
+                                    did_you_mean(name, names())));
+}
+
+namespace {
+
+void check_aligned(const ParamVector& a, const ParamVector& b, const char* op) {
+  if (a.size() != b.size()) {
+    throw InvalidArgument(fmt::format("{}: parameter vectors of {} and {} tensors", op, a.size(),
+                                      b.size()));
+  }
+}
+
+double tensor_dot(const at::Tensor& a, const at::Tensor& b) {
+  return at::sum(a.to(at::kDouble) * b.to(at::kDouble)).item<double>();
+}
+
+}  // namespace
+
+double dot(const ParamVector& a, const ParamVector& b) {
+  check_aligned(a, b, "dot");
+  double total = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) total += tensor_dot(a[i], b[i]);
+  return total;
+}
+
+double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices) {
+  check_aligned(a, b, "dot");
+  double total = 0.0;
+  for (size_t i : indices) total += tensor_dot(a.at(i), b.at(i));
+  return total;
+}
+
+double squared_norm(const ParamVector& a) {
+  double total = 0.0;
+  for (const auto& t : a) {
+    const double n = t.to(at::kDouble).norm().item<double>();
+    total += n * n;
+  }
+  return total;
+}
+
+double norm(const ParamVector& a) { return std::sqrt(squared_norm(a)); }
+
+void axpy(double alpha, const ParamVector& x, ParamVector& y) {
+  check_aligned(x, y, "axpy");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < x.size(); ++i) y[i].add_(x[i].to(y[i].scalar_type()), alpha);
+}
+
+ParamVector scaled(const ParamVector& x, double alpha) {
+  ParamVector out;
+  out.reserve(x.size());
+  for (const auto& t : x) out.push_back(t.detach() * alpha);
+  return out;
+}
+
+ParamVector add(const ParamVector& a, const ParamVector& b) {
+  check_aligned(a, b, "add");
+  ParamVector out;
+  for (size_t i = 0; i < a.size(); ++i) out.push_back(a[i].detach() + b[i].detach());
+  return out;
+}
+
+ParamVector sub(const ParamVector& a, const ParamVector& b) {
+  check_aligned(a, b, "sub");
+  ParamVector out;
+  for (size_t i = 0; i < a.size(); ++i) out.push_back(a[i].detach() - b[i].detach());
+  return out;
+}
+
+ParamVector zeros_like(const ParamVector& x) {
+  ParamVector out;
+  for (const auto& t : x) out.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+  return out;
+}
+
+ParamVector clone(const ParamVector& x) {
+  ParamVector out;
+  for (const auto& t : x) out.push_back(t.detach().clone(at::MemoryFormat::Contiguous));
+  return out;
+}
+
+ParamVector detached(const ParamVector& x) {
+  ParamVector out;
+  for (const auto& t : x) out.push_back(t.detach());
+  return out;
+}
+
+ParamVector masked(const ParamVector& x, const std::vector<size_t>& indices) {
+  ParamVector out = zeros_like(x);
+  for (size_t i : indices) out.at(i) = x.at(i).detach();
+  return out;
+}
+
+bool all_finite(const ParamVector& x) {
+  for (const auto& t : x) {
+    if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+void to_flat(const ParamVector& x, double* out) {
+  int64_t offset = 0;
+  for (const auto& t : x) {
+    auto flat = t.detach().to(at::kCPU, at::kDouble).contiguous().view(-1);
+    std::copy_n(flat.data_ptr<double>(), flat.numel(), out + offset);
+    offset += flat.numel();
+  }
+}
+
+ParamVector from_flat(const double* data, const ParamSpace& space, const ParamVector& like) {
+  if (like.size() != space.size()) {
+    throw InvalidArgument(fmt::format("from_flat: {} template tensors for a space of {}",
+                                      like.size(), space.size()));
+  }
+  ParamVector out;
+  out.reserve(space.size());
+  for (size_t i = 0; i < space.size(); ++i) {
+    const auto& info = space[i];
+    auto cpu = at::from_blob(const_cast<double*>(data) + info.offset, info.shape,
+                             at::TensorOptions().dtype(at::kDouble));
+    out.push_back(cpu.to(like[i].device(), like[i].scalar_type(), /*non_blocking=*/false,
+                          /*copy=*/true));
+  }
+  return out;
+}
+
+}  // namespace curv

@@ -1,0 +1,851 @@
+// PyTorch checkpoint layouts (nanoGPT, Hugging Face Trainer, step_<N>.pt) converted into the
+// native Checkpoint form, and the mapping of torch optimizer state from indices to names.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "curv/io/checkpoint.h"
+#include "curv/core/error.h"
+#include "curv/core/structure.h"
+#include "curv/io/safetensors.h"
+#include "curv/io/torch_file.h"
+#include "core/strings.h"
+#include "io/torch_layouts.h"
+
+namespace curv {
+
+namespace fs = std::filesystem;
+using Kind = PyValue::Kind;
+
+struct IndexedOptimizerState {
+  struct Group {
+    std::vector<int64_t> params;  // indices, in the group's order
+    nlohmann::json hyper;         // libcurv's field names
+    // The parameter names, when the optimizer recorded them (param_names, PyTorch >= 2.6).
+    std::vector<std::string> names;
+    // Keller Jordan's MuonWithAuxAdam marks each group: orthogonalised (true) or AdamW (false).
+    std::optional<bool> use_muon;
+  };
+  std::vector<Group> groups;
+  std::map<int64_t, NamedTensors> state;  // index -> (key, tensor), non-scalar states only
+  std::string origin;                     // "<file> ['optimizer']" for messages
+};
+
+namespace {
+
+constexpr const char* kCompilePrefix = "_orig_mod.";
+
+std::optional<int64_t> digits(const std::string& text) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+bool has_suffix(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// nanoGPT's checkpoints: ckpt.pt, ckpt_<anything>.pt.
+bool is_nanogpt_file(const std::string& name) {
+  return has_suffix(name, ".pt") && (name == "ckpt.pt" || name.rfind("ckpt_", 0) == 0);
+}
+
+std::optional<int64_t> hf_step(const std::string& name) {
+  if (name.rfind("checkpoint-", 0) != 0) return std::nullopt;
+  return digits(name.substr(11));
+}
+
+std::optional<int64_t> pt_step(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || !has_suffix(name, ".pt")) return std::nullopt;
+  return digits(name.substr(5, name.size() - 8));
+}
+
+const PyValue& require(const PyValue* v, const std::string& origin, const std::string& key,
+                       Kind kind) {
+  if (!v) throw FormatError(fmt::format("{}: no key '{}'", origin, key));
+  if (!v->is(kind)) {
+    PyValue expected;
+    expected.kind = kind;
+    throw FormatError(fmt::format("{}: '{}' is a {}, expected a {}", origin, key, v->type_name(),
+                                  expected.type_name()));
+  }
+  return *v;
+}
+
+// nanoGPT's causal-mask buffer: "...attn.bias", a (1, 1, T, T) tensor when flash attention is off.
+bool is_causal_mask(const std::string& name, size_t ndim) {
+  return ndim == 4 && has_suffix(name, ".attn.bias");
+}
+
+// A model state dict: string keys to tensors. nanoGPT's causal-mask buffer ("...attn.bias", a
+// (1, 1, T, T) tensor when flash attention is off) is not a parameter and is dropped.
+NamedTensors state_dict(const PyValue& dict, const std::string& origin) {
+  NamedTensors out;
+  std::set<std::string> seen;
+  for (const auto& [key, value] : dict.entries) {
+    if (!key->is(Kind::kString)) {
+      throw FormatError(fmt::format("{}: state dict key {} is not a string", origin, key->brief()));
+    }
+    std::string name = key->text;
+    if (name.rfind(kCompilePrefix, 0) == 0) name = name.substr(std::string(kCompilePrefix).size());
+    if (!value->is(Kind::kTensor)) {
+      throw FormatError(fmt::format("{}: state dict entry '{}' is a {}, not a tensor", origin,
+                                    key->text, value->type_name()));
+    }
+    if (is_causal_mask(name, value->shape.size())) continue;
+    if (!seen.insert(name).second) {
+      throw FormatError(fmt::format("{}: parameter '{}' appears twice (with and without the "
+                                    "'{}' prefix)", origin, name, kCompilePrefix));
+    }
+    out.emplace_back(name, value->tensor);
+  }
+  return out;
+}
+
+bool all_tensors(const PyValue& dict) {
+  if (!dict.is(Kind::kDict) || dict.entries.empty()) return false;
+  for (const auto& [k, v] : dict.entries) {
+    if (!k->is(Kind::kString) || !v->is(Kind::kTensor)) return false;
+  }
+  return true;
+}
+
+double number(const PyValue& v, const std::string& origin, const std::string& key) {
+  if (v.is(Kind::kInt)) return static_cast<double>(v.integer);
+  if (v.is(Kind::kFloat)) return v.real;
+  if (v.is(Kind::kBool)) return v.boolean ? 1.0 : 0.0;
+  if (v.is(Kind::kTensor) && v.tensor.defined() && v.tensor.numel() == 1) {
+    return v.tensor.to(at::kDouble).item<double>();
+  }
+  throw FormatError(fmt::format("{}: '{}' is {}, expected a number", origin, key, v.brief()));
+}
+
+// torch param_group keys -> libcurv's hyper-parameter names (betas split in two).
+nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
+  nlohmann::json hyper = nlohmann::json::object();
+  for (const auto& [k, v] : group.entries) {
+    if (!k->is(Kind::kString)) continue;
+    const std::string& key = k->text;
+    const std::string where = "param_groups[]." + key;
+    if (key == "betas") {
+      if ((!v->is(Kind::kTuple) && !v->is(Kind::kList)) || v->items.size() != 2) {
+        throw FormatError(fmt::format("{}: '{}' is {}, expected (beta1, beta2)", origin, where,
+                                      v->brief()));
+      }
+      hyper["beta1"] = number(*v->items[0], origin, where);
+      hyper["beta2"] = number(*v->items[1], origin, where);
+    } else if (key == "lr" || key == "eps" || key == "weight_decay" || key == "momentum" ||
+               key == "dampening" || key == "nesterov") {
+      if (v->is(Kind::kNone)) continue;
+      hyper[key] = number(*v, origin, where);
+    }
+  }
+  return hyper;
+}
+
+// optimizer.state_dict(): {'state': {index: {key: tensor | number}}, 'param_groups': [...]}.
+// Also fills meta["optimizer"] with the name inferred from the state keys (torch does not save
+// the optimizer's class), group 0's hyper-parameters and the step count.
+std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
+                                                             const std::string& origin,
+                                                             nlohmann::json& meta) {
+  auto out = std::make_shared<IndexedOptimizerState>();
+  out->origin = origin;
+  const auto& state = require(dict.find("state"), origin, "state", Kind::kDict);
+  const auto& groups = require(dict.find("param_groups"), origin, "param_groups", Kind::kList);
+  std::set<int64_t> indices;
+  bool amsgrad = false;
+  for (size_t g = 0; g < groups.items.size(); ++g) {
+    const std::string where = fmt::format("param_groups[{}]", g);
+    const auto& group = *groups.items[g];
+    if (!group.is(Kind::kDict)) {
+      throw FormatError(fmt::format("{}: '{}' is a {}, expected a dict", origin, where,
+                                    group.type_name()));
+    }
+    const auto& params = require(group.find("params"), origin, where + ".params", Kind::kList);
+    IndexedOptimizerState::Group parsed;
+    for (const auto& p : params.items) {
+      if (!p->is(Kind::kInt) || !indices.insert(p->integer).second) {
+        throw FormatError(fmt::format("{}: '{}.params' holds {} (expected distinct integers)",
+                                      origin, where, p->brief()));
+      }
+      parsed.params.push_back(p->integer);
+    }
+    parsed.hyper = group_hyper(group, origin);
+    if (const PyValue* flag = group.find("use_muon"); flag && flag->is(Kind::kBool)) {
+      parsed.use_muon = flag->boolean;
+      if (!flag->boolean) {
+        // The auxiliary AdamW's hyper-parameters have their own names in libcurv's Muon.
+        nlohmann::json adam = nlohmann::json::object();
+        for (const auto& [key, value] : parsed.hyper.items()) {
+          adam[key == "weight_decay" ? "adam_weight_decay" : "adam_" + key] = value;
+        }
+        parsed.hyper = adam;
+      }
+    }
+    // torch.optim.Muon: the sum form of momentum, and optionally the RMS-matching scale.
+    if (group.find("ns_coefficients")) {
+      parsed.hyper["sum_momentum"] = 1.0;
+      const PyValue* adjust = group.find("adjust_lr_fn");
+      parsed.hyper["rms_scale"] =
+          adjust && adjust->is(Kind::kString) && adjust->text == "match_rms_adamw" ? 1.0 : 0.0;
+      if (const PyValue* steps = group.find("ns_steps"); steps && steps->is(Kind::kInt)) {
+        parsed.hyper["ns_steps"] = static_cast<double>(steps->integer);
+      }
+    }
+    if (const PyValue* names = group.find("param_names")) {
+      if (!names->is(Kind::kList) || names->items.size() != parsed.params.size()) {
+        throw FormatError(fmt::format("{}: '{}.param_names' is {}, expected {} names", origin,
+                                      where, names->brief(), parsed.params.size()));
+      }
+      for (const auto& n : names->items) {
+        if (!n->is(Kind::kString)) {
+          throw FormatError(fmt::format("{}: '{}.param_names' holds {}", origin, where, n->brief()));
+        }
+        std::string name = n->text;
+        if (name.rfind(kCompilePrefix, 0) == 0) name = name.substr(std::string(kCompilePrefix).size());
+        parsed.names.push_back(name);
+      }
+    }
+    out->groups.push_back(std::move(parsed));
+    const PyValue* flag = group.find("amsgrad");
+    amsgrad = amsgrad || (flag && flag->is(Kind::kBool) && flag->boolean);
+  }
+  std::set<std::string> keys;
+  std::optional<int64_t> step_count;
+  for (const auto& [k, v] : state.entries) {
+    if (!k->is(Kind::kInt) || !indices.count(k->integer)) {
+      throw FormatError(fmt::format("{}: 'state' key {} is not a parameter index of param_groups",
+                                    origin, k->brief()));
+    }
+    const std::string where = fmt::format("state[{}]", k->integer);
+    if (!v->is(Kind::kDict)) {
+      throw FormatError(fmt::format("{}: '{}' is a {}, expected a dict", origin, where,
+                                    v->type_name()));
+    }
+    NamedTensors tensors;
+    for (const auto& [sk, sv] : v->entries) {
+      if (!sk->is(Kind::kString)) continue;
+      if (sk->text == "step") {
+        step_count = std::max<int64_t>(step_count.value_or(0),
+                                       std::llround(number(*sv, origin, where + ".step")));
+        continue;
+      }
+      if (!sv->is(Kind::kTensor)) continue;  // per-parameter scalars other than step carry no state
+      keys.insert(sk->text);
+      tensors.emplace_back(sk->text, sv->tensor);
+    }
+    out->state.emplace(k->integer, std::move(tensors));
+  }
+  auto& opt = meta["optimizer"];
+  opt = nlohmann::json::object();
+  const nlohmann::json first = out->groups.empty() ? nlohmann::json::object() : out->groups[0].hyper;
+  // Muon keeps a momentum buffer like SGD, but its groups have no dampening (SGD's always do).
+  const bool muon = std::any_of(out->groups.begin(), out->groups.end(),
+                                [](const auto& g) { return g.use_muon.has_value(); }) ||
+                    (keys.count("momentum_buffer") && !groups.items.empty() &&
+                     !groups.items[0]->find("dampening"));
+  std::string name;
+  nlohmann::json hyper = first;
+  if (muon) {
+    name = "muon";
+    // One hyper object for both rules: the first orthogonalised group's, the first AdamW group's.
+    hyper = nlohmann::json::object();
+    for (bool want : {true, false}) {
+      for (const auto& g : out->groups) {
+        if (g.use_muon.value_or(true) == want) {
+          hyper.update(g.hyper);
+          break;
+        }
+      }
+    }
+  } else if (keys.count("exp_avg_sq") ||
+             (keys.empty() && first.contains("beta2") && first.contains("eps"))) {
+    name = "adamw";
+  } else if (keys.count("momentum_buffer") || (keys.empty() && first.contains("momentum"))) {
+    name = "sgd";
+  } else if (keys.count("exp_avg") && first.contains("beta2")) {
+    name = "lion";
+  }
+  // AMSGrad divides by the running maximum of v̂, a step libcurv does not rebuild: the distinct
+  // name makes a rebuilt adamw direction refuse the state instead of misreading it.
+  if (name == "adamw" && amsgrad) name = "adamw-amsgrad";
+  if (!name.empty()) opt["name"] = name;
+  opt["hyper"] = hyper;
+  if (step_count) opt["step_count"] = *step_count;
+  return out;
+}
+
+struct Interpreted {
+  NamedTensors model;
+  std::shared_ptr<IndexedOptimizerState> optimizer;
+  nlohmann::json meta = nlohmann::json::object();
+  std::string model_origin;  // the file, and the key when the state dict is nested
+};
+
+// A torch.save'd checkpoint object: a bare state dict, or a dict holding one under 'model' (or
+// 'model_state_dict', 'state_dict') and optionally an optimizer state dict under 'optimizer' (or
+// 'optimizer_state_dict'), nanoGPT's 'model_args' and 'iter_num'.
+Interpreted interpret(const PyValue& root, const std::string& file) {
+  Interpreted out;
+  if (!root.is(Kind::kDict)) {
+    throw FormatError(fmt::format("{}: holds a {}, expected a state dict or a dict with 'model'",
+                                  file, root.type_name()));
+  }
+  if (all_tensors(root)) {
+    out.model = state_dict(root, file);
+    out.model_origin = file;
+    return out;
+  }
+  std::string model_key;
+  for (const char* key : {"model", "model_state_dict", "state_dict"}) {
+    if (root.find(key)) {
+      model_key = key;
+      break;
+    }
+  }
+  if (model_key.empty()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : root.entries) keys.push_back(k->brief());
+    throw FormatError(fmt::format("{}: no model state dict: expected tensors or a key 'model', "
+                                  "'model_state_dict' or 'state_dict'; keys: {}", file,
+                                  join(keys, ", ")));
+  }
+  const std::string model_origin = fmt::format("{} ['{}']", file, model_key);
+  out.model_origin = model_origin;
+  out.model = state_dict(require(root.find(model_key), file, model_key, Kind::kDict), model_origin);
+  for (const char* key : {"optimizer", "optimizer_state_dict"}) {
+    const PyValue* opt = root.find(key);
+    if (opt && !opt->is(Kind::kNone)) {
+      const std::string origin = fmt::format("{} ['{}']", file, key);
+      out.optimizer = optimizer_state_dict(require(opt, file, key, Kind::kDict), origin, out.meta);
+      break;
+    }
+  }
+  if (const PyValue* args = root.find("model_args")) {
+    // nanoGPT's GPTConfig; the head is always tied to wte there. Dropout is not carried over:
+    // curvature is measured in eval mode, where it does nothing.
+    const std::string origin = file + " ['model_args']";
+    require(args, file, "model_args", Kind::kDict);
+    nlohmann::json model = {{"arch", "gpt"}, {"tied", true}};
+    for (const char* key : {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"}) {
+      const PyValue* v = args->find(key);
+      if (!v || !v->is(Kind::kInt)) {
+        throw FormatError(fmt::format("{}: '{}' is {}, expected an integer", origin, key,
+                                      v ? v->brief() : "missing"));
+      }
+      model[key] = v->integer;
+    }
+    if (const PyValue* bias = args->find("bias")) {
+      if (!bias->is(Kind::kBool)) {
+        throw FormatError(fmt::format("{}: 'bias' is {}, expected True or False", origin,
+                                      bias->brief()));
+      }
+      model["bias"] = bias->boolean;
+    }
+    out.meta["model"] = model;
+  }
+  if (const PyValue* iter = root.find("iter_num")) {
+    out.meta["step"] = static_cast<int64_t>(std::llround(number(*iter, file, "iter_num")));
+  }
+  return out;
+}
+
+std::vector<CheckpointInfo> sorted_unique(std::vector<CheckpointInfo> found, const std::string& dir,
+                                          const char* expected) {
+  if (found.empty()) {
+    throw FormatError(fmt::format("no checkpoints in {}: expected {}", dir, expected));
+  }
+  std::sort(found.begin(), found.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  for (size_t i = 1; i < found.size(); ++i) {
+    if (found[i].step == found[i - 1].step) {
+      throw FormatError(fmt::format("checkpoint directory {}: {} and {} are both step {}", dir,
+                                    fs::path(found[i - 1].path).filename().string(),
+                                    fs::path(found[i].path).filename().string(), found[i].step));
+    }
+  }
+  return found;
+}
+
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  if (!fs::exists(status)) throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  if (!fs::is_directory(status)) {
+    throw FormatError(fmt::format("checkpoint directory {} is not a directory", dir));
+  }
+  std::vector<std::string> names;
+  try {
+    for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  } catch (const fs::filesystem_error& e) {
+    throw FormatError(fmt::format("checkpoint directory {}: cannot list: {}", dir, e.what()));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The model weights of a Hugging Face folder: one file, or the index of a sharded save.
+std::string hf_model_file(const std::string& folder) {
+  for (const char* name : {"model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                           "pytorch_model.bin.index.json"}) {
+    const std::string path = folder + "/" + name;
+    if (fs::is_regular_file(path)) return path;
+  }
+  return "";
+}
+
+// A safetensors or torch.save weights file, causal-mask buffers dropped.
+NamedTensors read_weights(const std::string& path) {
+  NamedTensors out;
+  if (has_suffix(path, ".safetensors")) {
+    for (auto& [name, t] : SafetensorsReader(path).tensors()) {
+      if (!is_causal_mask(name, t.dim())) out.emplace_back(name, t);
+    }
+    return out;
+  }
+  const auto root = load_torch_file(path);
+  if (!root->is(Kind::kDict)) {
+    throw FormatError(fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
+  }
+  return state_dict(*root, path);
+}
+
+// Every tensor of a sharded save: the shards named by the index's "weight_map", in order of
+// first mention; each tensor must be in the shard the index names.
+NamedTensors read_sharded_weights(const std::string& index_path) {
+  std::ifstream in(index_path);
+  const auto index = nlohmann::json::parse(in, nullptr, false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    throw FormatError(fmt::format("{}: expected a JSON object with a \"weight_map\" object",
+                                  index_path));
+  }
+  std::vector<std::string> shards;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    if (!shard.is_string() || shard.get<std::string>().find('/') != std::string::npos) {
+      throw FormatError(fmt::format("{}: \"weight_map.{}\" must be a file name in the folder, "
+                                    "got {}", index_path, name, shard.dump()));
+    }
+    if (std::find(shards.begin(), shards.end(), shard.get<std::string>()) == shards.end()) {
+      shards.push_back(shard.get<std::string>());
+    }
+  }
+  const std::string folder = fs::path(index_path).parent_path().string();
+  NamedTensors out;
+  for (const auto& shard : shards) {
+    for (auto& [name, t] : read_weights(folder + "/" + shard)) {
+      const auto& map = index["weight_map"];
+      if (map.contains(name) && map[name] != shard) {
+        throw FormatError(fmt::format("{}: tensor '{}' is in {}, but the index places it in {}",
+                                      index_path, name, shard, map[name].dump()));
+      }
+      out.emplace_back(name, t);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+CheckpointLayout parse_checkpoint_layout(const std::string& text) {
+  if (text == "auto") return CheckpointLayout::kAuto;
+  if (text == "native") return CheckpointLayout::kNative;
+  if (text == "nanogpt") return CheckpointLayout::kNanoGPT;
+  if (text == "hf") return CheckpointLayout::kHuggingFace;
+  if (text == "pt") return CheckpointLayout::kTorchSteps;
+  throw InvalidArgument(fmt::format("checkpoint layout '{}': expected auto, native, nanogpt, hf "
+                                    "or pt", text));
+}
+
+std::string layout_name(CheckpointLayout layout) {
+  switch (layout) {
+    case CheckpointLayout::kAuto: return "auto";
+    case CheckpointLayout::kNative: return "native";
+    case CheckpointLayout::kNanoGPT: return "nanogpt";
+    case CheckpointLayout::kHuggingFace: return "hf";
+    case CheckpointLayout::kTorchSteps: return "pt";
+  }
+  return "?";
+}
+
+CheckpointLayout detect_checkpoint_layout(const std::string& dir) {
+  std::map<CheckpointLayout, std::string> seen;  // layout -> an example entry
+  for (const auto& name : entries_of(dir)) {
+    const std::string path = dir + "/" + name;
+    if (name.rfind("step_", 0) == 0 && digits(name.substr(5)) &&
+        fs::is_regular_file(path + "/model.safetensors")) {
+      seen.emplace(CheckpointLayout::kNative, name);
+    } else if (pt_step(name) && fs::is_regular_file(path)) {
+      seen.emplace(CheckpointLayout::kTorchSteps, name);
+    } else if (is_nanogpt_file(name) && fs::is_regular_file(path)) {
+      seen.emplace(CheckpointLayout::kNanoGPT, name);
+    } else if (hf_step(name) && fs::is_directory(path) && !hf_model_file(path).empty()) {
+      seen.emplace(CheckpointLayout::kHuggingFace, name);
+    }
+  }
+  // libcurv's own layout wins: a run directory may keep exports of other tools beside it.
+  if (seen.count(CheckpointLayout::kNative)) return CheckpointLayout::kNative;
+  if (seen.size() == 1) return seen.begin()->first;
+  if (seen.empty()) {
+    const bool single = fs::is_regular_file(dir + "/model.safetensors") ||
+                        fs::is_regular_file(dir + "/pytorch_model.bin");
+    throw FormatError(fmt::format(
+        "no checkpoints in {}: expected folders step_<N>/model.safetensors (native), ckpt.pt or "
+        "ckpt_*.pt (nanogpt), checkpoint-<N>/ (hf) or step_<N>.pt files (pt){}", dir,
+        single ? " (this looks like a single checkpoint folder: pass its parent)" : ""));
+  }
+  std::vector<std::string> found;
+  for (const auto& [layout, example] : seen) {
+    found.push_back(fmt::format("{} ({})", layout_name(layout), example));
+  }
+  throw FormatError(fmt::format("checkpoint directory {} holds checkpoints of several layouts: {}; "
+                                "choose one with --layout", dir, join(found, ", ")));
+}
+
+std::vector<CheckpointInfo> list_torch_checkpoints(const std::string& dir, CheckpointLayout layout) {
+  std::vector<CheckpointInfo> found;
+  for (const auto& name : entries_of(dir)) {
+    const std::string path = (fs::path(dir) / name).string();
+    if (layout == CheckpointLayout::kNanoGPT && is_nanogpt_file(name) && fs::is_regular_file(path)) {
+      // ckpt_<N>.pt carries its step in the name.
+      std::optional<int64_t> step;
+      if (name.rfind("ckpt_", 0) == 0) step = digits(name.substr(5, name.size() - 8));
+      if (!step) {
+        // ckpt.pt, ckpt_best.pt: the step is the file's iter_num (read without the tensors).
+        const auto root = load_torch_file(path, TorchFileOptions{false});
+        const PyValue* iter = root->find("iter_num");
+        if (!iter) throw FormatError(fmt::format("{}: no key 'iter_num' (the step)", path));
+        step = std::llround(number(*iter, path, "iter_num"));
+      }
+      found.push_back({*step, path, layout});
+    } else if (layout == CheckpointLayout::kHuggingFace && hf_step(name) &&
+               fs::is_directory(path) && !hf_model_file(path).empty()) {
+      found.push_back({*hf_step(name), path, layout});
+    } else if (layout == CheckpointLayout::kTorchSteps && pt_step(name) && fs::is_regular_file(path)) {
+      found.push_back({*pt_step(name), path, layout});
+    }
+  }
+  const char* expected = layout == CheckpointLayout::kNanoGPT       ? "ckpt.pt or ckpt_*.pt files"
+                         : layout == CheckpointLayout::kHuggingFace ? "checkpoint-<N>/ folders with "
+                                                                      "model.safetensors or "
+                                                                      "pytorch_model.bin"
+                                                                    : "step_<N>.pt files";
+  return sorted_unique(std::move(found), dir, expected);
+}
+
+Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
+  Checkpoint ckpt;
+  ckpt.step = info.step;
+  ckpt.path = info.path;
+  Interpreted parts;
+  if (info.layout == CheckpointLayout::kHuggingFace) {
+    ckpt.model_file = hf_model_file(info.path);
+    if (ckpt.model_file.empty()) {
+      throw FormatError(fmt::format("{}: no model.safetensors or pytorch_model.bin (nor a sharded "
+                                    "index of either)", info.path));
+    }
+    parts.model = has_suffix(ckpt.model_file, ".index.json") ? read_sharded_weights(ckpt.model_file)
+                                                             : read_weights(ckpt.model_file);
+    ckpt.optimizer_file = info.path + "/optimizer.pt";
+    if (fs::is_regular_file(ckpt.optimizer_file)) {
+      const auto root = load_torch_file(ckpt.optimizer_file);
+      if (!root->is(Kind::kDict)) {
+        throw FormatError(fmt::format("{}: holds a {}, expected optimizer.state_dict()",
+                                      ckpt.optimizer_file, root->type_name()));
+      }
+      parts.optimizer = optimizer_state_dict(*root, ckpt.optimizer_file, parts.meta);
+    }
+    // The optimizer's hyper-parameters and step count come from optimizer.pt.
+    ckpt.meta_file = parts.optimizer ? ckpt.optimizer_file : info.path;
+    const std::string trainer_state = info.path + "/trainer_state.json";
+    if (fs::is_regular_file(trainer_state)) {
+      std::ifstream in(trainer_state);
+      const auto state = nlohmann::json::parse(in, nullptr, false);
+      if (state.is_discarded() || !state.is_object()) {
+        throw FormatError(fmt::format("{}: not a JSON object", trainer_state));
+      }
+      if (state.contains("global_step") && state["global_step"] != info.step) {
+        throw FormatError(fmt::format("{}: \"global_step\" is {} but the folder is step {}",
+                                      trainer_state, state["global_step"].dump(), info.step));
+      }
+    }
+  } else {
+    const auto root = load_torch_file(info.path);
+    parts = interpret(*root, info.path);
+    ckpt.model_file = parts.model_origin;
+    ckpt.optimizer_file = parts.optimizer ? parts.optimizer->origin : info.path;
+    ckpt.meta_file = info.path;
+    // nanoGPT's ckpt.pt names its step inside; a file named for a step must agree with it.
+    if (parts.meta.contains("step")) {
+      const int64_t step = parts.meta["step"].get<int64_t>();
+      if (step != info.step) {
+        if (info.layout == CheckpointLayout::kTorchSteps ||
+            has_suffix(info.path, "_" + std::to_string(info.step) + ".pt")) {
+          // Files named by step (step_<N>.pt, ckpt_<N>.pt) take the name's step; a different
+          // iter_num inside is kept only as a record.
+          parts.meta["iter_num"] = step;
+        } else {
+          throw FormatError(fmt::format("{}: iter_num is {} but the checkpoint was listed as step "
+                                        "{}", info.path, step, info.step));
+        }
+      }
+    }
+  }
+  parts.meta["step"] = info.step;
+  ckpt.model = std::move(parts.model);
+  ckpt.indexed_optimizer = parts.optimizer;
+  ckpt.meta_json = parts.meta.dump();
+  return ckpt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer indices -> parameter names
+
+namespace {
+
+// The parameter (position in `space`) of each optimizer index under one rule, or why it fails.
+struct Mapping {
+  std::string rule;
+  std::vector<size_t> of_index;  // by position in the concatenated groups
+  std::string problem;
+};
+
+std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& space,
+                         const std::vector<int64_t>& indices, const std::vector<size_t>& params) {
+  for (size_t k = 0; k < indices.size(); ++k) {
+    auto it = ix.state.find(indices[k]);
+    if (it == ix.state.end()) continue;
+    const auto& p = space[params[k]];
+    for (const auto& [key, t] : it->second) {
+      if (t.sizes().vec() != p.shape) {
+        return fmt::format("state[{}].{} has shape {}, but parameter '{}' has shape {}", indices[k],
+                           key, shape_string(t.sizes().vec()), p.name, shape_string(p.shape));
+      }
+    }
+  }
+  return "";
+}
+
+std::string regex_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::vector<std::string> read_order_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument(fmt::format("--param-order file '{}' cannot be opened", path));
+  std::vector<std::string> names;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty()) names.push_back(line);
+  }
+  return names;
+}
+
+}  // namespace
+
+void validate_param_order(const std::string& param_order) {
+  const bool file = param_order.rfind("file:", 0) == 0;
+  if (param_order != "auto" && param_order != "model" && param_order != "ndim" &&
+      param_order != "hidden" && !file) {
+    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden or "
+                                      "file:PATH", param_order));
+  }
+  if (file && !fs::is_regular_file(param_order.substr(5))) {
+    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order));
+  }
+}
+
+void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
+                             const std::string& param_order) {
+  validate_param_order(param_order);
+  if (!ckpt.indexed_optimizer) return;
+  const IndexedOptimizerState& ix = *ckpt.indexed_optimizer;
+  const std::string& origin = ix.origin;
+  std::vector<int64_t> indices;  // the optimizer's indices, in group order
+  for (const auto& g : ix.groups) indices.insert(indices.end(), g.params.begin(), g.params.end());
+  const size_t total = indices.size();
+
+  auto count_problem = [&](size_t expected, const char* what) {
+    return fmt::format("the optimizer has {} parameters, {} {}", total, what, expected);
+  };
+  auto by_rule = [&](const std::string& rule) {
+    Mapping m{rule, {}, ""};
+    if (rule == "model") {
+      if (total != space.size()) {
+        m.problem = count_problem(space.size(), "the model");
+        return m;
+      }
+      for (size_t i = 0; i < total; ++i) m.of_index.push_back(i);
+    } else if (rule == "hidden") {
+      // Muon's split: the matrices it orthogonalises by default, then the rest, in any groups.
+      if (total != space.size()) {
+        m.problem = count_problem(space.size(), "the model");
+        return m;
+      }
+      for (size_t i = 0; i < space.size(); ++i) {
+        if (is_hidden_matrix(space[i])) m.of_index.push_back(i);
+      }
+      // The orthogonalised matrices fill whole groups.
+      size_t boundary = 0;
+      bool aligned = m.of_index.empty();
+      for (const auto& g : ix.groups) {
+        boundary += g.params.size();
+        aligned = aligned || boundary == m.of_index.size();
+      }
+      if (!aligned) {
+        std::vector<std::string> sizes;
+        for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
+        m.problem = fmt::format("its groups hold {} parameters, which do not start with the "
+                                "model's {} hidden matrices", join(sizes, " + "),
+                                m.of_index.size());
+        m.of_index.clear();
+        return m;
+      }
+      for (size_t i = 0; i < space.size(); ++i) {
+        if (!is_hidden_matrix(space[i])) m.of_index.push_back(i);
+      }
+    } else if (rule == "ndim") {
+      std::vector<size_t> matrices, rest;
+      for (size_t i = 0; i < space.size(); ++i) {
+        (space[i].shape.size() >= 2 ? matrices : rest).push_back(i);
+      }
+      if (ix.groups.size() != 2 || ix.groups[0].params.size() != matrices.size() ||
+          ix.groups[1].params.size() != rest.size()) {
+        std::vector<std::string> sizes;
+        for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
+        m.problem = fmt::format("its groups hold {} parameters, the model has {} with ndim >= 2 "
+                                "and {} others", join(sizes, " + "), matrices.size(), rest.size());
+        return m;
+      }
+      m.of_index = matrices;
+      m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
+    } else if (rule == "names" || rule.rfind("file:", 0) == 0) {
+      const bool recorded = rule == "names";
+      const std::string path = recorded ? origin + " param_names" : rule.substr(5);
+      std::vector<std::string> names;
+      if (recorded) {
+        for (const auto& g : ix.groups) names.insert(names.end(), g.names.begin(), g.names.end());
+      } else {
+        names = read_order_file(path);
+      }
+      if (names.size() != total) {
+        throw InvalidArgument(fmt::format("{}: --param-order file '{}' lists {} names for the "
+                                          "optimizer's {} parameters", origin, path, names.size(),
+                                          total));
+      }
+      const auto model_names = space.names();
+      for (const auto& name : names) {
+        auto index = space.find(name);
+        if (!index) {
+          throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
+                                            recorded ? "" : "--param-order file ", path, name,
+                                            did_you_mean(name, model_names)));
+        }
+        m.of_index.push_back(*index);
+      }
+    } else {
+      throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden "
+                                        "or file:PATH", rule));
+    }
+    std::vector<size_t> params(m.of_index.begin(), m.of_index.end());
+    m.problem = check_shapes(ix, space, indices, params);
+    return m;
+  };
+
+  const bool names_recorded =
+      !ix.groups.empty() && std::all_of(ix.groups.begin(), ix.groups.end(), [](const auto& g) {
+        return g.names.size() == g.params.size() && !g.params.empty();
+      });
+  Mapping chosen;
+  if (param_order == "auto" && names_recorded) {
+    // The optimizer saved its parameters' names: no order needs to be guessed.
+    chosen = by_rule("names");
+    if (!chosen.problem.empty()) {
+      throw InvalidArgument(fmt::format("{}: optimizer state does not fit the model: {}", origin,
+                                        chosen.problem));
+    }
+  } else if (param_order == "auto") {
+    std::vector<Mapping> fits, misfits;
+    for (const char* rule : {"model", "ndim", "hidden"}) {
+      auto m = by_rule(rule);
+      (m.problem.empty() ? fits : misfits).push_back(std::move(m));
+    }
+    if (fits.empty()) {
+      std::vector<std::string> why;
+      for (const auto& m : misfits) why.push_back(m.rule + ": " + m.problem);
+      throw InvalidArgument(fmt::format(
+          "{}: optimizer state does not fit the model's parameters in any known order ({}); it "
+          "is for a different model, or pass --param-order file:PATH listing the names in "
+          "optimizer order", origin, join(why, "; ")));
+    }
+    // Rules that fit but map some index differently leave the names undecided, unless there is
+    // no state at all (then only the group hyper-parameters depend on the order).
+    std::vector<std::string> disagreeing = {fits[0].rule};
+    for (size_t i = 1; i < fits.size(); ++i) {
+      if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
+    }
+    if (disagreeing.size() > 1 && !ix.state.empty()) {
+      throw InvalidArgument(fmt::format(
+          "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
+          "rules {}, which name the parameters differently; pass --param-order with one of them "
+          "or file:PATH", origin, join(disagreeing, ", ")));
+    }
+    // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
+    chosen = fits.back();
+  } else {
+    chosen = by_rule(param_order);
+    if (!chosen.problem.empty()) {
+      throw InvalidArgument(fmt::format("{}: --param-order {} does not fit the model: {}", origin,
+                                        param_order, chosen.problem));
+    }
+  }
+
+  NamedTensors named;
+  std::map<int64_t, size_t> param_of;
+  for (size_t k = 0; k < total; ++k) param_of[indices[k]] = chosen.of_index[k];
+  for (const auto& [index, tensors] : ix.state) {
+    const std::string& name = space[param_of.at(index)].name;
+    for (const auto& [key, t] : tensors) named.emplace_back(name + "." + key, t);
+  }
+  auto meta = nlohmann::json::parse(ckpt.meta_json);
+  auto groups = nlohmann::json::array();
+  size_t k = 0;
+  for (const auto& g : ix.groups) {
+    nlohmann::json names = nlohmann::json::array();
+    for (size_t i = 0; i < g.params.size(); ++i) names.push_back(space[chosen.of_index[k++]].name);
+    groups.push_back({{"params", names}, {"hyper", g.hyper}});
+  }
+  meta["optimizer"]["param_groups"] = groups;
+  meta["optimizer"]["param_order"] = chosen.rule;
+  // MuonWithAuxAdam's groups say which parameters it orthogonalises: exactly those names.
+  std::vector<std::string> orthogonalised;
+  k = 0;
+  for (const auto& g : ix.groups) {
+    for (size_t i = 0; i < g.params.size(); ++i, ++k) {
+      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(space[chosen.of_index[k]].name));
+    }
+  }
+  if (!orthogonalised.empty()) meta["optimizer"]["muon_params"] = "^(" + join(orthogonalised, "|") + ")$";
+  ckpt.meta_json = meta.dump();
+  ckpt.optimizer = std::move(named);
+  ckpt.indexed_optimizer.reset();
+}
+
+}  // namespace curv

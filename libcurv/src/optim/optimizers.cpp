@@ -1,0 +1,491 @@
+#include "curv/optim/optimizers.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "curv/core/error.h"
+#include "core/fmt_torch.h"
+#include "curv/core/structure.h"
+#include "core/strings.h"
+
+namespace curv {
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+OptimizerConfig OptimizerConfig::defaults(const std::string& name) {
+  OptimizerConfig c;
+  c.name = name;
+  if (name == "adamw") {
+    c.lr = 1e-3;
+    c.weight_decay = 1e-2;
+  } else if (name == "muon") {
+    c.lr = 0.02;
+    c.momentum = 0.95;
+    c.nesterov = true;
+  } else if (name == "normuon") {
+    c.lr = 0.02;
+    c.momentum = 0.95;
+    c.beta2 = 0.95;
+    c.nesterov = true;
+  } else if (name == "sgd") {
+    c.lr = 0.1;
+  } else if (name == "signsgd") {
+    c.lr = 1e-3;
+  } else if (name == "signum") {
+    c.lr = 1e-3;
+    c.momentum = 0.9;
+  } else if (name == "lion") {
+    c.lr = 1e-4;
+    c.beta1 = 0.9;
+    c.beta2 = 0.99;
+  } else {
+    throw InvalidArgument(fmt::format(
+        "unknown optimizer '{}'{}; known: adamw, muon, normuon, sgd, signsgd, signum, lion", name,
+        did_you_mean(name, {"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"})));
+  }
+  return c;
+}
+
+namespace {
+
+struct Field {
+  const char* name;
+  double OptimizerConfig::*number = nullptr;
+  bool OptimizerConfig::*flag = nullptr;
+  int64_t OptimizerConfig::*integer = nullptr;
+};
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      {"lr", &OptimizerConfig::lr},
+      {"weight_decay", &OptimizerConfig::weight_decay},
+      {"beta1", &OptimizerConfig::beta1},
+      {"beta2", &OptimizerConfig::beta2},
+      {"eps", &OptimizerConfig::eps},
+      {"momentum", &OptimizerConfig::momentum},
+      {"dampening", &OptimizerConfig::dampening},
+      {"nesterov", nullptr, &OptimizerConfig::nesterov},
+      {"sum_momentum", nullptr, &OptimizerConfig::sum_momentum},
+      {"rms_scale", nullptr, &OptimizerConfig::rms_scale},
+      {"ns_steps", nullptr, nullptr, &OptimizerConfig::ns_steps},
+      {"exact_polar", nullptr, &OptimizerConfig::exact_polar},
+      {"adam_lr", &OptimizerConfig::adam_lr},
+      {"adam_beta1", &OptimizerConfig::adam_beta1},
+      {"adam_beta2", &OptimizerConfig::adam_beta2},
+      {"adam_eps", &OptimizerConfig::adam_eps},
+      {"adam_weight_decay", &OptimizerConfig::adam_weight_decay},
+  };
+  return f;
+}
+
+bool is_muon_family(const std::string& name) { return name == "muon" || name == "normuon"; }
+
+}  // namespace
+
+void OptimizerConfig::set(const std::string& key, const std::string& value) {
+  if (key == "muon_params") {
+    muon_params = value;
+    return;
+  }
+  for (const auto& f : fields()) {
+    if (key != f.name) continue;
+    try {
+      size_t used = 0;
+      if (f.flag) {
+        if (value == "true" || value == "1") this->*f.flag = true;
+        else if (value == "false" || value == "0") this->*f.flag = false;
+        else throw std::invalid_argument(value);
+        return;
+      }
+      const double v = std::stod(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+      if (f.integer) {
+        if (v != std::floor(v)) throw std::invalid_argument(value);
+        this->*f.integer = static_cast<int64_t>(v);
+      } else {
+        this->*f.number = v;
+      }
+      return;
+    } catch (const std::logic_error&) {
+      throw InvalidArgument(fmt::format("optimizer {}: {} = '{}' is not a valid {}", name, key,
+                                        value, f.flag ? "boolean (0/1/true/false)" : "number"));
+    }
+  }
+  std::vector<std::string> names = {"muon_params"};
+  for (const auto& f : fields()) names.push_back(f.name);
+  throw InvalidArgument(fmt::format("optimizer {}: unknown hyper-parameter '{}'{}", name, key,
+                                    did_you_mean(key, names)));
+}
+
+OptimizerConfig OptimizerConfig::parse(const std::string& spec) {
+  const auto colon = spec.find(':');
+  OptimizerConfig c = defaults(spec.substr(0, colon));
+  if (colon == std::string::npos) return c;
+  for (const auto& [key, value] : parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
+    c.set(key, value);
+  }
+  c.validate();
+  return c;
+}
+
+std::vector<std::pair<std::string, double>> OptimizerConfig::hyper() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& f : fields()) {
+    const double v = f.flag ? (this->*f.flag ? 1.0 : 0.0)
+                     : f.integer ? static_cast<double>(this->*f.integer)
+                                 : this->*f.number;
+    out.emplace_back(f.name, v);
+  }
+  return out;
+}
+
+std::string OptimizerConfig::to_json() const {
+  nlohmann::json j;
+  j["name"] = name;
+  for (const auto& [k, v] : hyper()) j["hyper"][k] = v;
+  j["muon_params"] = muon_params;
+  return j.dump();
+}
+
+void OptimizerConfig::validate() const {
+  defaults(name);  // known name
+  auto check = [&](const char* field, double v, bool ok) {
+    if (!ok || !std::isfinite(v)) {
+      throw InvalidArgument(fmt::format("optimizer {}: {} = {} is out of range", name, field, v));
+    }
+  };
+  check("lr", lr, lr >= 0);
+  check("weight_decay", weight_decay, weight_decay >= 0);
+  check("beta1", beta1, beta1 >= 0 && beta1 < 1);
+  check("beta2", beta2, beta2 >= 0 && beta2 < 1);
+  check("eps", eps, eps >= 0);
+  check("momentum", momentum, momentum >= 0 && momentum < 1);
+  check("dampening", dampening, dampening >= 0 && dampening <= 1);
+  check("ns_steps", static_cast<double>(ns_steps), ns_steps >= 0);
+  check("adam_lr", adam_lr, adam_lr >= 0);
+  check("adam_beta1", adam_beta1, adam_beta1 >= 0 && adam_beta1 < 1);
+  check("adam_beta2", adam_beta2, adam_beta2 >= 0 && adam_beta2 < 1);
+  check("adam_weight_decay", adam_weight_decay, adam_weight_decay >= 0);
+  check("adam_eps", adam_eps, adam_eps >= 0);
+  if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
+    throw InvalidArgument("optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "
+                          "torch.optim.SGD)");
+  }
+  if (!muon_params.empty()) {
+    try {
+      std::regex check_regex(muon_params);
+    } catch (const std::regex_error& e) {
+      throw InvalidArgument(fmt::format("optimizer {}: muon_params '{}' is not a valid regex: {}",
+                                        name, muon_params, e.what()));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared machinery
+
+double muon_scale(int64_t rows, int64_t cols, bool rms_scale) {
+  if (rms_scale) return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  return std::sqrt(std::max(1.0, static_cast<double>(rows) / static_cast<double>(cols)));
+}
+
+at::Tensor newton_schulz(const at::Tensor& g, int64_t steps) {
+  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  at::Tensor x = g.reshape({g.size(0), -1});
+  x = x / (x.norm() + 1e-7);
+  const bool transposed = x.size(0) > x.size(1);
+  if (transposed) x = x.t();
+  for (int64_t k = 0; k < steps; ++k) {
+    at::Tensor A = at::mm(x, x.t());
+    at::Tensor B = b * A + c * at::mm(A, A);
+    x = a * x + at::mm(B, x);
+  }
+  if (transposed) x = x.t();
+  return x.reshape(g.sizes()).contiguous();
+}
+
+at::Tensor polar_factor(const at::Tensor& g) {
+  const at::Tensor m = g.reshape({g.size(0), -1});
+  auto svd = at::linalg_svd(m, /*full_matrices=*/false);
+  const at::Tensor& sigma = std::get<1>(svd);
+  // Singular directions of a (numerically) zero singular value are arbitrary; like Newton–Schulz,
+  // whose odd polynomial maps 0 to 0, the polar factor keeps them at zero: U diag(σ > tol) Vᵀ
+  // with numpy's matrix_rank tolerance.
+  const double tol = sigma.numel() == 0 ? 0.0
+                     : sigma.max().item<double>() * static_cast<double>(std::max(m.size(0), m.size(1))) *
+                           (m.scalar_type() == at::kDouble ? 2.220446049250313e-16 : 1.1920929e-07);
+  const at::Tensor keep = (sigma > tol).to(m.scalar_type());
+  return at::mm(std::get<0>(svd) * keep.unsqueeze(0), std::get<2>(svd)).reshape(g.sizes()).contiguous();
+}
+
+Optimizer::Optimizer(OptimizerConfig config, const ParamSpace& space)
+    : config_(std::move(config)), space_(space), state_(space.size()) {
+  config_.validate();
+}
+
+std::vector<int64_t> Optimizer::slot_shape(size_t i, const std::string&) const {
+  return space_[i].shape;
+}
+
+at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& like) {
+  for (auto& [k, t] : state_[i]) {
+    if (k != key) continue;
+    // Saved state may come in another dtype or device than the model probing it.
+    if (t.scalar_type() != like.scalar_type() || t.device() != like.device()) {
+      t = t.to(like.options());
+    }
+    return t;
+  }
+  state_[i].emplace_back(key, at::zeros(slot_shape(i, key), like.options()));
+  return state_[i].back().second;
+}
+
+ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
+  if (theta.size() != space_.size() || grad.size() != space_.size()) {
+    throw InvalidArgument(fmt::format("optimizer {}: {} parameters and {} gradients for a model "
+                                      "of {}", config_.name, theta.size(), grad.size(),
+                                      space_.size()));
+  }
+  at::NoGradGuard no_grad;
+  ++step_count_;
+  ParamVector u;
+  u.reserve(theta.size());
+  for (size_t i = 0; i < theta.size(); ++i) {
+    u.push_back(update(i, theta[i].detach(), grad[i].detach(), step_count_));
+  }
+  return u;
+}
+
+ParamVector Optimizer::peek(const ParamVector& theta, const ParamVector& grad) const {
+  auto copy = clone();
+  return copy->step(theta, grad);
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    for (const auto& [key, t] : state_[i]) out.emplace_back(space_[i].name + "." + key, t);
+  }
+  return out;
+}
+
+void Optimizer::load_state(const NamedTensors& tensors, int64_t step_count,
+                           const std::string& source) {
+  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> state(space_.size());
+  for (size_t i = 0; i < space_.size(); ++i) {
+    for (const auto& key : slots(i)) {
+      const std::string name = space_[i].name + "." + key;
+      auto it = by_name.find(name);
+      // Before the first update the state is empty: slots start at zero when first used.
+      if (it == by_name.end() && step_count == 0) continue;
+      if (it == by_name.end()) {
+        throw InvalidArgument(fmt::format(
+            "{}: optimizer state '{}' is missing: {} ({}) needs '{}' for parameter '{}' (was the "
+            "checkpoint saved by another optimizer?)", source, name, config_.name, rule(i), key,
+            space_[i].name));
+      }
+      const auto want = slot_shape(i, key);
+      if (!it->second.sizes().equals(want)) {
+        throw InvalidArgument(fmt::format("{}: optimizer state '{}' has shape {}, expected {} for "
+                                          "parameter '{}'", source, name, it->second.sizes(),
+                                          shape_string(want), space_[i].name));
+      }
+      state[i].emplace_back(key, it->second.clone());
+    }
+  }
+  state_ = std::move(state);
+  step_count_ = step_count;
+}
+
+std::string Optimizer::meta_json() const {
+  nlohmann::json j = nlohmann::json::parse(config_.to_json());
+  j["step_count"] = step_count_;
+  for (size_t i = 0; i < space_.size(); ++i) j["partition"][space_[i].name] = rule(i);
+  return j.dump();
+}
+
+std::vector<std::string> Optimizer::partition() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < space_.size(); ++i) out.push_back(rule(i));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules
+
+namespace {
+
+// PyTorch's AdamW, operation for operation (torch/optim/adamw.py, single-tensor path).
+at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
+                        int64_t t, double lr, double b1, double b2, double eps, double wd) {
+  m.mul_(b1).add_(g, 1 - b1);
+  v.mul_(b2).addcmul_(g, g, 1 - b2);
+  const double bias1 = 1 - std::pow(b1, static_cast<double>(t));
+  const double bias2 = 1 - std::pow(b2, static_cast<double>(t));
+  const double step_size = lr / bias1;
+  at::Tensor denom = (v.sqrt() / std::sqrt(bias2)).add_(eps);
+  return theta * (-lr * wd) - step_size * (m / denom);
+}
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<AdamW>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+    const auto& c = config_;
+    return adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr, c.beta1,
+                        c.beta2, c.eps, c.weight_decay);
+  }
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Sgd>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override {
+    return config_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"}
+                                 : std::vector<std::string>{};
+  }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+    const auto& c = config_;
+    at::Tensor d = c.weight_decay != 0 ? g + c.weight_decay * theta : g;
+    if (c.momentum != 0) {
+      at::Tensor& buf = slot(i, "momentum_buffer", g);
+      // torch.optim.SGD starts the buffer at the first gradient, undamped.
+      if (t == 1) {
+        buf.copy_(d);
+      } else {
+        buf.mul_(c.momentum).add_(d, 1 - c.dampening);
+      }
+      d = c.nesterov ? d + c.momentum * buf : buf.clone();
+    }
+    return d * -c.lr;
+  }
+};
+
+class SignSgd : public Optimizer {
+ public:
+  SignSgd(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<SignSgd>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {}; }
+  at::Tensor update(size_t, const at::Tensor& theta, const at::Tensor& g, int64_t) override {
+    return -config_.lr * (at::sign(g) + config_.weight_decay * theta);
+  }
+};
+
+class Signum : public Optimizer {
+ public:
+  Signum(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Signum>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {"momentum_buffer"}; }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t) override {
+    at::Tensor& m = slot(i, "momentum_buffer", g);
+    m.mul_(config_.momentum).add_(g, 1 - config_.momentum);
+    return -config_.lr * (at::sign(m) + config_.weight_decay * theta);
+  }
+};
+
+class Lion : public Optimizer {
+ public:
+  Lion(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Lion>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {"exp_avg"}; }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t) override {
+    const auto& c = config_;
+    at::Tensor& m = slot(i, "exp_avg", g);
+    at::Tensor direction = at::sign(m * c.beta1 + g * (1 - c.beta1));
+    m.mul_(c.beta2).add_(g, 1 - c.beta2);
+    return -c.lr * (direction + c.weight_decay * theta);
+  }
+};
+
+// Muon and NorMuon on their partition, AdamW (adam_* fields) elsewhere.
+class MuonFamily : public Optimizer {
+ public:
+  MuonFamily(OptimizerConfig config, const ParamSpace& space) : Optimizer(std::move(config), space) {
+    std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
+    for (size_t i = 0; i < space_.size(); ++i) {
+      const bool muon = config_.muon_params.empty()
+                            ? is_hidden_matrix(space_[i])
+                            : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
+      muon_.push_back(muon);
+    }
+  }
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<MuonFamily>(*this); }
+
+ protected:
+  std::string rule(size_t i) const override { return muon_[i] ? config_.name : "adamw"; }
+  std::vector<std::string> slots(size_t i) const override {
+    if (!muon_[i]) return {"exp_avg", "exp_avg_sq"};
+    if (config_.name == "normuon") return {"momentum_buffer", "second_momentum_buffer"};
+    return {"momentum_buffer"};
+  }
+  std::vector<int64_t> slot_shape(size_t i, const std::string& key) const override {
+    // NorMuon keeps one second moment per row (neuron) of the matrix view.
+    if (key == "second_momentum_buffer") return {space_[i].shape[0], 1};
+    return space_[i].shape;
+  }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+    const auto& c = config_;
+    if (!muon_[i]) {
+      return adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.adam_lr,
+                          c.adam_beta1, c.adam_beta2, c.adam_eps, c.adam_weight_decay);
+    }
+    at::Tensor& buf = slot(i, "momentum_buffer", g);
+    at::Tensor d;
+    if (c.sum_momentum) {
+      buf.mul_(c.momentum).add_(g);
+      d = c.nesterov ? g + c.momentum * buf : buf.clone();
+    } else {
+      buf.lerp_(g, 1 - c.momentum);
+      d = c.nesterov ? g.lerp(buf, c.momentum) : buf.clone();
+    }
+    const int64_t rows = d.size(0), cols = d.numel() / rows;
+    at::Tensor o = (c.exact_polar ? polar_factor(d) : newton_schulz(d, c.ns_steps)).reshape({rows, cols});
+    if (c.name == "normuon") {
+      const at::Tensor n = o.norm();
+      at::Tensor& v = slot(i, "second_momentum_buffer", g);
+      v.mul_(c.beta2).add_(o.square().mean(-1, /*keepdim=*/true), 1 - c.beta2);
+      o = o / (v.sqrt() + 1e-10);
+      o = o * (n / o.norm().clamp_min(1e-30));
+    }
+    const double scale = muon_scale(rows, cols, c.rms_scale);
+    return theta * (-c.lr * c.weight_decay) - (c.lr * scale) * o.reshape(theta.sizes());
+  }
+
+ private:
+  std::vector<bool> muon_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
+  const auto& n = config.name;
+  if (n == "adamw") return std::make_unique<AdamW>(config, space);
+  if (is_muon_family(n)) return std::make_unique<MuonFamily>(config, space);
+  if (n == "sgd") return std::make_unique<Sgd>(config, space);
+  if (n == "signsgd") return std::make_unique<SignSgd>(config, space);
+  if (n == "signum") return std::make_unique<Signum>(config, space);
+  if (n == "lion") return std::make_unique<Lion>(config, space);
+  OptimizerConfig::defaults(n);  // throws, naming the known optimizers
+  return nullptr;
+}
+
+}  // namespace curv
