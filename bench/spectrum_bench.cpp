@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
       "reference (Lanczos, residual bound, tol 1e-10, %lld HVPs, %s): λ_max = %.12g (residual "
       "%.2e), "
       "λ_min = %.12g (residual %.2e)\n\n",
-      static_cast<long long>(ref.hvps), ref.converged ? "converged" : "NOT converged", lmax,
+      static_cast<long long>(ref.hvps), ref.converged() ? "converged" : "NOT converged", lmax,
       ref.largest[0].residual, lmin, ref.smallest[0].residual);
   std::fflush(stdout);
   const double dominant = std::abs(lmin) > std::abs(lmax) ? lmin : lmax;
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     std::printf(
         "| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
         "%.2e | %.1f |\n",
-        seed, static_cast<long long>(s.hvps), s.converged ? "converged" : "not converged",
+        seed, static_cast<long long>(s.hvps), s.converged() ? "converged" : "not converged",
         s.largest[0].value, s.smallest[0].value, s_err, s.seconds);
 
     // PyHessian's defaults: tol 1e-3 on the relative change, at most 100 iterations.

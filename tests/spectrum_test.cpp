@@ -96,7 +96,7 @@ TEST_CASE(
     if (method == EigenMethod::kLanczos)
       (bound == ErrorBound::kGap ? hvps_gap : hvps_residual) = r.hvps;
     INFO(r.brief() << " " << r.message);
-    CHECK(r.converged);
+    CHECK(r.converged());
     REQUIRE(r.largest.size() == 3);
     REQUIRE(r.smallest.size() == 2);
     CHECK(r.residuals_measured);
@@ -148,7 +148,7 @@ TEST_CASE("Lanczos eigenvalues of tiny float64 models equal dense eigvalsh, glob
     engine.reset_counters();
     EigenResult r = extreme_eigenpairs(op, options);
     INFO((gpt ? "gpt " : "mlp ") << r.brief());
-    CHECK(r.converged);
+    CHECK(r.converged());
     CHECK(engine.counters().hvps == r.hvps + r.residual_hvps);
     check_pairs(op, r, exact, 1e-8);
     CHECK(exact[0] < 0);  // the test covers an indefinite Hessian

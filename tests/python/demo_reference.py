@@ -1,6 +1,6 @@
 """The demo-sized probe's numbers against committed reference values.
 
-  demo_reference.py write PROBE.h5 REFERENCE.json   records every dataset of /taylor and /within
+  demo_reference.py write PROBE.h5 REFERENCE.json   records every dataset and unit attribute
   demo_reference.py check PROBE.h5 REFERENCE.json   fails on any difference beyond rounding
 
 The reference was written by the release before the library was split into areas, so the check
@@ -16,23 +16,31 @@ import numpy as np
 
 RTOL = 1e-9   # relative, float64 numbers of a float64 run
 ATOL = 1e-12  # absolute floor for values that are zero up to rounding
-GROUPS = ("taylor", "within")
+TIMINGS = {"seconds"}
 
 
 def read(path):
+    """Every dataset of the file (the /taylor and /within tables and each unit's groups), and
+    the numeric attributes of each unit, by path; timings excluded."""
     out = {}
+
+    def values_of(values):
+        values = np.asarray(values)
+        if values.dtype.kind in "SOU":
+            return [v.decode() if isinstance(v, bytes) else str(v) for v in values.ravel()]
+        return [None if not math.isfinite(float(v)) else float(v)
+                for v in values.astype(np.float64).ravel()]
+
+    def visit(name, item):
+        if isinstance(item, h5py.Dataset):
+            out[name] = values_of(item[()])
+        if name.startswith("runs/"):
+            for key, value in item.attrs.items():
+                if key not in TIMINGS and np.asarray(value).dtype.kind in "fiu":
+                    out[f"{name}@{key}"] = values_of(value)
+
     with h5py.File(path, "r") as f:
-        for group in GROUPS:
-            if group not in f:
-                continue
-            for name, dataset in f[group].items():
-                values = dataset[()]
-                if values.dtype.kind in "SO":
-                    out[f"{group}/{name}"] = [v.decode() if isinstance(v, bytes) else str(v)
-                                             for v in values]
-                else:
-                    out[f"{group}/{name}"] = [None if not math.isfinite(float(v)) else float(v)
-                                             for v in np.asarray(values, dtype=np.float64).ravel()]
+        f.visititems(visit)
     return out
 
 

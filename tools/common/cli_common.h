@@ -1,61 +1,68 @@
-// Plumbing shared by the command-line tools: the runtime and model argument groups, loading a
-// model (built-in JSON config or TorchScript), a progress bar on stderr, and the error boundary
-// that turns curv::Error into a message and a non-zero exit.
+// Plumbing shared by the command-line tools: the runtime and model argument groups, flag names
+// in the library's validation messages, a progress bar on stderr, and the error boundary that
+// turns curv::Error into a message and a non-zero exit.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "curv/models/models.h"
-#include "curv/core/objective.h"
+#include "curv/analysis/report.h"
+#include "curv/core/progress.h"
+#include "curv/models/model_loader.h"
 
 namespace curv::tools {
 
+// --threads, --dtype, --device, --seed, --quiet.
 struct RuntimeArgs {
   int threads = 0;
   std::string dtype = "float32";
   std::string device = "cpu";
   uint64_t seed = 0;
   bool quiet = false;
-};
-void add_runtime_args(CLI::App& app, RuntimeArgs& args);
-at::ScalarType parse_dtype(const std::string& text);
 
+  void add_to(CLI::App& app);
+  ModelInit model_init() const;  // seed, dtype, device
+  // The runtime (ATen threads, TorchScript executor) set up for this process.
+  void init() const;
+  // Provenance with this tool's name, its command line and the runtime's fields.
+  Provenance provenance(const std::string& tool, int argc, char** argv) const;
+};
+
+// --model, --script-mode.
 struct ModelArgs {
-  std::string model;               // .json built-in config, else TorchScript file
+  std::string model;  // .json built-in config, else TorchScript file
   std::string script_mode = "auto";
+
+  void add_to(CLI::App& app);
+  ModelSource to_source(const RuntimeArgs& runtime) const;
 };
-void add_model_args(CLI::App& app, ModelArgs& args);
 
-struct LoadedModel {
-  std::unique_ptr<Objective> objective;
-  std::string description;
-  ModelConfig config;     // valid when builtin
-  bool builtin = false;
-};
-// `fallback_config_json`: the model config found in a checkpoint's meta.json, used when
-// --model is not given.
-LoadedModel load_model(const ModelArgs& args, const RuntimeArgs& runtime,
-                       const std::string& fallback_config_json);
+// Library options name their fields ("EigenOptions.bottom = 2"); a tool's users know flags.
+// `flags` maps "Struct.field" to "--flag": each "Struct.field = value" in the message becomes
+// "--flag value" and each bare "Struct.field" becomes "--flag".
+std::string with_flag_names(const std::string& message,
+                            const std::map<std::string, std::string>& flags);
+// Runs `body`; an InvalidArgument from it is rethrown with flag names.
+void validate_with_flags(const std::function<void()>& body,
+                         const std::map<std::string, std::string>& flags);
 
-// The command line as one string, for provenance.
-std::string command_line(int argc, char** argv);
-
-// A progress bar on stderr: redrawn in place on a terminal, one line per update otherwise.
+// A progress bar on stderr: redrawn in place on a terminal, one line per update otherwise, with
+// elapsed and remaining time.
 class Progress {
  public:
-  Progress(size_t total, bool quiet);
-  void update(size_t done, const std::string& label);
+  explicit Progress(bool quiet);
+  void update(size_t done, size_t total, const std::string& label);
   void finish();
+  ProgressCallback callback();
 
  private:
-  size_t total_;
-  bool quiet_, tty_;
+  bool quiet_, tty_, drawn_ = false;
   std::chrono::steady_clock::time_point start_;
 };
 

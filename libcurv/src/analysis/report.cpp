@@ -8,11 +8,34 @@
 #include <variant>
 
 #include "curv/core/error.h"
+#include "curv/core/runtime.h"
 #include "curv/io/h5_file.h"
 #include "curv/analysis/taylor.h"
 #include "curv/analysis/within.h"
 
 namespace curv {
+
+Provenance make_provenance(const std::string& tool, const std::string& command_line,
+                           const std::string& dtype, uint64_t seed, int threads) {
+  Provenance p;
+  p.tool = tool;
+  p.version = library_version();
+  p.command_line = command_line;
+  p.dtype = dtype;
+  p.seed = static_cast<int64_t>(seed);
+  p.threads = threads == 0 ? hardware_threads() : threads;
+  p.runtime = runtime_summary();
+  return p;
+}
+
+std::string join_command_line(int argc, const char* const* argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    if (i) out += ' ';
+    out += argv[i];
+  }
+  return out;
+}
 
 namespace {
 

@@ -185,7 +185,7 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
   const int64_t m = static_cast<int64_t>(k.alpha.size());
   result.hvps = m;
   result.iterations = m;
-  result.converged = converged;
+  result.status = converged ? EigenStatus::kConverged : EigenStatus::kNotConverging;
   if (k.invariant) {
     result.message = fmt::format("Krylov space invariant after {} steps: Ritz pairs are exact", m);
   } else if (converged) {
@@ -224,6 +224,7 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
   const Eigen::VectorXd start = rng.gaussian(n);
   const int64_t before = op.num_applies();
   bool all_converged = true;
+  bool numerical_issue = false;
   std::vector<std::string> notes;
   auto solve = [&](int64_t nev, Spectra::SortRule rule, std::vector<RitzPair>& out) {
     // Spectra needs nev < ncv <= n: an operator of n rows gives at most n − 1 pairs per end.
@@ -245,6 +246,7 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
     result.iterations += solver.num_iterations();
     if (solver.info() != Spectra::CompInfo::Successful) {
       all_converged = false;
+      numerical_issue = numerical_issue || solver.info() == Spectra::CompInfo::NumericalIssue;
       notes.push_back(
           fmt::format("{} of {} converged after {} restarts", nconv, nev, solver.num_iterations()));
     }
@@ -263,7 +265,9 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
   solve(o.top, Spectra::SortRule::LargestAlge, result.largest);
   solve(o.bottom, Spectra::SortRule::SmallestAlge, result.smallest);
   result.hvps = op.num_applies() - before;
-  result.converged = all_converged;
+  result.status = all_converged     ? EigenStatus::kConverged
+                  : numerical_issue ? EigenStatus::kNumericalIssue
+                                    : EigenStatus::kNotConverging;
   result.message = all_converged
                        ? fmt::format("converged to tol {:g} with {} HVPs", o.tol, result.hvps)
                        : fmt::format("not converged within the budget: {}", fmt::join(notes, "; "));
@@ -275,7 +279,7 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
   const int64_t n = op.rows();
   Random rng(o.seed);
   std::vector<Eigen::VectorXd> found;
-  result.converged = true;
+  bool converged = true;
   int64_t spent = 0;
   for (int64_t pair = 0; pair < std::min(o.top, n); ++pair) {
     Eigen::VectorXd v = rng.gaussian(n);
@@ -301,7 +305,7 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
       value = rayleigh;
       if (!(hv_norm > 0)) break;
     }
-    if (!stopped) result.converged = false;
+    if (!stopped) converged = false;
     if (!std::isfinite(value)) break;  // budget spent before this pair got one product
     RitzPair p;
     p.value = value;
@@ -312,8 +316,9 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
     result.dominant.push_back(std::move(p));
   }
   result.hvps = spent;
+  result.status = converged ? EigenStatus::kConverged : EigenStatus::kNotConverging;
   result.message =
-      result.converged
+      converged
           ? fmt::format("relative change below {:g} for every pair ({} HVPs)", o.tol, spent)
           : fmt::format("HVP budget {} spent before the relative change fell below {:g}",
                         o.max_hvps, o.tol);
@@ -381,6 +386,16 @@ void EigenOptions::validate() const {
   }
 }
 
+std::string to_string(EigenStatus status) {
+  switch (status) {
+    case EigenStatus::kNotComputed: return "not_computed";
+    case EigenStatus::kConverged: return "converged";
+    case EigenStatus::kNotConverging: return "not_converging";
+    case EigenStatus::kNumericalIssue: return "numerical_issue";
+  }
+  return "unknown";
+}
+
 std::string EigenResult::brief() const {
   auto values = [](const std::vector<RitzPair>& pairs) {
     std::vector<std::string> parts;
@@ -388,7 +403,7 @@ std::string EigenResult::brief() const {
     return fmt::format("[{}]", fmt::join(parts, ", "));
   };
   std::string out =
-      fmt::format("{} {}: ", to_string(method), converged ? "converged" : "NOT converged");
+      fmt::format("{} {}: ", to_string(method), to_string(status));
   if (!largest.empty()) out += "largest " + values(largest) + " ";
   if (!smallest.empty()) out += "smallest " + values(smallest) + " ";
   if (!dominant.empty()) out += "dominant " + values(dominant) + " ";

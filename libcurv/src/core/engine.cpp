@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <limits>
 
@@ -128,12 +129,39 @@ void CurvatureEngine::check(const ParamVector& x, const char* what) const {
   }
 }
 
+const char* CurvatureEngine::pass_name(Pass pass) {
+  switch (pass) {
+    case Pass::kFirstOrder: return "loss and gradient";
+    case Pass::kHvp: return "Hessian-vector product";
+    case Pass::kGradientAtOffset: return "gradient at a displaced θ";
+    case Pass::kLossAt: return "loss at θ + u";
+  }
+  return "probe pass";
+}
+
+void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t, double)>& body) {
+  for (size_t b = 0; b < probe_.size(); ++b) {
+    try {
+      body(b, probe_.weight(b));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Only the HVP needs a second derivative: the hint would mislead for the other passes.
+      throw ModelError(fmt::format("{}: {} failed on probe batch {}{}: {}", objective_.describe(),
+                                   pass_name(pass), b,
+                                   pass == Pass::kHvp ? fmt::format(" ({})", kTwiceDifferentiableHint)
+                                                      : std::string(),
+                                   brief_what(e)));
+    }
+  }
+}
+
 void CurvatureEngine::compute_first_order(bool keep_graphs) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   double loss = 0.0;
   ParamVector grad = zeros_like(s.params);
-  for (size_t b = 0; b < probe_.size(); ++b) {
+  for_each_batch(Pass::kFirstOrder, [&](size_t b, double w) {
     const bool keep = keep_graphs && (options_.max_kept_graphs == 0 ||
                                       static_cast<int64_t>(b) < options_.max_kept_graphs);
     at::Tensor loss_b = objective_.loss(probe_[b]);
@@ -144,26 +172,17 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                                        "checkpoint and the batch for NaN, or token ids out of range)",
                                        objective_.describe(), value, b));
     }
-    ParamVector g;
-    try {
-      g = torch::autograd::grad({loss_b}, s.params, {}, /*retain_graph=*/keep,
-                                /*create_graph=*/keep, /*allow_unused=*/true);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw ModelError(fmt::format("{}: backward failed: {}", objective_.describe(),
-                                   brief_what(e)));
-    }
+    ParamVector g = fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, /*retain_graph=*/keep,
+                                                         /*create_graph=*/keep, /*allow_unused=*/true),
+                                   s.params);
     ++counters_.backwards;
-    g = fill_undefined(std::move(g), s.params);
-    const double w = probe_.weight(b);
     loss += w * value;
     {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < g.size(); ++i) grad[i].add_(g[i].detach(), w);
     }
     s.kept[b] = keep ? std::move(g) : ParamVector{};
-  }
+  });
   check(grad, "the gradient");
   s.loss = loss;
   s.grad = std::move(grad);
@@ -209,7 +228,7 @@ ParamVector CurvatureEngine::hvp_exact(const ParamVector& v_in) {
     v.push_back(v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type()));
   }
   ParamVector result = zeros_like(s.params);
-  for (size_t b = 0; b < probe_.size(); ++b) {
+  for_each_batch(Pass::kHvp, [&](size_t b, double w) {
     ParamVector fresh;
     const bool kept = !s.kept[b].empty();
     if (!kept) {
@@ -229,25 +248,15 @@ ParamVector CurvatureEngine::hvp_exact(const ParamVector& v_in) {
         grad_outputs.push_back(v[i]);
       }
     }
-    if (outputs.empty()) continue;
-    ParamVector hv;
-    try {
-      hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
-                                 /*create_graph=*/false, /*allow_unused=*/true);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw ModelError(fmt::format("{}: Hessian-vector product failed ({}): {}",
-                                   objective_.describe(), kTwiceDifferentiableHint,
-                                   brief_what(e)));
-    }
+    if (outputs.empty()) return;
+    ParamVector hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
+                                           /*create_graph=*/false, /*allow_unused=*/true);
     ++counters_.second_backwards;
     at::NoGradGuard no_grad;
-    const double w = probe_.weight(b);
     for (size_t i = 0; i < hv.size(); ++i) {
       if (hv[i].defined()) result[i].add_(hv[i], w);
     }
-  }
+  });
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
   return result;
@@ -266,10 +275,10 @@ double CurvatureEngine::loss_at(const ParamVector& u) {
       s.params[i].variable_data().add_(u.at(i).to(s.params[i].scalar_type()));
     }
     try {
-      for (size_t b = 0; b < probe_.size(); ++b) {
-        loss += probe_.weight(b) * objective_.loss(probe_[b]).item<double>();
+      for_each_batch(Pass::kLossAt, [&](size_t b, double w) {
+        loss += w * objective_.loss(probe_[b]).item<double>();
         ++counters_.forwards;
-      }
+      });
     } catch (...) {
       for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
       throw;
@@ -299,15 +308,15 @@ ParamVector CurvatureEngine::gradient_at_offset(const ParamVector& offset) {
     }
   }
   try {
-    for (size_t b = 0; b < probe_.size(); ++b) {
+    for_each_batch(Pass::kGradientAtOffset, [&](size_t b, double w) {
       at::Tensor loss_b = objective_.loss(probe_[b]);
       ++counters_.forwards;
       auto g = fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, false, false, true),
                               s.params);
       ++counters_.backwards;
       at::NoGradGuard no_grad;
-      for (size_t i = 0; i < g.size(); ++i) grad[i].add_(g[i], probe_.weight(b));
-    }
+      for (size_t i = 0; i < g.size(); ++i) grad[i].add_(g[i], w);
+    });
   } catch (...) {
     restore();
     throw;

@@ -49,4 +49,6 @@ double matmul_gflops(int n, const std::string& dtype, int repeats) {
   return 2.0 * n * double(n) * n / best / 1e9;
 }
 
+std::string library_version() { return CURV_VERSION; }
+
 }  // namespace curv

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
 #include "curv/io/token_data.h"
@@ -54,6 +56,34 @@ ProbeSet load_token_probe_data(const std::string& path, int64_t block_size, int6
   const TokenData tokens = TokenData::from_uint16_file(path);
   auto [inputs, targets] = tokens.windows(examples, block_size, seed);
   return ProbeSet::split(inputs, targets, batch_size);
+}
+
+bool ProbeDataSource::token_file() const {
+  return std::filesystem::path(path).extension() == ".bin";
+}
+
+void ProbeDataSource::validate() const {
+  if (path.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
+  if (token_file() && (block_size == 0 || options.max_examples == 0)) {
+    throw InvalidArgument(fmt::format(
+        "probe data {}: a uint16 token file needs the window length "
+        "ProbeDataSource.block_size = {} and the window count ProbeDataOptions.max_examples = {} "
+        "set (> 0)",
+        path, block_size, options.max_examples));
+  }
+  if (!token_file() && block_size != 0) {
+    throw InvalidArgument(fmt::format("probe data {}: ProbeDataSource.block_size = {} applies to "
+                                      "uint16 token files (.bin) only",
+                                      path, block_size));
+  }
+  options.validate();
+}
+
+ProbeSet ProbeDataSource::load() const {
+  validate();
+  return token_file() ? load_token_probe_data(path, block_size, options.max_examples,
+                                              options.batch_size, seed)
+                      : load_probe_data(path, options);
 }
 
 }  // namespace curv

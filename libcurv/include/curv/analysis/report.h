@@ -35,6 +35,13 @@ struct Provenance {
   std::map<std::string, std::string> extra;  // free-form key/values written as attributes
 };
 
+// The fields every tool fills the same way: tool, libcurv version, command line, dtype, seed,
+// threads (0 = all cores) and the runtime summary. The caller adds model, probe set and blocks.
+Provenance make_provenance(const std::string& tool, const std::string& command_line,
+                           const std::string& dtype, uint64_t seed, int threads);
+// argv joined by spaces, for Provenance::command_line.
+std::string join_command_line(int argc, const char* const* argv);
+
 class ProbeReport {
  public:
   // Without `resume`, an existing file at `path` is replaced at the first commit() (never

@@ -69,9 +69,19 @@ struct RitzPair {
   Eigen::VectorXd vector;  // empty unless EigenOptions::keep_vectors
 };
 
+// How an eigen-solve ended, as Spectra's CompInfo reports it: not converging is a status with
+// the best pairs found, not an error.
+enum class EigenStatus {
+  kNotComputed,     // no solve ran (nothing was requested)
+  kConverged,       // every requested pair met the tolerance, or the Krylov space became invariant
+  kNotConverging,   // the HVP budget ran out first; the pairs are the best found
+  kNumericalIssue,  // the solver broke down (Spectra's NumericalIssue)
+};
+std::string to_string(EigenStatus status);  // "converged", "not_converging", ...
+
 struct EigenResult {
   EigenMethod method = EigenMethod::kLanczos;
-  bool converged = false;
+  EigenStatus status = EigenStatus::kNotComputed;
   std::string message;              // why it stopped
   std::vector<RitzPair> largest;    // descending
   std::vector<RitzPair> smallest;   // ascending
@@ -85,6 +95,7 @@ struct EigenResult {
   // Power: the Rayleigh quotient after each HVP of the first (dominant) pair.
   std::vector<double> largest_history, smallest_history;
 
+  bool converged() const { return status == EigenStatus::kConverged; }
   std::string brief() const;
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,13 @@ class CurvatureEngine {
 
  private:
   struct State;
+  // What a pass over the probe set computes, for error messages.
+  enum class Pass { kFirstOrder, kHvp, kGradientAtOffset, kLossAt };
+  static const char* pass_name(Pass pass);
+  // The one loop over the probe batches that every operation runs: body(b, w_b) does batch b's
+  // work (w_b = N_b / N); a failure inside the model becomes one ModelError naming the operation
+  // and the batch. Per-batch terms and a data-parallel reduction belong here.
+  void for_each_batch(Pass pass, const std::function<void(size_t, double)>& body);
   void compute_first_order(bool keep_graphs);
   bool keep_graphs_by_default() const;
   ParamVector gradient_at_offset(const ParamVector& offset);  // ∇L(θ + offset), θ restored

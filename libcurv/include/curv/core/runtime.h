@@ -14,6 +14,8 @@ struct RuntimeOptions {
 // Idempotent; call once at start-up.
 void init_runtime(const RuntimeOptions& options = {});
 int hardware_threads();
+// libcurv's version, "MAJOR.MINOR.PATCH" (provenance of every results file).
+std::string library_version();
 // "libtorch 1.13.1, 2 threads, BLAS: ..." for logs and provenance.
 std::string runtime_summary();
 // GFLOP/s of an n x n matmul in the given dtype ("float32" | "float64"): shows which BLAS runs.

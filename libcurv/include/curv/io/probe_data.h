@@ -25,4 +25,19 @@ ProbeSet load_probe_data(const std::string& path, const ProbeDataOptions& option
 ProbeSet load_token_probe_data(const std::string& path, int64_t block_size, int64_t examples,
                                int64_t batch_size, uint64_t seed);
 
+// A probe set as a tool names it: a safetensors file, or a uint16 token file (extension .bin)
+// cut into `options.max_examples` windows of `block_size` tokens at offsets seeded by `seed`.
+struct ProbeDataSource {
+  std::string path;
+  ProbeDataOptions options;
+  int64_t block_size = 0;  // token files only
+  uint64_t seed = 0;       // token files only
+
+  bool token_file() const;  // by the extension .bin
+  // InvalidArgument naming the path: no path; a token file without block_size and max_examples;
+  // a block_size for a safetensors file.
+  void validate() const;
+  ProbeSet load() const;
+};
+
 }  // namespace curv

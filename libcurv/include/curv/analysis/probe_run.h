@@ -1,0 +1,150 @@
+// The probe loop behind ndsprobe, as a library call: for every run, every selected checkpoint
+// and every direction, the Taylor audit (with within-block breakdown and eigenspace overlap),
+// plus the Hessian spectrum once per checkpoint, each unit committed to a ProbeReport so that a
+// killed run resumes where it stopped. Custom drivers run the same loop on their own engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "curv/analysis/report.h"
+#include "curv/analysis/spectrum.h"
+#include "curv/analysis/taylor.h"
+#include "curv/analysis/within.h"
+#include "curv/core/blocks.h"
+#include "curv/core/engine.h"
+#include "curv/core/progress.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/probe_data.h"
+#include "curv/models/model_loader.h"
+
+namespace curv {
+
+class Direction;
+class Table;
+
+// What is computed once per checkpoint besides the directions (docs/cli.md, "Spectrum").
+struct CheckpointSpectrumOptions {
+  bool eigenvalues = false;        // extreme eigenpairs of H (`eigen`)
+  bool per_block = false;          // also eigenpairs and traces of each block's H_ll
+  bool trace = false;              // trace of H (`trace_options`)
+  bool density = false;           // spectral density by SLQ (`density_options`)
+  bool precond_sharpness = false;  // λ_max of Adam's preconditioned H, from the saved state
+  bool overlap = false;            // per direction: share of ‖u‖² in the top eigenspace
+  EigenOptions eigen;              // eigen.top also sets the eigenspace of `overlap`
+  TraceOptions trace_options;
+  DensityOptions density_options;
+
+  bool any() const {
+    return eigenvalues || trace || density || precond_sharpness || overlap;
+  }
+  // The option structs of what is switched on; `overlap` needs eigen.top >= 1.
+  void validate() const;
+};
+
+// The loop's choices, independent of how the model and the probe set were obtained.
+struct ProbeRunOptions {
+  std::vector<std::string> runs;  // checkpoint directories, one run each
+  CheckpointLayout layout = CheckpointLayout::kAuto;
+  std::string param_order = "auto";  // how a torch optimizer's indices map to names
+  StepSelection steps;               // which checkpoints of each run
+  bool allow_extra = false;          // ignore checkpoint tensors that are not model parameters
+  // Direction specs (analysis/direction_registry.h), each at most once.
+  std::vector<std::string> directions = {"delta", "gradient", "random"};
+  // Optimizer directions without usable saved state take a what-if step instead of failing.
+  bool whatif_fallback = false;
+  TaylorOptions taylor;
+  bool within = false;  // within-block breakdown of each direction (`within_options`)
+  WithinOptions within_options;
+  CheckpointSpectrumOptions spectrum;
+  uint64_t seed = 0;  // seeds random directions and every estimator
+
+  void validate() const;  // InvalidArgument naming the field and value
+};
+
+// One run as the loop sees it: its name in the output and its checkpoints.
+struct ProbeRunSource {
+  std::string name;                    // the directory's name, made unique ("run", "run.2")
+  std::string dir;
+  std::vector<CheckpointInfo> all;     // every checkpoint (the delta goes to the next one)
+  std::vector<CheckpointInfo> chosen;  // the selection to probe
+};
+
+struct ProbeRunSummary {
+  size_t units = 0;    // (checkpoint, direction) units and checkpoint spectra in the plan
+  size_t skipped = 0;  // already in the output (resume)
+  EngineCounters counters;
+};
+
+class ProbeRun {
+ public:
+  // Validates the options, builds the directions and lists every run's checkpoints: every
+  // error that needs no model surfaces here, before any compute.
+  explicit ProbeRun(ProbeRunOptions options);
+  ~ProbeRun();
+  ProbeRun(const ProbeRun&) = delete;
+  ProbeRun& operator=(const ProbeRun&) = delete;
+
+  const ProbeRunOptions& options() const { return options_; }
+  const std::vector<ProbeRunSource>& runs() const { return runs_; }
+  size_t units() const;  // what progress counts to
+
+  // Probes every selected checkpoint of every run at the engine's objective and probe set and
+  // commits each unit to `report` (skipping units already there).
+  ProbeRunSummary execute(CurvatureEngine& engine, const BlockPartition& blocks,
+                          ProbeReport& report, const ProgressCallback& progress = {});
+
+ private:
+  void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
+                        CurvatureEngine& engine, const BlockPartition& blocks,
+                        ProbeReport& report, const ProgressCallback& progress, size_t& done,
+                        ProbeRunSummary& summary);
+
+  ProbeRunOptions options_;
+  std::vector<std::unique_ptr<Direction>> directions_;
+  std::vector<ProbeRunSource> runs_;
+};
+
+// Blocks by rule ("layer", "tensor", "whole") or, when `groups` is not empty, by NAME=REGEX
+// groups (unmatched parameters go to "rest").
+struct BlockOptions {
+  std::string rule = "layer";
+  std::vector<std::pair<std::string, std::string>> groups;
+  BlockPartition partition(const ParamSpace& space) const;
+  std::string describe() const;  // "layer" or "groups:name=regex;..." (provenance)
+};
+
+// Everything ndsprobe does, from files: the model (ModelSource, or the checkpoints' recorded
+// config), the probe data, the engine, the report with its provenance, then the loop.
+struct ProbeJob {
+  ProbeRunOptions run;
+  ModelSource model;
+  ProbeDataSource data;
+  BlockOptions blocks;
+  EngineOptions engine;
+  std::string output = "ndsprobe.h5";
+  bool resume = false;  // keep results already in `output` and skip finished units
+  // Tool, version, command line, dtype, seed and threads (make_provenance); run_probe_job adds
+  // the model, the probe set and the blocks.
+  Provenance provenance;
+};
+
+struct ProbeJobResult {
+  ProbeRunSummary summary;
+  std::string output;
+  std::unique_ptr<Table> taylor;  // the file's /taylor table, for a summary
+  ProbeJobResult();
+  ProbeJobResult(ProbeJobResult&&) noexcept;
+  ~ProbeJobResult();
+};
+
+ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress = {});
+
+// Per (run, direction): checkpoints, mean NDS, ρ_within, predicted and realized change of the
+// whole-model rows of a /taylor table, as the text table ndsprobe prints.
+std::string summarize_taylor(const Table& taylor);
+
+}  // namespace curv

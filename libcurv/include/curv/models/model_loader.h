@@ -1,0 +1,34 @@
+// Where a tool's model comes from: a built-in architecture's JSON config, a TorchScript file, or
+// the model config a checkpoint recorded in its meta.json.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "curv/core/objective.h"
+#include "curv/models/models.h"
+#include "curv/models/script_objective.h"
+
+namespace curv {
+
+struct ModelSource {
+  // A built-in config (.json) or a TorchScript file; empty takes the checkpoint's recorded config.
+  std::string path;
+  ScriptMode script_mode = ScriptMode::kAuto;  // TorchScript only
+  ModelInit init;                              // seed, dtype and device
+};
+ScriptMode parse_script_mode(const std::string& text);  // "auto" | "loss" | "logits"
+at::ScalarType parse_dtype(const std::string& text);    // "float32" | "float64"
+
+struct LoadedModel {
+  std::unique_ptr<Objective> objective;
+  std::string description;
+  ModelConfig config;  // valid when `builtin`
+  bool builtin = false;
+};
+
+// `recorded_config_json`: the "model" object a checkpoint's meta.json carries ("" if none), used
+// when `source.path` is empty. InvalidArgument when neither gives a model.
+LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json);
+
+}  // namespace curv

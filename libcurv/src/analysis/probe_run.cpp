@@ -1,0 +1,504 @@
+#include "curv/analysis/probe_run.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "curv/analysis/direction_registry.h"
+#include "curv/core/directions.h"
+#include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
+#include "curv/io/h5_file.h"
+
+namespace fs = std::filesystem;
+
+namespace curv {
+
+void CheckpointSpectrumOptions::validate() const {
+  if (eigenvalues || overlap) {
+    EigenOptions e = eigen;
+    // --overlap alone needs the top eigenvectors only.
+    if (!eigenvalues) e.bottom = 0;
+    if (overlap && e.top < 1) {
+      throw InvalidArgument(
+          fmt::format("overlap needs the top eigenspace: EigenOptions.top = {} must be >= 1", e.top));
+    }
+    e.validate();
+  }
+  if (trace) trace_options.validate();
+  if (density) density_options.validate();
+}
+
+void ProbeRunOptions::validate() const {
+  if (runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
+  if (directions.empty()) throw InvalidArgument("ProbeRunOptions.directions is empty");
+  validate_param_order(param_order);
+  taylor.validate();
+  if (within) within_options.validate();
+  if (spectrum.any()) spectrum.validate();
+}
+
+namespace {
+
+std::string spectrum_path(const std::string& run, int64_t step) {
+  return fmt::format("/runs/{}/step_{}/spectrum", run, step);
+}
+
+// Run names from directory names, made unique ("run", "run.2", ...).
+std::vector<std::string> run_names(const std::vector<std::string>& dirs) {
+  std::vector<std::string> out;
+  std::map<std::string, int> seen;
+  for (const auto& d : dirs) {
+    std::string name = fs::path(d).lexically_normal().filename().string();
+    if (name.empty() || name == ".") {
+      name = fs::path(d).lexically_normal().parent_path().filename().string();
+    }
+    if (name.empty() || name == "." || name == "..") name = "run";
+    const int n = ++seen[name];
+    out.push_back(n == 1 ? name : fmt::format("{}.{}", name, n));
+  }
+  return out;
+}
+
+void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
+  struct Row {
+    std::string which;
+    int64_t rank;
+    const RitzPair* pair;
+  };
+  std::vector<Row> rows;
+  for (const auto& [which, pairs] : {std::pair{"largest", &r.largest},
+                                     std::pair{"smallest", &r.smallest},
+                                     std::pair{"dominant", &r.dominant}}) {
+    for (size_t i = 0; i < pairs->size(); ++i) {
+      rows.push_back({which, static_cast<int64_t>(i), &(*pairs)[i]});
+    }
+  }
+  const int64_t converged = r.converged() ? 1 : 0;
+  Table part;
+  part.add_column("block", rows, [&](const Row&) { return block; });
+  part.add_column("which", rows, [](const Row& x) { return x.which; });
+  part.add_column("rank", rows, [](const Row& x) { return x.rank; });
+  part.add_column("eigenvalue", rows, [](const Row& x) { return x.pair->value; });
+  part.add_column("residual", rows, [](const Row& x) { return x.pair->residual; });
+  part.add_column("error_bound", rows, [](const Row& x) { return x.pair->error_bound; });
+  part.add_column("hvps", rows, [&](const Row&) { return r.hvps; });
+  part.add_column("converged", rows, [&](const Row&) { return converged; });
+  t.append_rows(part);
+}
+
+void append_trace(Table& t, const std::string& block, const TraceResult& r) {
+  Table row;
+  row.add_column("block", std::vector<std::string>{block});
+  row.add_column("estimate", std::vector<double>{r.estimate});
+  row.add_column("standard_error", std::vector<double>{r.standard_error});
+  row.add_column("matvecs", std::vector<int64_t>{r.matvecs});
+  row.add_column("samples", std::vector<int64_t>{r.samples});
+  t.append_rows(row);
+}
+
+void write_eigen(H5Writer& w, const std::string& group, CurvatureEngine& engine,
+                 const BlockPartition& blocks, const CheckpointSpectrumOptions& o,
+                 const EigenOptions& options, const EigenResult& global) {
+  Table t;
+  append_pairs(t, "total", global);
+  std::vector<std::string> messages = {"total: " + global.message};
+  if (o.per_block) {
+    for (const Block& b : blocks.blocks()) {
+      HessianOperator hb(engine, b.params);
+      EigenOptions bo = o.eigen;
+      bo.keep_vectors = false;
+      EigenResult r = extreme_eigenpairs(hb, bo);
+      append_pairs(t, b.name, r);
+      messages.push_back(b.name + ": " + r.message);
+    }
+  }
+  const std::string eg = group + "/eigen";
+  w.table(eg, t);
+  w.attribute(eg, "method", to_string(options.method));
+  w.attribute(eg, "tol", options.tol);
+  w.attribute(eg, "bound", to_string(options.bound));
+  w.attribute(eg, "max_hvps", options.max_hvps);
+  w.attribute(eg, "residuals", "measured: one extra HVP per pair");
+  w.attribute(eg, "messages", messages);
+}
+
+void write_trace(H5Writer& w, const std::string& group, CurvatureEngine& engine,
+                 const BlockPartition& blocks, const CheckpointSpectrumOptions& o) {
+  Table t;
+  HessianOperator h(engine);
+  append_trace(t, "total", estimate_trace(h, o.trace_options));
+  if (o.per_block) {
+    for (const Block& b : blocks.blocks()) {
+      HessianOperator hb(engine, b.params);
+      append_trace(t, b.name, estimate_trace(hb, o.trace_options));
+    }
+  }
+  const std::string tg = group + "/trace";
+  w.table(tg, t);
+  w.attribute(tg, "method", to_string(o.trace_options.method));
+  w.attribute(tg, "matvecs", o.trace_options.matvecs);
+}
+
+void write_density(H5Writer& w, const std::string& group, CurvatureEngine& engine,
+                   const CheckpointSpectrumOptions& o) {
+  HessianOperator h(engine);
+  DensityResult d = spectral_density(h, o.density_options);
+  const std::string dg = group + "/density";
+  const auto runs = static_cast<uint64_t>(d.runs), steps = static_cast<uint64_t>(d.steps);
+  w.dataset(dg + "/nodes", d.nodes, {runs, steps});
+  w.dataset(dg + "/weights", d.weights, {runs, steps});
+  w.dataset(dg + "/grid", d.grid);
+  w.dataset(dg + "/density", d.density);
+  w.attribute(dg, "sigma", d.sigma);
+  w.attribute(dg, "runs", d.runs);
+  w.attribute(dg, "steps", d.steps);
+  w.attribute(dg, "trace", d.trace);
+  w.attribute(dg, "trace_standard_error", d.trace_standard_error);
+  w.attribute(dg, "hvps", d.hvps);
+}
+
+void write_precond(H5Writer& w, const std::string& group, CurvatureEngine& engine,
+                   const Checkpoint& ckpt, const CheckpointSpectrumOptions& o) {
+  const std::string pg = group + "/precond";
+  w.group(pg);
+  AdamPreconditioner p;
+  const std::string why = adam_preconditioner(ckpt, engine.space(), &p);
+  if (!why.empty()) {
+    w.attribute(pg, "status", "unavailable");
+    w.attribute(pg, "message", why);
+    return;
+  }
+  HessianOperator h(engine);
+  ScaledOperator scaled(h, p.inverse_sqrt);
+  EigenOptions options = o.eigen;
+  options.top = 1;
+  options.bottom = 0;
+  options.keep_vectors = false;
+  EigenResult r = extreme_eigenpairs(scaled, options);
+  const auto& pair = options.method == EigenMethod::kPower ? r.dominant : r.largest;
+  w.attribute(pg, "status", r.converged() ? "converged" : "not_converged");
+  w.attribute(pg, "message", r.message);
+  w.attribute(pg, "sharpness", pair.empty() ? std::nan("") : pair[0].value);
+  w.attribute(pg, "residual", pair.empty() ? std::nan("") : pair[0].residual);
+  w.attribute(pg, "hvps", r.hvps + r.residual_hvps);
+  w.attribute(pg, "edge_of_stability", p.edge_of_stability());
+  w.attribute(pg, "lr", p.lr);
+  w.attribute(pg, "beta1", p.beta1);
+  w.attribute(pg, "beta2", p.beta2);
+  w.attribute(pg, "eps", p.eps);
+  w.attribute(pg, "step_count", p.step_count);
+}
+
+// Computes and stores the per-checkpoint spectrum results; returns the global top eigenvectors
+// (for overlap). With `write` false (a resumed run whose spectrum is already in the file), only
+// the eigenvectors that overlap needs are recomputed.
+std::vector<Eigen::VectorXd> checkpoint_spectrum(CurvatureEngine& engine, const Checkpoint& ckpt,
+                                                 const BlockPartition& blocks,
+                                                 const CheckpointSpectrumOptions& o, H5Writer& w,
+                                                 const std::string& run, bool write) {
+  const std::string g = spectrum_path(run, ckpt.step);
+  std::vector<Eigen::VectorXd> top_vectors;
+  const int64_t hvps_before = engine.counters().hvps;
+  if (write) {
+    w.remove(g);
+    w.group(g);
+    w.attribute(g, "seed", static_cast<int64_t>(o.eigen.seed));
+  }
+  if (o.eigenvalues || o.overlap) {
+    HessianOperator h(engine);
+    EigenOptions options = o.eigen;
+    // Overlap alone, or a resumed run whose eigenvalues are in the file, needs the top only.
+    if (!write || !o.eigenvalues) options.bottom = 0;
+    EigenResult global = extreme_eigenpairs(h, options);
+    const auto& top = options.method == EigenMethod::kPower ? global.dominant : global.largest;
+    for (const auto& p : top) top_vectors.push_back(p.vector);
+    if (write && o.eigenvalues) write_eigen(w, g, engine, blocks, o, options, global);
+  }
+  if (write && o.trace) write_trace(w, g, engine, blocks, o);
+  if (write && o.density) write_density(w, g, engine, o);
+  if (write && o.precond_sharpness) write_precond(w, g, engine, ckpt, o);
+  if (write) w.attribute(g, "hvps", engine.counters().hvps - hvps_before);
+  return top_vectors;
+}
+
+void write_overlap(H5Writer& w, const std::string& unit, const Overlap& o) {
+  const std::string og = unit + "/overlap";
+  w.dataset(og + "/per_vector", o.per_vector);
+  w.attribute(og, "eigenspace_share", o.eigenspace_share);
+  w.attribute(og, "gradient_cosine", o.gradient_cosine);
+  w.attribute(og, "k", static_cast<int64_t>(o.per_vector.size()));
+}
+
+// Fails before any compute is spent when the output cannot be written.
+void check_writable(const std::string& path) {
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
+  if (!fs::is_directory(parent)) {
+    throw InvalidArgument(
+        fmt::format("output '{}': directory '{}' does not exist", path, parent.string()));
+  }
+  if (fs::is_directory(path)) throw InvalidArgument(fmt::format("output '{}' is a directory", path));
+  const fs::path probe = parent / fmt::format(".ndsprobe-write-test-{}", ::getpid());
+  std::ofstream out(probe);
+  if (!out) {
+    throw InvalidArgument(
+        fmt::format("output '{}': cannot write in directory '{}'", path, parent.string()));
+  }
+  out.close();
+  fs::remove(probe);
+}
+
+void report_progress(const ProgressCallback& progress, size_t done, size_t total,
+                     const std::string& label) {
+  if (progress) progress(done, total, label);
+}
+
+}  // namespace
+
+ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
+  options_.validate();
+  std::set<std::string> seen;
+  for (const auto& spec : options_.directions) {
+    directions_.push_back(make_direction(spec));
+    if (!seen.insert(directions_.back()->name()).second) {
+      throw InvalidArgument(fmt::format("--directions lists '{}' twice", spec));
+    }
+  }
+  const auto names = run_names(options_.runs);
+  for (size_t r = 0; r < options_.runs.size(); ++r) {
+    ProbeRunSource source;
+    source.name = names[r];
+    source.dir = options_.runs[r];
+    source.all = list_checkpoints(source.dir, {}, options_.layout);
+    source.chosen = options_.steps.select(source.all);
+    if (source.chosen.empty()) {
+      throw InvalidArgument(fmt::format("no checkpoint of '{}' in the selection {}", source.dir,
+                                        options_.steps.describe()));
+    }
+    runs_.push_back(std::move(source));
+  }
+}
+
+ProbeRun::~ProbeRun() = default;
+
+size_t ProbeRun::units() const {
+  size_t total = 0;
+  const size_t per_checkpoint = directions_.size() + (options_.spectrum.any() ? 1 : 0);
+  for (const auto& run : runs_) total += run.chosen.size() * per_checkpoint;
+  return total;
+}
+
+ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition& blocks,
+                                  ProbeReport& report, const ProgressCallback& progress) {
+  ProbeRunSummary summary;
+  summary.units = units();
+  size_t done = 0;
+  for (const auto& run : runs_) {
+    report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
+    report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
+    for (const auto& info : run.chosen) {
+      probe_checkpoint(run, info, engine, blocks, report, progress, done, summary);
+    }
+  }
+  report.commit();
+  summary.counters = engine.counters();
+  return summary;
+}
+
+void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
+                                CurvatureEngine& engine, const BlockPartition& blocks,
+                                ProbeReport& report, const ProgressCallback& progress,
+                                size_t& done, ProbeRunSummary& summary) {
+  const auto& o = options_;
+  const size_t total = summary.units;
+  const bool any_spectrum = o.spectrum.any();
+  const size_t per_checkpoint = directions_.size() + (any_spectrum ? 1 : 0);
+  const bool spectrum_done =
+      !any_spectrum || report.writer().exists(spectrum_path(run.name, info.step));
+  bool all_done = spectrum_done;
+  for (const auto& d : directions_) {
+    all_done = all_done && report.done(run.name, info.step, d->name());
+  }
+  if (all_done) {
+    done += per_checkpoint;
+    summary.skipped += per_checkpoint;
+    report_progress(progress, done, total,
+                    fmt::format("{} step {} (already in output)", run.name, info.step));
+    return;
+  }
+  const ParamSpace& space = engine.space();
+  Checkpoint ckpt = load_checkpoint(info);
+  resolve_optimizer_state(ckpt, space, o.param_order);
+  DirectionContext context;
+  context.engine = &engine;
+  context.current = &ckpt;
+  context.step = info.step;
+  context.seed = o.seed;
+  context.whatif_fallback = o.whatif_fallback;
+  for (const auto& b : blocks.blocks()) context.blocks.push_back(b.params);
+  const ParamVector like = engine.objective().parameters();
+  context.theta = parameters_from(ckpt, space, like, o.allow_extra);
+  engine.set_parameters(context.theta);
+  // The delta goes to the next saved checkpoint, whatever the selection's stride.
+  for (size_t k = 0; k + 1 < run.all.size(); ++k) {
+    if (run.all[k].step == info.step) {
+      Checkpoint next = load_checkpoint(run.all[k + 1]);
+      context.theta_next = parameters_from(next, space, like, o.allow_extra);
+      break;
+    }
+  }
+  report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()));
+  std::vector<Eigen::VectorXd> top_vectors;
+  if (any_spectrum) {
+    bool overlap_needed = false;
+    for (const auto& d : directions_) {
+      overlap_needed =
+          overlap_needed || (o.spectrum.overlap && !report.done(run.name, info.step, d->name()));
+    }
+    if (!spectrum_done || overlap_needed) {
+      top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum, report.writer(),
+                                        run.name, !spectrum_done);
+      if (!spectrum_done) report.commit();
+    } else {
+      ++summary.skipped;
+    }
+    report_progress(progress, ++done, total,
+                    fmt::format("{} step {} spectrum", run.name, info.step));
+  }
+  for (const auto& d : directions_) {
+    const std::string label = fmt::format("{} step {} {}", run.name, info.step, d->name());
+    if (report.done(run.name, info.step, d->name())) {
+      ++summary.skipped;
+      report_progress(progress, ++done, total, label);
+      continue;
+    }
+    const std::string why = d->unavailable(context);
+    if (!why.empty()) {
+      report.add_status(run.name, info.step, d->name(), "unavailable", why);
+    } else {
+      context.note.clear();
+      context.partition.clear();
+      ParamVector u = d->compute(context);
+      TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
+      if (o.within) {
+        WithinReport within = within_block(engine, u, o.within_options);
+        report.add_taylor(run.name, info.step, d->name(), taylor, &within);
+      } else {
+        report.add_taylor(run.name, info.step, d->name(), taylor);
+      }
+      const std::string unit = unit_path(run.name, info.step, d->name());
+      if (o.spectrum.overlap) {
+        write_overlap(report.writer(), unit,
+                      direction_overlap(u, top_vectors, engine.gradient()));
+      }
+      if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
+      // Which rule each parameter got (aligned with the root attribute param_names).
+      if (!context.partition.empty()) {
+        report.writer().attribute(unit, "partition", context.partition);
+      }
+    }
+    report.commit();
+    report_progress(progress, ++done, total, label);
+  }
+}
+
+BlockPartition BlockOptions::partition(const ParamSpace& space) const {
+  if (groups.empty()) return BlockPartition::by_rule(space, BlockPartition::parse_rule(rule));
+  return BlockPartition::by_regex(space, groups);
+}
+
+std::string BlockOptions::describe() const {
+  if (groups.empty()) return rule;
+  std::vector<std::string> parts;
+  for (const auto& [name, regex] : groups) parts.push_back(name + "=" + regex);
+  return "groups:" + fmt::format("{}", fmt::join(parts, ";"));
+}
+
+ProbeJobResult::ProbeJobResult() = default;
+ProbeJobResult::ProbeJobResult(ProbeJobResult&&) noexcept = default;
+ProbeJobResult::~ProbeJobResult() = default;
+
+ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress) {
+  job.data.validate();
+  job.engine.validate();
+  ProbeRunOptions run_options = job.run;
+  ProbeRun run(std::move(run_options));  // lists and checks every run's checkpoints
+  check_writable(job.output);
+
+  const Checkpoint first = load_checkpoint(run.runs().front().chosen.front());
+  LoadedModel model = load_model(job.model, first.model_config_json());
+  Objective& objective = *model.objective;
+  ProbeSet probe = job.data.load();
+  const BlockPartition blocks = job.blocks.partition(objective.space());
+  CurvatureEngine engine(objective, probe, job.engine);
+
+  Provenance provenance = job.provenance;
+  provenance.model = model.description;
+  provenance.probe_examples = probe.num_examples();
+  provenance.probe_batches = static_cast<int64_t>(probe.size());
+  provenance.probe_hash = probe.hash();
+  provenance.blocks = job.blocks.describe();
+  provenance.hvp_method = job.engine.hvp_method == HvpMethod::kExact ? "exact" : "fd";
+  provenance.extra["probe_data"] = job.data.path;
+  provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
+  provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));
+  ProbeReport report(job.output, provenance, job.resume);
+
+  ProbeJobResult result;
+  result.summary = run.execute(engine, blocks, report, progress);
+  result.output = job.output;
+  result.taylor = std::make_unique<Table>(report.taylor_table());
+  return result;
+}
+
+std::string summarize_taylor(const Table& taylor) {
+  // Per (run, direction): mean over checkpoints of the whole-model rows.
+  struct Acc {
+    int n = 0, n_rho = 0, n_real = 0;
+    double nds = 0, rho = 0, predicted = 0, realized = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Acc> acc;
+  const auto& run = taylor.strings("run");
+  const auto& dir = taylor.strings("direction");
+  const auto& block = taylor.strings("block");
+  const auto& nds = taylor.doubles("nds");
+  const auto& rho = taylor.doubles("rho_within");
+  const auto& predicted = taylor.doubles("predicted");
+  const auto& realized = taylor.doubles("realized");
+  for (size_t i = 0; i < taylor.num_rows(); ++i) {
+    if (block[i] != "total") continue;
+    auto& a = acc[{run[i], dir[i]}];
+    ++a.n;
+    a.nds += nds[i];
+    a.predicted += predicted[i];
+    if (std::isfinite(rho[i])) {
+      a.rho += rho[i];
+      ++a.n_rho;
+    }
+    if (std::isfinite(realized[i])) {
+      a.realized += realized[i];
+      ++a.n_real;
+    }
+  }
+  // printf's byte-counted widths, as the summary has always been printed.
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %-16s %5s %12s %10s %13s %13s\n", "run", "direction",
+                "ckpts", "mean NDS", "ρ_within", "predicted ΔL", "realized ΔL");
+  std::string out = line;
+  for (const auto& [key, a] : acc) {
+    auto mean = [](double s, int n) { return n ? s / n : std::nan(""); };
+    std::snprintf(line, sizeof line, "%-20s %-16s %5d %12.5g %9.1f%% %13.4e %13.4e\n",
+                  key.first.c_str(), key.second.c_str(), a.n, a.nds / a.n,
+                  100 * mean(a.rho, a.n_rho), a.predicted / a.n, mean(a.realized, a.n_real));
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace curv

@@ -1,0 +1,48 @@
+#include "curv/models/model_loader.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "curv/core/error.h"
+
+namespace curv {
+
+ScriptMode parse_script_mode(const std::string& text) {
+  if (text == "auto") return ScriptMode::kAuto;
+  if (text == "loss") return ScriptMode::kLoss;
+  if (text == "logits") return ScriptMode::kLogits;
+  throw InvalidArgument(fmt::format("script mode '{}': expected auto, loss or logits", text));
+}
+
+at::ScalarType parse_dtype(const std::string& text) {
+  if (text == "float32") return at::kFloat;
+  if (text == "float64") return at::kDouble;
+  throw InvalidArgument(fmt::format("dtype '{}': expected float32 or float64", text));
+}
+
+LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json) {
+  LoadedModel out;
+  const bool json =
+      source.path.empty() || std::filesystem::path(source.path).extension() == ".json";
+  if (json) {
+    if (source.path.empty() && recorded_config_json.empty()) {
+      throw InvalidArgument("no model: pass --model (a .json built-in config or a TorchScript "
+                            "file); the checkpoints' meta.json carries no \"model\" config");
+    }
+    out.config = source.path.empty() ? ModelConfig::from_json(recorded_config_json, "meta.json")
+                                     : ModelConfig::from_file(source.path);
+    out.objective = make_model(out.config, source.init);
+    out.builtin = true;
+  } else {
+    ScriptOptions options;
+    options.dtype = source.init.dtype;
+    options.device = source.init.device;
+    options.mode = source.script_mode;
+    out.objective = load_script_objective(source.path, options);
+  }
+  out.description = out.objective->describe();
+  return out;
+}
+
+}  // namespace curv

@@ -1,0 +1,99 @@
+// The tools' argument groups on their own: flags parsed by CLI11 into the library's options, and
+// library validation messages rewritten to the flags a user typed.
+#include <catch2/catch.hpp>
+
+#include "cli_common.h"
+#include "curv/core/error.h"
+#include "probe_args.h"
+#include "test_support.h"
+
+using namespace curv;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Parses `args` (without the program name) into the groups added to `app`.
+void parse(CLI::App& app, std::vector<std::string> args) {
+  std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
+  app.parse(args);
+}
+
+}  // namespace
+
+TEST_CASE("library field names in messages become the flags of the argument groups", "[cli]") {
+  const std::map<std::string, std::string> flags = {{"EigenOptions.bottom", "--eig-bottom"},
+                                                    {"EigenOptions", "--eig-top/--eig-bottom"},
+                                                    {"TraceOptions.matvecs", "--trace-hvps"}};
+  CHECK(tools::with_flag_names("EigenOptions.bottom = 2: power iteration finds the largest", flags) ==
+        "--eig-bottom 2: power iteration finds the largest");
+  CHECK(tools::with_flag_names("TraceOptions.matvecs = 4 must be >= 6 for hutchpp", flags) ==
+        "--trace-hvps 4 must be >= 6 for hutchpp");
+  CHECK(tools::with_flag_names("EigenOptions: top = bottom = 0 asks for nothing", flags) ==
+        "--eig-top/--eig-bottom: top = bottom = 0 asks for nothing");
+  CHECK(tools::with_flag_names("nothing to rewrite", flags) == "nothing to rewrite");
+  CURV_CHECK_THROWS(tools::validate_with_flags(
+                        [] { throw InvalidArgument("TraceOptions.matvecs = 1 too small"); }, flags),
+                    InvalidArgument, Contains("--trace-hvps 1 too small"));
+}
+
+TEST_CASE("ndsprobe's argument groups produce the run options", "[cli]") {
+  CLI::App app;
+  tools::CheckpointArgs checkpoints;
+  tools::DirectionArgs directions;
+  tools::AuditArgs audit;
+  tools::SpectrumArgs spectrum;
+  tools::ProbeDataArgs data;
+  checkpoints.add_to(app);
+  directions.add_to(app);
+  audit.add_to(app);
+  spectrum.add_to(app);
+  data.add_to(app);
+  parse(app, {"run_a", "run_b", "--steps", "10:30", "--stride", "2", "--directions",
+              "muon.whatif:match=1,lr=0.01,delta", "--coupling", "random", "--within",
+              "--modes", "2", "--spectrum", "--eig-method", "power", "--trace", "hutchinson",
+              "--data", "probe.safetensors", "--batch-size", "5"});
+  ProbeRunOptions options;
+  checkpoints.to_options(options);
+  directions.to_options(options);
+  audit.to_options(options, 7);
+  options.spectrum = spectrum.to_options(7);
+  CHECK(options.runs == std::vector<std::string>{"run_a", "run_b"});
+  CHECK(options.steps.first == 10);
+  CHECK(options.steps.last == 30);
+  CHECK(options.steps.stride == 2);
+  // CLI11 splits at every comma; key=value pieces rejoin the spec before them.
+  CHECK(options.directions == std::vector<std::string>{"muon.whatif:match=1,lr=0.01", "delta"});
+  CHECK(options.taylor.coupling == CouplingMode::kRandomized);
+  CHECK(options.taylor.seed == 7);
+  CHECK(options.within);
+  CHECK(options.within_options.modes == 2);
+  CHECK(options.spectrum.eigenvalues);
+  CHECK(options.spectrum.trace);
+  CHECK(options.spectrum.trace_options.method == TraceMethod::kHutchinson);
+  // Power iteration finds the largest |λ| only: the default --eig-bottom is dropped ...
+  CHECK(options.spectrum.eigen.method == EigenMethod::kPower);
+  CHECK(options.spectrum.eigen.bottom == 0);
+  CHECK_NOTHROW(options.spectrum.validate());
+  const ProbeDataSource source = data.to_source(3);
+  CHECK(source.options.batch_size == 5);
+  CHECK_FALSE(source.token_file());
+
+  // ... and a given one is an error that names the flag.
+  CLI::App again;
+  tools::SpectrumArgs given;
+  given.add_to(again);
+  parse(again, {"--spectrum", "--eig-method", "power", "--eig-bottom", "2"});
+  CURV_CHECK_THROWS(
+      tools::validate_with_flags([&] { given.to_options(0).validate(); }, tools::SpectrumArgs::flags()),
+      InvalidArgument, Contains("--eig-bottom 2"));
+}
+
+TEST_CASE("a token file without window length or count names both flags", "[cli]") {
+  CLI::App app;
+  tools::ProbeDataArgs data;
+  data.add_to(app);
+  parse(app, {"--data", "train.bin"});
+  CURV_CHECK_THROWS(tools::validate_with_flags([&] { data.to_source(0).validate(); },
+                                               tools::ProbeDataArgs::flags()),
+                    InvalidArgument, Contains("--block-size 0") && Contains("--examples 0"));
+}

@@ -1,0 +1,299 @@
+#include "probe_args.h"
+
+#include <fmt/format.h>
+
+#include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
+
+namespace curv::tools {
+
+void CheckpointArgs::add_to(CLI::App& app) {
+  app.add_option("checkpoints", runs,
+                 "Checkpoint directories, one run each (step_<N>/, nanoGPT ckpt*.pt, Hugging Face "
+                 "checkpoint-<N>/ or step_<N>.pt; see --layout)");
+  app.add_option("--layout", layout, "Checkpoint layout: auto (detected), native, nanogpt, hf, pt")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "native", "nanogpt", "hf", "pt"}));
+  app.add_option("--param-order", param_order,
+                 "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
+                 "matrices first), hidden (Muon: hidden matrices first) or file:PATH (one name "
+                 "per line)")
+      ->capture_default_str();
+  app.add_option("--steps", steps,
+                 "Checkpoint steps to probe: FIRST:LAST, FIRST:, :LAST (inclusive)");
+  app.add_option("--stride", stride, "Probe every K-th selected checkpoint")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--allow-extra", allow_extra,
+               "Ignore checkpoint tensors that are not model parameters");
+}
+
+void CheckpointArgs::to_options(ProbeRunOptions& options) const {
+  options.runs = runs;
+  options.layout = parse_checkpoint_layout(layout);
+  options.param_order = param_order;
+  options.steps = StepSelection::parse(steps, stride);
+  options.allow_extra = allow_extra;
+}
+
+void ProbeDataArgs::add_to(CLI::App& app) {
+  app.add_option("--data", data,
+                 "Probe data: safetensors file with 'inputs' and 'targets', or a uint16 token "
+                 "file (nanoGPT's .bin; needs --block-size)");
+  app.add_option("--block-size", block_size,
+                 "Window length T for uint16 token data: --examples windows at seeded offsets")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", batch_size, "Probe batch size (examples per HVP batch)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--examples", examples, "Use the first N probe examples (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+ProbeDataSource ProbeDataArgs::to_source(uint64_t seed) const {
+  ProbeDataSource source;
+  source.path = data;
+  source.block_size = block_size;
+  source.options.batch_size = batch_size;
+  source.options.max_examples = examples;
+  source.seed = seed;
+  return source;
+}
+
+const std::map<std::string, std::string>& ProbeDataArgs::flags() {
+  static const std::map<std::string, std::string> map = {
+      {"ProbeDataSource.block_size", "--block-size"},
+      {"ProbeDataOptions.max_examples", "--examples"},
+      {"ProbeDataOptions.batch_size", "--batch-size"},
+  };
+  return map;
+}
+
+void DirectionArgs::add_to(CLI::App& app) {
+  app.add_option("--directions", directions,
+                 "Directions, comma-separated (see --list-directions)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_flag("--whatif-fallback", whatif_fallback,
+               "Optimizer directions at checkpoints without usable saved state take a what-if "
+               "step from fresh state (noted in the output) instead of failing");
+  app.add_flag("--list-directions", list, "List the known directions and exit");
+}
+
+std::vector<std::string> DirectionArgs::specs() const {
+  std::vector<std::string> out;
+  for (const auto& piece : directions) {
+    if (!out.empty() && piece.find('=') != std::string::npos &&
+        piece.find(':') == std::string::npos && out.back().find(':') != std::string::npos) {
+      out.back() += "," + piece;
+    } else {
+      out.push_back(piece);
+    }
+  }
+  return out;
+}
+
+void DirectionArgs::to_options(ProbeRunOptions& options) const {
+  options.directions = specs();
+  options.whatif_fallback = whatif_fallback;
+}
+
+void AuditArgs::add_to(CLI::App& app) {
+  app.add_option("--blocks", blocks,
+                 "Block rule: layer (transformer layers + embeddings + head), tensor, whole")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"layer", "tensor", "whole"}));
+  app.add_option("--block-group", block_groups,
+                 "User block NAME=REGEX (repeatable; overrides --blocks; unmatched go to 'rest')");
+  app.add_option("--coupling", coupling,
+                 "Coupling matrix: full (one HVP per block), random (Rademacher estimate of "
+                 "each C_ll), none (row sums only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"full", "random", "none"}));
+  app.add_option("--coupling-samples", coupling_samples, "HVPs of --coupling random")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  app.add_option("--multipliers", multipliers,
+                 "Also compare predicted and realized change at θ + η·u for these η")
+      ->delimiter(',');
+  app.add_flag("--no-realized", no_realized,
+               "Skip evaluating L(θ+u) (saves one forward pass per batch)");
+  app.add_flag("--within", within,
+               "Within-block breakdown of matrix parameters: singular-mode curvature, head / "
+               "Q,K,V groups, update isotropy");
+  app.add_option("--within-params", within_params,
+                 "Regex of parameters for --within (default: 2-D, not embeddings or head)");
+  app.add_option("--modes", modes, "Singular modes per matrix for --within (one HVP each)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--row-chunks", row_chunks, "Row groups for non-attention matrices in --within")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--within-max-hvps", within_max_hvps,
+                 "HVP budget of --within per unit (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+BlockOptions AuditArgs::block_options() const {
+  BlockOptions options;
+  options.rule = blocks;
+  for (const auto& g : block_groups) {
+    const auto eq = g.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == g.size()) {
+      throw InvalidArgument(fmt::format("--block-group '{}': expected NAME=REGEX", g));
+    }
+    options.groups.emplace_back(g.substr(0, eq), g.substr(eq + 1));
+  }
+  return options;
+}
+
+void AuditArgs::to_options(ProbeRunOptions& options, uint64_t seed) const {
+  options.taylor.coupling = parse_coupling_mode(coupling);
+  options.taylor.coupling_samples = coupling_samples;
+  options.taylor.seed = seed;
+  options.taylor.realized = !no_realized;
+  options.taylor.step_multipliers = multipliers;
+  options.within = within;
+  options.within_options.param_regex = within_params;
+  options.within_options.modes = modes;
+  options.within_options.row_chunks = row_chunks;
+  options.within_options.max_hvps = within_max_hvps;
+}
+
+const std::map<std::string, std::string>& AuditArgs::flags() {
+  static const std::map<std::string, std::string> map = {
+      {"TaylorOptions.coupling_samples", "--coupling-samples"},
+      {"TaylorOptions.step_multipliers", "--multipliers"},
+      {"WithinOptions.param_regex", "--within-params"},
+      {"WithinOptions.modes", "--modes"},
+      {"WithinOptions.row_chunks", "--row-chunks"},
+      {"WithinOptions.max_hvps", "--within-max-hvps"},
+  };
+  return map;
+}
+
+void SpectrumArgs::add_to(CLI::App& app) {
+  app.add_flag("--spectrum", spectrum,
+               "Extreme eigenvalues of H per checkpoint (with Ritz residuals and HVP counts)");
+  app.add_option("--eig-top", eig_top,
+                 "Largest (algebraic) eigenvalues for --spectrum, --overlap; largest |λ| with "
+                 "--eig-method power")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  eig_bottom_option =
+      app.add_option("--eig-bottom", eig_bottom, "Smallest (algebraic) eigenvalues for --spectrum")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
+  app.add_option("--eig-tol", eig_tol,
+                 "Convergence: Ritz residual ≤ tol·|λ| (power: relative change of the Rayleigh "
+                 "quotient)")
+      ->capture_default_str();
+  app.add_option("--eig-bound", eig_bound,
+                 "Error bound of the Lanczos stopping rule: residual (|θ−λ| ≤ r) or gap "
+                 "(min(r, r²/gap))")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"residual", "gap"}));
+  app.add_option("--eig-method", eig_method,
+                 "Eigen-solver: lanczos (one Krylov space, full reorthogonalisation), spectra "
+                 "(restarted), power (baseline)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lanczos", "spectra", "power"}));
+  app.add_option("--eig-max-hvps", eig_max_hvps, "HVP budget of each eigen-solve")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  app.add_flag("--spectrum-blocks", spectrum_blocks,
+               "Also eigenvalues and traces of each block's H_ll (blocks as --blocks)");
+  app.add_option("--trace", trace, "Trace of H per checkpoint: none, hutchinson, hutchpp")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "hutchinson", "hutchpp"}));
+  app.add_option("--trace-hvps", trace_hvps, "HVP budget of each trace estimate")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  app.add_flag("--density", density,
+               "Spectral density of H per checkpoint by stochastic Lanczos quadrature");
+  app.add_option("--slq-runs", slq_runs, "Start vectors of --density")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--slq-steps", slq_steps, "Lanczos steps per --density run")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--density-sigma", density_sigma,
+                 "Gaussian smoothing width of --density in eigenvalue units (0 = 1% of the "
+                 "Ritz-value spread)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--density-grid", density_grid, "Points of the smoothed --density curve")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  app.add_flag("--precond-sharpness", precond_sharpness,
+               "λ_max(P^-1/2 H P^-1/2) with Adam's P = sqrt(v̂)+ε from the checkpoint, beside "
+               "(2+2β₁)/((1−β₁)·lr)");
+  app.add_flag("--overlap", overlap,
+               "Per direction: share of ‖u‖² in the top --eig-top eigenspace, and cosine with "
+               "the gradient");
+}
+
+CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
+  CheckpointSpectrumOptions o;
+  o.eigenvalues = spectrum;
+  o.per_block = spectrum_blocks;
+  o.trace = trace != "none";
+  o.density = density;
+  o.precond_sharpness = precond_sharpness;
+  o.overlap = overlap;
+  o.eigen.top = eig_top;
+  o.eigen.method = parse_eigen_method(eig_method);
+  const bool bottom_given = eig_bottom_option != nullptr && eig_bottom_option->count() > 0;
+  o.eigen.bottom = o.eigen.method == EigenMethod::kPower && !bottom_given ? 0 : eig_bottom;
+  o.eigen.tol = eig_tol;
+  o.eigen.bound = parse_error_bound(eig_bound);
+  o.eigen.max_hvps = eig_max_hvps;
+  o.eigen.seed = seed;
+  if (o.trace) o.trace_options.method = parse_trace_method(trace);
+  o.trace_options.matvecs = trace_hvps;
+  o.trace_options.seed = seed;
+  o.density_options.runs = slq_runs;
+  o.density_options.steps = slq_steps;
+  o.density_options.sigma = density_sigma;
+  o.density_options.grid = density_grid;
+  o.density_options.seed = seed;
+  return o;
+}
+
+const std::map<std::string, std::string>& SpectrumArgs::flags() {
+  static const std::map<std::string, std::string> map = {
+      {"EigenOptions.top", "--eig-top"},
+      {"EigenOptions.bottom", "--eig-bottom"},
+      {"EigenOptions.tol", "--eig-tol"},
+      {"EigenOptions.max_hvps", "--eig-max-hvps"},
+      {"EigenOptions", "--eig-top/--eig-bottom"},
+      {"TraceOptions.matvecs", "--trace-hvps"},
+      {"DensityOptions.runs", "--slq-runs"},
+      {"DensityOptions.steps", "--slq-steps"},
+      {"DensityOptions.sigma", "--density-sigma"},
+      {"DensityOptions.grid", "--density-grid"},
+  };
+  return map;
+}
+
+void EngineArgs::add_to(CLI::App& app) {
+  app.add_option("--hvp", hvp, "HVP method: exact (double backward) or fd (central differences)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"exact", "fd"}));
+  app.add_option("--max-kept-graphs", max_kept_graphs,
+                 "Keep gradient graphs of at most N probe batches between HVPs (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+EngineOptions EngineArgs::to_options() const {
+  EngineOptions options;
+  options.hvp_method = parse_hvp_method(hvp);
+  options.max_kept_graphs = max_kept_graphs;
+  return options;
+}
+
+}  // namespace curv::tools

@@ -1,0 +1,113 @@
+// ndsprobe's argument groups: each adds its flags to a CLI11 app and turns them into the
+// library's options (to_options), so the tool itself is parsing plus one run_probe_job call.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "curv/analysis/probe_run.h"
+
+namespace curv::tools {
+
+// Positional checkpoint directories, --layout, --param-order, --steps, --stride, --allow-extra.
+struct CheckpointArgs {
+  std::vector<std::string> runs;
+  std::string layout = "auto";
+  std::string param_order = "auto";
+  std::string steps;
+  int64_t stride = 1;
+  bool allow_extra = false;
+
+  void add_to(CLI::App& app);
+  void to_options(ProbeRunOptions& options) const;
+};
+
+// --data, --block-size, --batch-size, --examples.
+struct ProbeDataArgs {
+  std::string data;
+  int64_t block_size = 0;
+  int64_t batch_size = 32;
+  int64_t examples = 0;
+
+  void add_to(CLI::App& app);
+  ProbeDataSource to_source(uint64_t seed) const;
+  static const std::map<std::string, std::string>& flags();
+};
+
+// --directions, --whatif-fallback, --list-directions.
+struct DirectionArgs {
+  std::vector<std::string> directions = {"delta", "gradient", "random"};
+  bool whatif_fallback = false;
+  bool list = false;
+
+  void add_to(CLI::App& app);
+  // "--directions muon.whatif:match=1,lr=0.01,delta": CLI11 splits at every comma, so pieces
+  // that are only key=value belong to the spec before them.
+  std::vector<std::string> specs() const;
+  void to_options(ProbeRunOptions& options) const;
+};
+
+// --blocks, --block-group, --coupling, --coupling-samples, --multipliers, --no-realized,
+// --within, --within-params, --modes, --row-chunks, --within-max-hvps.
+struct AuditArgs {
+  std::string blocks = "layer";
+  std::vector<std::string> block_groups;
+  std::string coupling = "full";
+  int64_t coupling_samples = 32;
+  std::vector<double> multipliers;
+  bool no_realized = false;
+  bool within = false;
+  std::string within_params;
+  int64_t modes = 4;
+  int64_t row_chunks = 0;
+  int64_t within_max_hvps = 0;
+
+  void add_to(CLI::App& app);
+  BlockOptions block_options() const;
+  void to_options(ProbeRunOptions& options, uint64_t seed) const;
+  static const std::map<std::string, std::string>& flags();
+};
+
+// --spectrum and its eigen-solver flags, --spectrum-blocks, --trace, --trace-hvps, --density
+// and its SLQ flags, --precond-sharpness, --overlap.
+struct SpectrumArgs {
+  bool spectrum = false;
+  int64_t eig_top = 1;
+  int64_t eig_bottom = 1;
+  double eig_tol = 1e-6;
+  std::string eig_bound = "gap";
+  std::string eig_method = "lanczos";
+  int64_t eig_max_hvps = 300;
+  bool spectrum_blocks = false;
+  std::string trace = "none";
+  int64_t trace_hvps = 99;
+  bool density = false;
+  int64_t slq_runs = 10;
+  int64_t slq_steps = 80;
+  double density_sigma = 0.0;
+  int64_t density_grid = 1024;
+  bool precond_sharpness = false;
+  bool overlap = false;
+  // Power iteration finds no smallest eigenvalues: the default --eig-bottom is dropped for it,
+  // a given one is an error.
+  const CLI::Option* eig_bottom_option = nullptr;
+
+  void add_to(CLI::App& app);
+  CheckpointSpectrumOptions to_options(uint64_t seed) const;
+  static const std::map<std::string, std::string>& flags();
+};
+
+// --hvp, --max-kept-graphs.
+struct EngineArgs {
+  std::string hvp = "exact";
+  int64_t max_kept_graphs = 0;
+
+  void add_to(CLI::App& app);
+  EngineOptions to_options() const;
+};
+
+}  // namespace curv::tools
