@@ -215,7 +215,7 @@ std::vector<Eigen::VectorXd> checkpoint_spectrum(CurvatureEngine& engine, const 
     const std::string pg = g + "/precond";
     w.group(pg);
     AdamPreconditioner p;
-    const std::string why = adam_preconditioner(ckpt, engine.space(), &p);
+    const std::string why = adam_preconditioner(saved_optimizer(ckpt), engine.space(), &p);
     if (!why.empty()) {
       w.attribute(pg, "status", "unavailable");
       w.attribute(pg, "message", why);
@@ -599,9 +599,10 @@ int run(int argc, char** argv) {
       }
       Checkpoint ckpt = load_checkpoint(info);
       resolve_optimizer_state(ckpt, objective.space(), a.param_order);
+      const SavedOptimizer saved = saved_optimizer(ckpt);
       DirectionContext context;
       context.engine = &engine;
-      context.current = &ckpt;
+      context.saved = &saved;
       context.step = info.step;
       context.seed = a.runtime.seed;
       context.whatif_fallback = a.whatif_fallback;
