@@ -100,7 +100,7 @@ TEST_CASE("save_checkpoint, list, load and parameters_from round-trip a model", 
                     Contains("meta.json") && Contains("betas"));
   CHECK(ModelConfig::from_json(ckpt.model_config_json()).to_json() ==
         curv_test::tiny_gpt_config().to_json());
-  CHECK_THAT(ckpt.meta_json, Contains("\"note\": \"kept\"") && Contains("\"step\": 40"));
+  CHECK_THAT(ckpt.meta_json(), Contains("\"note\": \"kept\"") && Contains("\"step\": 40"));
 
   // Converted to the dtype of `like`, in the space's order, values exact.
   auto like = model->parameters();
@@ -120,7 +120,7 @@ TEST_CASE("save_checkpoint, list, load and parameters_from round-trip a model", 
   CHECK_FALSE(bare.step_count().has_value());
   CHECK(bare.model_config_json().empty());
   fs::remove(infos[0].path + "/meta.json");
-  CHECK(load_checkpoint(infos[0]).meta_json == "{}");
+  CHECK(load_checkpoint(infos[0]).meta_json() == "{}");
 
   // Re-saving a step without optimizer state removes the stale optimizer file.
   save_checkpoint(dir.path(), 40, space, params, {}, "");
@@ -324,7 +324,7 @@ TEST_CASE("bad meta.json is a FormatError naming the file", "[checkpoint]") {
   CURV_CHECK_THROWS(load_checkpoint(info), FormatError,
                     Contains(meta) && Contains("6") && Contains("step 5"));
   write_file(meta, R"({"step": 5, "extra": {"anything": [1, 2]}})");
-  CHECK_THAT(load_checkpoint(info).meta_json, Contains("anything"));
+  CHECK_THAT(load_checkpoint(info).meta_json(), Contains("anything"));
   write_file(folder + "/optimizer.safetensors", "garbage");
   CURV_CHECK_THROWS(load_checkpoint(info), FormatError, Contains("optimizer.safetensors"));
 }
@@ -351,4 +351,61 @@ TEST_CASE("save_checkpoint rejects bad input before writing", "[checkpoint]") {
   const auto ckpt = load_checkpoint(list_checkpoints(dir.path() + "/nested/run").at(0));
   const auto loaded = parameters_from(ckpt, space, params);
   for (size_t i = 0; i < space.size(); ++i) CHECK(at::equal(loaded[i], params[i].detach()));
+}
+
+TEST_CASE("typed meta.json: every fixed key parsed once, wrong types named", "[checkpoint]") {
+  const std::string text = R"({"step": 7, "note": "kept",
+      "model": {"arch": "mlp", "sizes": [2, 3]},
+      "optimizer": {"name": "muon", "step_count": 6, "muon_params": "^h\\.",
+                    "hyper": {"lr": 0.02, "ns_steps": 5, "betas": [0.9, 0.95]},
+                    "partition": {"h.weight": "muon", "b": "adamw"},
+                    "param_order": "hidden",
+                    "param_groups": [{"params": ["h.weight"], "hyper": {"lr": 0.02}},
+                                     {"params": ["b"], "hyper": {"adam_lr": 0.003}}]}})";
+  const CheckpointMeta meta = parse_checkpoint_meta(text, "run/meta.json");
+  CHECK(meta.step == std::optional<int64_t>(7));
+  CHECK_THAT(meta.model_json, Contains("\"arch\":\"mlp\""));
+  REQUIRE(meta.optimizer);
+  const OptimizerRecord& r = *meta.optimizer;
+  CHECK(r.name == "muon");
+  CHECK(r.step_count == std::optional<int64_t>(6));
+  CHECK(r.muon_params == std::optional<std::string>("^h\\."));
+  CHECK(r.hyper_or("lr", 1.0, "m") == 0.02);
+  CHECK(r.hyper_or("ns_steps", 1.0, "m") == 5.0);
+  CHECK(r.hyper_or("eps", 0.5, "m") == 0.5);
+  CURV_CHECK_THROWS(r.hyper_or("betas", 0.0, "run/meta.json"), FormatError,
+                    Contains("run/meta.json") && Contains("optimizer.hyper.betas"));
+  CHECK(r.partition == std::vector<std::pair<std::string, std::string>>{{"b", "adamw"},
+                                                                        {"h.weight", "muon"}});
+  CHECK(r.param_order == "hidden");
+  REQUIRE(r.param_groups.size() == 2);
+  CHECK(r.param_groups[1].params == std::vector<std::string>{"b"});
+  CHECK(r.param_groups[1].hyper == std::vector<std::pair<std::string, double>>{{"adam_lr", 0.003}});
+  // Written back: the unknown key survives, numbers keep their form.
+  const std::string back = checkpoint_meta_json(meta);
+  CHECK_THAT(back, Contains("\"note\": \"kept\"") && Contains("\"ns_steps\": 5\n") &&
+                       Contains("\"param_order\": \"hidden\""));
+  CHECK(parse_checkpoint_meta(back, "again").optimizer->param_groups.size() == 2);
+
+  const std::vector<std::pair<std::string, std::string>> wrong = {
+      {R"({"step": "7"})", "\"step\""},
+      {R"({"model": []})", "\"model\""},
+      {R"({"optimizer": 3})", "\"optimizer\""},
+      {R"({"optimizer": {"name": 3}})", "optimizer.name"},
+      {R"({"optimizer": {"hyper": [1]}})", "optimizer.hyper"},
+      {R"({"optimizer": {"step_count": 1.5}})", "optimizer.step_count"},
+      {R"({"optimizer": {"muon_params": 1}})", "optimizer.muon_params"},
+      {R"({"optimizer": {"param_order": false}})", "optimizer.param_order"},
+      {R"({"optimizer": {"partition": {"w": 1}}})", "optimizer.partition.w"},
+      {R"({"optimizer": {"param_groups": {}}})", "optimizer.param_groups"},
+      {R"({"optimizer": {"param_groups": [{"params": ["w"]}]}})", "optimizer.param_groups[0]"},
+      {R"({"optimizer": {"param_groups": [{"params": [1], "hyper": {}}]}})",
+       "optimizer.param_groups[0].params"},
+      {R"({"optimizer": {"param_groups": [{"params": [], "hyper": {"lr": "x"}}]}})", "\"lr\""},
+  };
+  for (const auto& [bad, key] : wrong) {
+    INFO(bad);
+    CURV_CHECK_THROWS(parse_checkpoint_meta(bad, "d/meta.json"), FormatError,
+                      Contains("d/meta.json") && Contains(key));
+  }
 }

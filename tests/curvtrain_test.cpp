@@ -88,3 +88,13 @@ TEST_CASE("the in-training probe audits the applied update: on the probe set it 
   CHECK(on_batch == 2);  // updates 0 and 2
   CHECK(matched == 2);
 }
+
+TEST_CASE("curvtrain rejects an optimizer key the optimizer does not read", "[curvtrain]") {
+  TempDir dir;
+  int status = 0;
+  const std::string output =
+      run_tool("curvtrain", "--optimizer adamw:momentum=0.9 -o " + dir.file("run"), &status);
+  CHECK(status != 0);
+  CHECK_THAT(output, Catch::Matchers::Contains("momentum") && Catch::Matchers::Contains("adamw"));
+  CHECK_FALSE(std::ifstream(dir.file("run/step_0/model.safetensors")).good());
+}

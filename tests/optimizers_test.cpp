@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <iterator>
 
@@ -144,8 +146,9 @@ TEST_CASE("rebuilt optimizer directions equal the saved checkpoint deltas", "[op
     for (size_t k = 1; k + 1 < listing.size(); ++k) {
       Checkpoint ckpt = load_checkpoint(listing[k]);
       Checkpoint next = load_checkpoint(listing[k + 1]);
+      const SavedOptimizer saved = saved_optimizer(ckpt);
       DirectionContext c;
-      c.current = &ckpt;
+      c.saved = &saved;
       c.step = ckpt.step;
       c.theta = parameters_from(ckpt, model->space(), model->parameters());
       c.theta_next = parameters_from(next, model->space(), model->parameters());
@@ -181,10 +184,12 @@ TEST_CASE("optimizer state problems are clear errors; what-if needs no state", "
   reshaped[2].second = at::zeros({7});
   save_checkpoint(dir.file("c"), 1, model->space(), theta, reshaped, meta);
 
+  SavedOptimizer saved;
   auto context_for = [&](const std::string& run, Checkpoint& ckpt, CurvatureEngine& engine) {
     ckpt = load_checkpoint(list_checkpoints(run)[0]);
+    saved = saved_optimizer(ckpt);
     DirectionContext c;
-    c.current = &ckpt;
+    c.saved = &saved;
     c.engine = &engine;
     c.theta = theta;
     return c;
@@ -220,4 +225,62 @@ TEST_CASE("optimizer state problems are clear errors; what-if needs no state", "
                     Catch::Matchers::Contains("whatif"));
   CURV_CHECK_THROWS(OptimizerConfig::parse("sgd:nesterov=1"), InvalidArgument,
                     Catch::Matchers::Contains("momentum"));
+}
+
+TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-trip",
+          "[optimizers]") {
+  CURV_CHECK_THROWS(OptimizerConfig::parse("adamw:momentum=0.9"), InvalidArgument,
+                    Catch::Matchers::Contains("momentum") && Catch::Matchers::Contains("adamw") &&
+                        Catch::Matchers::Contains("lr, weight_decay, beta1, beta2, eps"));
+  CURV_CHECK_THROWS(OptimizerConfig::parse("signsgd:beta1=0.5"), InvalidArgument,
+                    Catch::Matchers::Contains("beta1") && Catch::Matchers::Contains("signsgd"));
+  CURV_CHECK_THROWS(OptimizerConfig::parse("sgd:muon_params=x"), InvalidArgument,
+                    Catch::Matchers::Contains("muon_params") && Catch::Matchers::Contains("sgd"));
+  CURV_CHECK_THROWS(OptimizerConfig::parse("adamw:lrr=1"), InvalidArgument,
+                    Catch::Matchers::Contains("lrr") && Catch::Matchers::Contains("'lr'"));
+  CURV_CHECK_THROWS(make_direction("adamw.whatif:momentum=0.9"), InvalidArgument,
+                    Catch::Matchers::Contains("momentum"));
+  CURV_CHECK_THROWS(OptimizerConfig::defaults("adam"), InvalidArgument,
+                    Catch::Matchers::Contains("adamw, muon, normuon, sgd, signsgd, signum, lion"));
+  // The Muon family's AdamW part reads the adam_* keys; NorMuon's second moment reads beta2.
+  CHECK(OptimizerConfig::parse("muon:adam_beta2=0.9,muon_params=h").adam_beta2 == 0.9);
+  CHECK(OptimizerConfig::parse("normuon:beta2=0.9").beta2 == 0.9);
+  CHECK_THROWS_AS(OptimizerConfig::parse("muon:beta2=0.9"), InvalidArgument);
+
+  const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
+  REQUIRE(optimizer_names() ==
+          std::vector<std::string>{"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"});
+  for (const auto& entry : optimizer_table()) {
+    INFO(entry.name);
+    const OptimizerConfig d = OptimizerConfig::defaults(entry.name);
+    CHECK(d.name == entry.name);
+    CHECK_FALSE(entry.help.empty());
+    // Every key the entry lists is settable, and setting each to its default changes nothing.
+    std::string spec = entry.name;
+    const auto hyper = d.hyper();
+    for (size_t k = 0; k < entry.keys.size(); ++k) {
+      const std::string& key = entry.keys[k];
+      std::string value = key == "muon_params" ? d.muon_params : "";
+      for (const auto& [name, v] : hyper) {
+        if (name == key) value = fmt::format("{}", v);
+      }
+      if (key == "muon_params") continue;  // empty: parse_key_values wants a value
+      spec += (k ? "," : ":") + key + "=" + value;
+    }
+    const OptimizerConfig parsed = OptimizerConfig::parse(spec);
+    CHECK(parsed.to_json() == d.to_json());
+    CHECK(OptimizerConfig::parse(entry.name).to_json() == d.to_json());
+    // Stored metadata records every field, read or not: set_stored accepts them all.
+    OptimizerConfig stored = OptimizerConfig::defaults(entry.name);
+    for (const auto& [key, v] : hyper) stored.set_stored(key, fmt::format("{}", v));
+    CHECK(stored.to_json() == d.to_json());
+    auto optimizer = make_optimizer(d, space);
+    CHECK(optimizer->config().name == entry.name);
+  }
+  // Whether a rebuilt step needs saved state follows from the state the rule keeps.
+  CHECK_FALSE(make_optimizer(OptimizerConfig::parse("signsgd"), space)->needs_saved_state());
+  CHECK_FALSE(make_optimizer(OptimizerConfig::parse("sgd"), space)->needs_saved_state());
+  CHECK(make_optimizer(OptimizerConfig::parse("sgd:momentum=0.9"), space)->needs_saved_state());
+  CHECK(make_optimizer(OptimizerConfig::parse("adamw"), space)->needs_saved_state());
+  CHECK(make_optimizer(OptimizerConfig::parse("muon"), space)->needs_saved_state());
 }

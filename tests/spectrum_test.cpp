@@ -291,15 +291,15 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   Checkpoint ckpt;
   ckpt.step = 20;
   ckpt.path = "ckpt/step_20";
-  ckpt.meta_json = R"({"step": 20, "optimizer": {"name": "adamw", "step_count": 20,
-                       "hyper": {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6}}})";
+  ckpt.meta = parse_checkpoint_meta(R"({"step": 20, "optimizer": {"name": "adamw", "step_count": 20,
+                       "hyper": {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6}}})", "meta.json");
   std::vector<at::Tensor> v;
   for (size_t i = 0; i < space.size(); ++i) {
     v.push_back(at::rand(space[i].shape, at::kDouble) + 0.1);
     ckpt.optimizer.emplace_back(space[i].name + ".exp_avg_sq", v.back());
   }
   AdamPreconditioner p;
-  REQUIRE(adam_preconditioner(ckpt, space, &p) == "");
+  REQUIRE(adam_preconditioner(saved_optimizer(ckpt), space, &p) == "");
   CHECK(p.step_count == 20);
   CHECK(p.edge_of_stability() == Approx((2 + 2 * 0.8) / (0.2 * 0.01)));
   const double bias2 = 1 - std::pow(0.99, 20);
@@ -331,10 +331,10 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   // Missing state and other optimizers are reasons, not errors.
   Checkpoint partial = ckpt;
   partial.optimizer.pop_back();
-  CHECK_THAT(adam_preconditioner(partial, space, &p), Catch::Matchers::Contains("'b'"));
+  CHECK_THAT(adam_preconditioner(saved_optimizer(partial), space, &p), Catch::Matchers::Contains("'b'"));
   Checkpoint sgd = ckpt;
-  sgd.meta_json = R"({"step": 20, "optimizer": {"name": "sgd", "step_count": 20}})";
-  CHECK_THAT(adam_preconditioner(sgd, space, &p), Catch::Matchers::Contains("sgd"));
+  sgd.meta = parse_checkpoint_meta(R"({"step": 20, "optimizer": {"name": "sgd", "step_count": 20}})", "meta.json");
+  CHECK_THAT(adam_preconditioner(saved_optimizer(sgd), space, &p), Catch::Matchers::Contains("sgd"));
 }
 
 TEST_CASE("overlap of a direction with an eigenspace and with the gradient", "[spectrum]") {

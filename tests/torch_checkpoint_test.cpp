@@ -90,7 +90,7 @@ TEST_CASE("torch layouts load into the same Checkpoint as the native layout", "[
   auto model = fixture_model(native);
   const auto& space = model->space();
   const ParamVector want = parameters_from(native, space, {});
-  const auto native_meta = nlohmann::json::parse(native.meta_json);
+  const auto native_meta = nlohmann::json::parse(native.meta_json());
 
   for (const char* run : {"nanogpt", "compiled", "hf", "hf_sharded", "pt"}) {
     INFO(run);
@@ -111,7 +111,7 @@ TEST_CASE("torch layouts load into the same Checkpoint as the native layout", "[
     resolve_optimizer_state(ckpt, space);
     CHECK_FALSE(ckpt.indexed_optimizer);
     check_same_tensors(ckpt.optimizer, native.optimizer);
-    const auto meta = nlohmann::json::parse(ckpt.meta_json);
+    const auto meta = nlohmann::json::parse(ckpt.meta_json());
     CHECK(meta["optimizer"]["name"] == "adamw");
     CHECK(meta["optimizer"]["step_count"] == 2);
     CHECK(meta["optimizer"]["param_order"] == "ndim");
@@ -167,7 +167,7 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
   // Names recorded by the optimizer (param_names) decide, whatever the group order.
   Checkpoint named = load_checkpoint(list_checkpoints(fixture("named_optimizer"))[0]);
   resolve_optimizer_state(named, space);
-  CHECK(nlohmann::json::parse(named.meta_json)["optimizer"]["param_order"] == "names");
+  CHECK(nlohmann::json::parse(named.meta_json())["optimizer"]["param_order"] == "names");
   check_same_tensors(named.optimizer,
                      SafetensorsReader(fixture("named_optimizer_expected.safetensors")).tensors());
 
@@ -287,7 +287,7 @@ TEST_CASE("ndsprobe rebuilds MuonWithAuxAdam's step from a nanoGPT checkpoint as
   auto model = make_model(ModelConfig::from_json(ckpt.model_config_json(), "muon"),
                           ModelInit{0, at::kDouble});
   resolve_optimizer_state(ckpt, model->space());
-  const auto meta = nlohmann::json::parse(ckpt.meta_json)["optimizer"];
+  const auto meta = nlohmann::json::parse(ckpt.meta_json())["optimizer"];
   CHECK(meta["name"] == "muon");
   CHECK(meta["param_order"] == "hidden");
   CHECK_THAT(meta["muon_params"].get<std::string>(),
@@ -424,5 +424,5 @@ TEST_CASE("torch layouts: inconsistent files name the file and key", "[torch_che
   fs::copy_file(fixture("nanogpt/ckpt_2.pt"), renamed.file("ckpt_7.pt"));
   const Checkpoint ckpt = load_checkpoint(list_checkpoints(renamed.path())[0]);
   CHECK(ckpt.step == 7);
-  CHECK(nlohmann::json::parse(ckpt.meta_json)["iter_num"] == 2);
+  CHECK(nlohmann::json::parse(ckpt.meta_json())["iter_num"] == 2);
 }

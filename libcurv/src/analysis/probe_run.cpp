@@ -169,7 +169,7 @@ void write_precond(H5Writer& w, const std::string& group, CurvatureEngine& engin
   const std::string pg = group + "/precond";
   w.group(pg);
   AdamPreconditioner p;
-  const std::string why = adam_preconditioner(ckpt, engine.space(), &p);
+  const std::string why = adam_preconditioner(saved_optimizer(ckpt), engine.space(), &p);
   if (!why.empty()) {
     w.attribute(pg, "status", "unavailable");
     w.attribute(pg, "message", why);
@@ -335,9 +335,10 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   const ParamSpace& space = engine.space();
   Checkpoint ckpt = load_checkpoint(info);
   resolve_optimizer_state(ckpt, space, o.param_order);
+  const SavedOptimizer saved = saved_optimizer(ckpt);
   DirectionContext context;
   context.engine = &engine;
-  context.current = &ckpt;
+  context.saved = &saved;
   context.step = info.step;
   context.seed = o.seed;
   context.whatif_fallback = o.whatif_fallback;

@@ -12,10 +12,10 @@
 #include <limits>
 #include <numeric>
 
-#include "curv/io/checkpoint.h"
+#include "core/splitmix.h"
+#include "curv/core/checkpoint_meta.h"
 #include "curv/core/error.h"
 #include "curv/core/spectra_adapter.h"
-#include "core/splitmix.h"
 
 namespace curv {
 
@@ -610,9 +610,9 @@ double AdamPreconditioner::edge_of_stability() const {
   return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr);
 }
 
-std::string adam_preconditioner(const Checkpoint& ckpt, const ParamSpace& space,
+std::string adam_preconditioner(const SavedOptimizer& saved, const ParamSpace& space,
                                 AdamPreconditioner* out) {
-  const std::string name = ckpt.optimizer_name();
+  const std::string& name = saved.record.name;
   if (name != "adam" && name != "adamw") {
     return name.empty() ? "meta.json names no optimizer"
                         : fmt::format(
@@ -620,26 +620,26 @@ std::string adam_preconditioner(const Checkpoint& ckpt, const ParamSpace& space,
                               "for every parameter",
                               name);
   }
-  if (ckpt.optimizer.empty()) return "the checkpoint has no optimizer.safetensors";
-  const int64_t t = ckpt.step_count().value_or(ckpt.step);
+  if (saved.tensors.empty()) return "the checkpoint has no optimizer.safetensors";
+  const int64_t t = saved.step_count();
   if (t <= 0) return fmt::format("optimizer step count {} (no Adam step taken yet)", t);
   AdamPreconditioner p;
   p.step_count = t;
-  p.lr = ckpt.hyper("lr", 1e-3);
-  p.beta1 = ckpt.hyper("beta1", 0.9);
-  p.beta2 = ckpt.hyper("beta2", 0.999);
-  p.eps = ckpt.hyper("eps", 1e-8);
+  p.lr = saved.hyper("lr", 1e-3);
+  p.beta1 = saved.hyper("beta1", 0.9);
+  p.beta2 = saved.hyper("beta2", 0.999);
+  p.eps = saved.hyper("eps", 1e-8);
   if (!(p.lr > 0) || !(p.beta1 >= 0 && p.beta1 < 1) || !(p.beta2 >= 0 && p.beta2 < 1) ||
       !(p.eps >= 0)) {
     throw InvalidArgument(
-        fmt::format("{}/meta.json: Adam hyper-parameters lr={} beta1={} beta2={} "
+        fmt::format("{}: Adam hyper-parameters lr={} beta1={} beta2={} "
                     "eps={} out of range",
-                    ckpt.path, p.lr, p.beta1, p.beta2, p.eps));
+                    saved.meta_file, p.lr, p.beta1, p.beta2, p.eps));
   }
   const double bias2 = 1.0 - std::pow(p.beta2, static_cast<double>(t));
   p.inverse_sqrt.resize(space.numel());
   for (size_t i = 0; i < space.size(); ++i) {
-    at::Tensor v = optimizer_state(ckpt, space[i], "exp_avg_sq", false);
+    at::Tensor v = optimizer_state(saved, space[i], "exp_avg_sq", false);
     if (!v.defined()) {
       return fmt::format("optimizer.safetensors has no exp_avg_sq for parameter '{}'",
                          space[i].name);

@@ -16,9 +16,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
-#include "core/strings.h"
 #include "io/torch_layouts.h"
 
 namespace curv {
@@ -52,7 +52,8 @@ std::optional<int64_t> parse_step_number(const std::string& text) {
 
 std::vector<std::string> first_few(const std::vector<std::string>& items) {
   std::vector<std::string> out;
-  for (size_t i = 0; i < std::min(items.size(), kMaxListed); ++i) out.push_back("'" + items[i] + "'");
+  for (size_t i = 0; i < std::min(items.size(), kMaxListed); ++i)
+    out.push_back("'" + items[i] + "'");
   if (items.size() > kMaxListed) out.push_back(fmt::format("... ({} in all)", items.size()));
   return out;
 }
@@ -69,8 +70,7 @@ std::vector<CheckpointInfo> select_some(const std::vector<CheckpointInfo>& found
   return selected;
 }
 
-// Parses and checks the fixed keys of meta.json, so that the accessors cannot meet a surprise.
-nlohmann::json parse_meta(const std::string& text, const std::string& origin) {
+nlohmann::json parse_json_object(const std::string& text, const std::string& origin) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -80,32 +80,111 @@ nlohmann::json parse_meta(const std::string& text, const std::string& origin) {
   if (!j.is_object()) {
     throw FormatError(fmt::format("{}: expected a JSON object, got {}", origin, j.type_name()));
   }
-  auto expect = [&](const nlohmann::json& parent, const char* key, const std::string& field,
-                    bool ok, const char* wanted) {
-    if (!ok) {
-      throw FormatError(fmt::format("{}: \"{}\" must be {}, got {}", origin, field, wanted,
-                                    parent.at(key).dump()));
-    }
-  };
-  if (j.contains("step")) {
-    expect(j, "step", "step", j["step"].is_number_integer(), "an integer");
-  }
-  if (j.contains("model")) expect(j, "model", "model", j["model"].is_object(), "an object");
-  if (j.contains("optimizer")) {
-    const auto& opt = j["optimizer"];
-    expect(j, "optimizer", "optimizer", opt.is_object(), "an object");
-    if (opt.contains("name")) {
-      expect(opt, "name", "optimizer.name", opt["name"].is_string(), "a string");
-    }
-    if (opt.contains("hyper")) {
-      expect(opt, "hyper", "optimizer.hyper", opt["hyper"].is_object(), "an object");
-    }
-    if (opt.contains("step_count")) {
-      expect(opt, "step_count", "optimizer.step_count", opt["step_count"].is_number_integer(),
-             "an integer");
-    }
-  }
   return j;
+}
+
+// FormatError naming the file, the key's path in meta.json and the value unless `ok`.
+void expect(bool ok, const std::string& origin, const std::string& field, const char* wanted,
+            const nlohmann::json& value) {
+  if (!ok) {
+    throw FormatError(
+        fmt::format("{}: \"{}\" must be {}, got {}", origin, field, wanted, value.dump()));
+  }
+}
+
+OptimizerParamGroup parse_param_group(const nlohmann::json& group, size_t k,
+                                      const std::string& origin) {
+  const std::string field = fmt::format("optimizer.param_groups[{}]", k);
+  const bool shaped = group.is_object() && group.contains("params") && group["params"].is_array() &&
+                      group.contains("hyper") && group["hyper"].is_object();
+  if (!shaped) {
+    throw FormatError(
+        fmt::format("{}: \"{}\" must be an object with \"params\" (names) and "
+                    "\"hyper\"",
+                    origin, field));
+  }
+  OptimizerParamGroup out;
+  for (const auto& name : group["params"]) {
+    expect(name.is_string(), origin, field + ".params[]", "a parameter name", name);
+    out.params.push_back(name.get<std::string>());
+  }
+  for (const auto& [key, value] : group["hyper"].items()) {
+    if (!value.is_number()) {
+      throw FormatError(
+          fmt::format("{}: parameter group hyper-parameter \"{}\" must be a "
+                      "number, got {}",
+                      origin, key, value.dump()));
+    }
+    out.hyper.emplace_back(key, value.get<double>());
+  }
+  return out;
+}
+
+OptimizerRecord parse_optimizer_record(const nlohmann::json& opt, const std::string& origin) {
+  expect(opt.is_object(), origin, "optimizer", "an object", opt);
+  OptimizerRecord r;
+  if (opt.contains("name")) {
+    expect(opt["name"].is_string(), origin, "optimizer.name", "a string", opt["name"]);
+    r.name = opt["name"].get<std::string>();
+  }
+  if (opt.contains("hyper")) {
+    const auto& hyper = opt["hyper"];
+    expect(hyper.is_object(), origin, "optimizer.hyper", "an object", hyper);
+    for (const auto& [key, value] : hyper.items()) {
+      if (value.is_number()) {
+        r.hyper.emplace_back(key, value.get<double>());
+      } else {
+        r.non_numeric_hyper.emplace_back(key, value.dump());
+      }
+    }
+  }
+  if (opt.contains("step_count")) {
+    expect(opt["step_count"].is_number_integer(), origin, "optimizer.step_count", "an integer",
+           opt["step_count"]);
+    r.step_count = opt["step_count"].get<int64_t>();
+  }
+  if (opt.contains("muon_params")) {
+    expect(opt["muon_params"].is_string(), origin, "optimizer.muon_params", "a string",
+           opt["muon_params"]);
+    r.muon_params = opt["muon_params"].get<std::string>();
+  }
+  if (opt.contains("param_order")) {
+    expect(opt["param_order"].is_string(), origin, "optimizer.param_order", "a string",
+           opt["param_order"]);
+    r.param_order = opt["param_order"].get<std::string>();
+  }
+  if (opt.contains("partition")) {
+    const auto& partition = opt["partition"];
+    expect(partition.is_object(), origin, "optimizer.partition", "an object", partition);
+    for (const auto& [param, rule] : partition.items()) {
+      expect(rule.is_string(), origin, "optimizer.partition." + param, "a string", rule);
+      r.partition.emplace_back(param, rule.get<std::string>());
+    }
+  }
+  if (opt.contains("param_groups")) {
+    const auto& groups = opt["param_groups"];
+    expect(groups.is_array(), origin, "optimizer.param_groups", "an array", groups);
+    for (size_t k = 0; k < groups.size(); ++k) {
+      r.param_groups.push_back(parse_param_group(groups[k], k, origin));
+    }
+  }
+  return r;
+}
+
+// `value` unless `raw` already holds the same number: re-saving keeps 5 as 5, not 5.0.
+nlohmann::json number_over(const nlohmann::json* raw, double value) {
+  if (raw && raw->is_number() && raw->get<double>() == value) return *raw;
+  return value;
+}
+
+nlohmann::json hyper_json(const std::vector<std::pair<std::string, double>>& hyper,
+                          const nlohmann::json* raw) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : hyper) {
+    const bool known = raw && raw->is_object() && raw->contains(key);
+    out[key] = number_over(known ? &(*raw)[key] : nullptr, value);
+  }
+  return out;
 }
 
 std::string read_text(const std::string& path) {
@@ -160,9 +239,10 @@ StepSelection StepSelection::parse(const std::string& range, int64_t stride) {
   s.stride = stride;
   if (range.empty()) return s;
   auto bad = [&](const std::string& why) {
-    return InvalidArgument(fmt::format("checkpoint step range '{}': {} (expected FIRST:LAST, "
-                                       "FIRST:, :LAST or STEP, with non-negative integers)",
-                                       range, why));
+    return InvalidArgument(
+        fmt::format("checkpoint step range '{}': {} (expected FIRST:LAST, "
+                    "FIRST:, :LAST or STEP, with non-negative integers)",
+                    range, why));
   };
   auto number = [&](const std::string& text) {
     auto value = parse_step_number(text);
@@ -178,7 +258,8 @@ StepSelection StepSelection::parse(const std::string& range, int64_t stride) {
   const std::string first = range.substr(0, colon), last = range.substr(colon + 1);
   if (!first.empty()) s.first = number(first);
   if (!last.empty()) s.last = number(last);
-  if (s.first > s.last) throw bad(fmt::format("first step {} is after last step {}", s.first, s.last));
+  if (s.first > s.last)
+    throw bad(fmt::format("first step {} is after last step {}", s.first, s.last));
   return s;
 }
 
@@ -195,8 +276,8 @@ std::vector<CheckpointInfo> StepSelection::select(const std::vector<CheckpointIn
 std::string StepSelection::describe() const {
   const bool open_first = first == std::numeric_limits<int64_t>::min();
   const bool open_last = last == std::numeric_limits<int64_t>::max();
-  std::string text = (open_first ? "" : std::to_string(first)) + ":" +
-                     (open_last ? "" : std::to_string(last));
+  std::string text =
+      (open_first ? "" : std::to_string(first)) + ":" + (open_last ? "" : std::to_string(last));
   if (open_first && open_last) text = "all steps";
   if (stride != 1) text += fmt::format(", stride {}", stride);
   return text;
@@ -205,8 +286,7 @@ std::string StepSelection::describe() const {
 // ---------------------------------------------------------------------------------------------
 // Listing and loading
 
-std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
-                                             const StepSelection& selection,
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, const StepSelection& selection,
                                              CheckpointLayout layout) {
   if (layout == CheckpointLayout::kAuto) layout = detect_checkpoint_layout(dir);
   if (layout != CheckpointLayout::kNative) {
@@ -253,12 +333,82 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
   return select_some(found, selection, dir);
 }
 
-Checkpoint load_checkpoint(const CheckpointInfo& info) {
-  if (info.layout != CheckpointLayout::kNative) {
-    Checkpoint ckpt = load_torch_checkpoint(info);
-    parse_meta(ckpt.meta_json, ckpt.meta_file);
-    return ckpt;
+// ---------------------------------------------------------------------------------------------
+// meta.json
+
+CheckpointMeta parse_checkpoint_meta(const std::string& text, const std::string& origin) {
+  const nlohmann::json j = parse_json_object(text, origin);
+  CheckpointMeta meta;
+  meta.json = text;
+  if (j.contains("step")) {
+    expect(j["step"].is_number_integer(), origin, "step", "an integer", j["step"]);
+    meta.step = j["step"].get<int64_t>();
   }
+  if (j.contains("model")) {
+    expect(j["model"].is_object(), origin, "model", "an object", j["model"]);
+    meta.model_json = j["model"].dump();
+  }
+  if (j.contains("optimizer")) meta.optimizer = parse_optimizer_record(j["optimizer"], origin);
+  return meta;
+}
+
+std::string checkpoint_meta_json(const CheckpointMeta& meta) {
+  nlohmann::json j =
+      parse_json_object(meta.json.empty() ? "{}" : meta.json, "CheckpointMeta::json");
+  if (meta.step) j["step"] = *meta.step;
+  if (!meta.model_json.empty())
+    j["model"] = parse_json_object(meta.model_json, "CheckpointMeta::model_json");
+  if (meta.optimizer) {
+    const OptimizerRecord& r = *meta.optimizer;
+    nlohmann::json& opt = j["optimizer"];
+    if (!opt.is_object()) opt = nlohmann::json::object();
+    if (!r.name.empty()) opt["name"] = r.name;
+    if (!r.hyper.empty() || !r.non_numeric_hyper.empty() || opt.contains("hyper")) {
+      const nlohmann::json* raw = opt.contains("hyper") ? &opt["hyper"] : nullptr;
+      nlohmann::json hyper = hyper_json(r.hyper, raw);
+      for (const auto& [key, text] : r.non_numeric_hyper) hyper[key] = nlohmann::json::parse(text);
+      opt["hyper"] = hyper;
+    }
+    if (r.step_count) opt["step_count"] = *r.step_count;
+    if (r.muon_params) opt["muon_params"] = *r.muon_params;
+    if (!r.param_order.empty()) opt["param_order"] = r.param_order;
+    if (!r.partition.empty()) {
+      nlohmann::json partition = nlohmann::json::object();
+      for (const auto& [param, rule] : r.partition) partition[param] = rule;
+      opt["partition"] = partition;
+    }
+    if (!r.param_groups.empty()) {
+      const nlohmann::json* raw = opt.contains("param_groups") && opt["param_groups"].is_array()
+                                      ? &opt["param_groups"]
+                                      : nullptr;
+      nlohmann::json groups = nlohmann::json::array();
+      for (size_t k = 0; k < r.param_groups.size(); ++k) {
+        const auto& g = r.param_groups[k];
+        const nlohmann::json* raw_hyper =
+            raw && k < raw->size() && (*raw)[k].contains("hyper") ? &(*raw)[k]["hyper"] : nullptr;
+        groups.push_back({{"params", g.params}, {"hyper", hyper_json(g.hyper, raw_hyper)}});
+      }
+      opt["param_groups"] = groups;
+    }
+  }
+  return j.dump(2);
+}
+
+SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
+  SavedOptimizer saved;
+  saved.checkpoint = ckpt.path;
+  saved.step = ckpt.step;
+  saved.tensors = ckpt.optimizer;
+  saved.file = origin_of(ckpt, ckpt.optimizer_file, kOptimizerFile);
+  saved.meta_file = origin_of(ckpt, ckpt.meta_file, kMetaFile);
+  if (ckpt.meta.optimizer) saved.record = *ckpt.meta.optimizer;
+  saved.unresolved = ckpt.indexed_optimizer != nullptr;
+  return saved;
+}
+
+Checkpoint load_checkpoint(const CheckpointInfo& info) {
+  // The PyTorch layouts build their meta from the file's records and parse it there, once.
+  if (info.layout != CheckpointLayout::kNative) return load_torch_checkpoint(info);
   Checkpoint ckpt;
   ckpt.step = info.step;
   ckpt.path = info.path;
@@ -270,45 +420,31 @@ Checkpoint load_checkpoint(const CheckpointInfo& info) {
   if (fs::exists(optimizer_path)) ckpt.optimizer = SafetensorsReader(optimizer_path).tensors();
   const std::string meta_path = ckpt.meta_file;
   if (fs::exists(meta_path)) {
-    ckpt.meta_json = read_text(meta_path);
-    const auto meta = parse_meta(ckpt.meta_json, meta_path);
-    if (meta.contains("step") && meta["step"].get<int64_t>() != info.step) {
+    ckpt.meta = parse_checkpoint_meta(read_text(meta_path), meta_path);
+    if (ckpt.meta.step && *ckpt.meta.step != info.step) {
       throw FormatError(fmt::format("{}: \"step\" is {} but the folder is step {}", meta_path,
-                                    meta["step"].get<int64_t>(), info.step));
+                                    *ckpt.meta.step, info.step));
     }
   }
   return ckpt;
 }
 
 std::string Checkpoint::optimizer_name() const {
-  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
-  if (!meta.contains("optimizer")) return "";
-  return meta["optimizer"].value("name", std::string());
+  return meta.optimizer ? meta.optimizer->name : "";
 }
 
 std::optional<int64_t> Checkpoint::step_count() const {
-  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
-  if (!meta.contains("optimizer") || !meta["optimizer"].contains("step_count")) return std::nullopt;
-  return meta["optimizer"]["step_count"].get<int64_t>();
+  return meta.optimizer ? meta.optimizer->step_count : std::nullopt;
 }
 
 double Checkpoint::hyper(const std::string& key, double fallback) const {
-  const std::string origin = origin_of(*this, meta_file, kMetaFile);
-  const auto meta = parse_meta(meta_json, origin);
-  if (!meta.contains("optimizer") || !meta["optimizer"].contains("hyper")) return fallback;
-  const auto& hyper = meta["optimizer"]["hyper"];
-  if (!hyper.contains(key)) return fallback;
-  if (!hyper[key].is_number()) {
-    throw FormatError(fmt::format("{}: \"optimizer.hyper.{}\" must be a number, got {}", origin,
-                                  key, hyper[key].dump()));
-  }
-  return hyper[key].get<double>();
+  if (!meta.optimizer) return fallback;
+  return meta.optimizer->hyper_or(key, fallback, origin_of(*this, meta_file, kMetaFile));
 }
 
-std::string Checkpoint::model_config_json() const {
-  const auto meta = parse_meta(meta_json, origin_of(*this, meta_file, kMetaFile));
-  return meta.contains("model") ? meta["model"].dump() : "";
-}
+std::string Checkpoint::model_config_json() const { return meta.model_json; }
+
+std::string Checkpoint::meta_json() const { return checkpoint_meta_json(meta); }
 
 // ---------------------------------------------------------------------------------------------
 // Matching a checkpoint to a model
@@ -335,10 +471,10 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
     throw InvalidArgument(fmt::format(
         "{}: model parameter '{}' is missing{}{}", file, missing.front(),
         did_you_mean(missing.front(), file_names),
-        missing.size() == 1 ? ""
-                            : fmt::format("; {} of the model's {} parameters are missing: {}",
-                                          missing.size(), space.size(),
-                                          join(first_few(missing), ", "))));
+        missing.size() == 1
+            ? ""
+            : fmt::format("; {} of the model's {} parameters are missing: {}", missing.size(),
+                          space.size(), join(first_few(missing), ", "))));
   }
 
   // nanoGPT's state_dict stores a tied head twice, under both names; equal values prove it is
@@ -377,9 +513,9 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
     const auto& p = space[i];
     const auto& t = ckpt.model[in_file.at(p.name)].second;
     if (t.sizes().vec() != p.shape) {
-      throw InvalidArgument(fmt::format("{}: parameter '{}' has shape {} in the file, {} in the model",
-                                        file, p.name, shape_string(t.sizes().vec()),
-                                        shape_string(p.shape)));
+      throw InvalidArgument(
+          fmt::format("{}: parameter '{}' has shape {} in the file, {} in the model", file, p.name,
+                      shape_string(t.sizes().vec()), shape_string(p.shape)));
     }
     if (!at::isFloatingType(t.scalar_type())) {
       throw InvalidArgument(fmt::format("{}: parameter '{}' has non-floating dtype {}", file,
@@ -392,38 +528,12 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
 
 at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,
                            const std::string& key) {
-  const std::string name = param + "." + key;
-  for (const auto& [n, t] : ckpt.optimizer) {
-    if (n == name) return t;
-  }
-  return {};
+  return optimizer_state(saved_optimizer(ckpt), param, key);
 }
 
 at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const std::string& key,
                            bool required) {
-  const std::string file = origin_of(ckpt, ckpt.optimizer_file, kOptimizerFile);
-  auto t = optimizer_state(ckpt, param.name, key);
-  if (!t.defined()) {
-    if (!required) return t;
-    if (ckpt.optimizer.empty()) {
-      throw InvalidArgument(fmt::format("{} is absent or empty, so there is no optimizer state "
-                                        "'{}' for parameter '{}'", file, key, param.name));
-    }
-    std::vector<std::string> held;
-    const std::string prefix = param.name + ".";
-    for (const auto& entry : ckpt.optimizer) {
-      if (entry.first.rfind(prefix, 0) == 0) held.push_back(entry.first.substr(prefix.size()));
-    }
-    throw InvalidArgument(fmt::format(
-        "{}: no optimizer state '{}.{}' (parameter '{}', state '{}'); states held for it: {}", file,
-        param.name, key, param.name, key, held.empty() ? "none" : join(held, ", ")));
-  }
-  if (t.sizes().vec() != param.shape) {
-    throw InvalidArgument(fmt::format(
-        "{}: optimizer state '{}' of parameter '{}' has shape {}, the parameter has shape {}", file,
-        key, param.name, shape_string(t.sizes().vec()), shape_string(param.shape)));
-  }
-  return t;
+  return optimizer_state(saved_optimizer(ckpt), param, key, required);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -432,11 +542,29 @@ at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const
 void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& space,
                      const ParamVector& params, const NamedTensors& optimizer_state,
                      const std::string& meta_json) {
+  CheckpointMeta meta;
+  if (!meta_json.empty()) {
+    const std::string folder = (fs::path(dir) / fmt::format("step_{}", step)).string();
+    try {
+      meta =
+          parse_checkpoint_meta(meta_json, fmt::format("save_checkpoint({}): meta_json", folder));
+    } catch (const FormatError& e) {
+      throw InvalidArgument(e.what());
+    }
+  }
+  save_checkpoint(dir, step, space, params, optimizer_state, meta);
+}
+
+void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& space,
+                     const ParamVector& params, const NamedTensors& optimizer_state,
+                     const CheckpointMeta& meta_in) {
   const std::string folder = (fs::path(dir) / fmt::format("step_{}", step)).string();
-  if (step < 0) throw InvalidArgument(fmt::format("save_checkpoint({}): step {} is negative", dir, step));
+  if (step < 0)
+    throw InvalidArgument(fmt::format("save_checkpoint({}): step {} is negative", dir, step));
   if (params.size() != space.size()) {
-    throw InvalidArgument(fmt::format("save_checkpoint({}): {} tensors for a model of {} parameters",
-                                      folder, params.size(), space.size()));
+    throw InvalidArgument(
+        fmt::format("save_checkpoint({}): {} tensors for a model of {} parameters", folder,
+                    params.size(), space.size()));
   }
   NamedTensors model;
   for (size_t i = 0; i < space.size(); ++i) {
@@ -449,19 +577,18 @@ void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& spa
     model.emplace_back(space[i].name, params[i].detach());
   }
   // Validate meta.json before anything touches the disk.
-  nlohmann::json meta = nlohmann::json::object();
-  if (!meta_json.empty()) {
-    try {
-      meta = parse_meta(meta_json, fmt::format("save_checkpoint({}): meta_json", folder));
-    } catch (const FormatError& e) {
-      throw InvalidArgument(e.what());
-    }
-    if (meta.contains("step") && meta["step"].get<int64_t>() != step) {
-      throw InvalidArgument(fmt::format("save_checkpoint({}): meta_json has \"step\": {}", folder,
-                                        meta["step"].get<int64_t>()));
-    }
+  if (meta_in.step && *meta_in.step != step) {
+    throw InvalidArgument(
+        fmt::format("save_checkpoint({}): meta_json has \"step\": {}", folder, *meta_in.step));
   }
-  meta["step"] = step;
+  CheckpointMeta meta = meta_in;
+  meta.step = step;
+  std::string meta_text;
+  try {
+    meta_text = checkpoint_meta_json(meta);
+  } catch (const FormatError& e) {
+    throw InvalidArgument(fmt::format("save_checkpoint({}): {}", folder, e.what()));
+  }
 
   std::error_code ec;
   fs::create_directories(folder, ec);
@@ -471,7 +598,8 @@ void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& spa
   const std::string model_path = file_in(folder, kModelFile);
   if (fs::exists(model_path)) {
     fs::remove(model_path, ec);
-    if (ec) throw FormatError(fmt::format("{}: cannot remove old file: {}", model_path, ec.message()));
+    if (ec)
+      throw FormatError(fmt::format("{}: cannot remove old file: {}", model_path, ec.message()));
   }
   const std::string optimizer_path = file_in(folder, kOptimizerFile);
   if (!optimizer_state.empty()) {
@@ -480,9 +608,11 @@ void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& spa
     // A stale file from an earlier save into the same folder would pair old state with new
     // parameters.
     fs::remove(optimizer_path, ec);
-    if (ec) throw FormatError(fmt::format("{}: cannot remove stale file: {}", optimizer_path, ec.message()));
+    if (ec)
+      throw FormatError(
+          fmt::format("{}: cannot remove stale file: {}", optimizer_path, ec.message()));
   }
-  write_text_atomically(file_in(folder, kMetaFile), meta.dump(2) + "\n");
+  write_text_atomically(file_in(folder, kMetaFile), meta_text + "\n");
   write_safetensors(model_path, model, {{"format", "pt"}});
 }
 

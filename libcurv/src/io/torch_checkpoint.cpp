@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "curv/io/checkpoint.h"
+#include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/core/structure.h"
+#include "curv/io/checkpoint.h"
 #include "curv/io/safetensors.h"
 #include "curv/io/torch_file.h"
-#include "core/strings.h"
 #include "io/torch_layouts.h"
 
 namespace curv {
@@ -52,7 +52,8 @@ std::optional<int64_t> digits(const std::string& text) {
 }
 
 bool has_suffix(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // nanoGPT's checkpoints: ckpt.pt, ckpt_<anything>.pt.
@@ -104,8 +105,10 @@ NamedTensors state_dict(const PyValue& dict, const std::string& origin) {
     }
     if (is_causal_mask(name, value->shape.size())) continue;
     if (!seen.insert(name).second) {
-      throw FormatError(fmt::format("{}: parameter '{}' appears twice (with and without the "
-                                    "'{}' prefix)", origin, name, kCompilePrefix));
+      throw FormatError(
+          fmt::format("{}: parameter '{}' appears twice (with and without the "
+                      "'{}' prefix)",
+                      origin, name, kCompilePrefix));
     }
     out.emplace_back(name, value->tensor);
   }
@@ -139,8 +142,8 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
     const std::string where = "param_groups[]." + key;
     if (key == "betas") {
       if ((!v->is(Kind::kTuple) && !v->is(Kind::kList)) || v->items.size() != 2) {
-        throw FormatError(fmt::format("{}: '{}' is {}, expected (beta1, beta2)", origin, where,
-                                      v->brief()));
+        throw FormatError(
+            fmt::format("{}: '{}' is {}, expected (beta1, beta2)", origin, where, v->brief()));
       }
       hyper["beta1"] = number(*v->items[0], origin, where);
       hyper["beta2"] = number(*v->items[1], origin, where);
@@ -157,8 +160,8 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
 // Also fills meta["optimizer"] with the name inferred from the state keys (torch does not save
 // the optimizer's class), group 0's hyper-parameters and the step count.
 std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
-                                                             const std::string& origin,
-                                                             nlohmann::json& meta) {
+                                                            const std::string& origin,
+                                                            nlohmann::json& meta) {
   auto out = std::make_shared<IndexedOptimizerState>();
   out->origin = origin;
   const auto& state = require(dict.find("state"), origin, "state", Kind::kDict);
@@ -169,8 +172,8 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
     const std::string where = fmt::format("param_groups[{}]", g);
     const auto& group = *groups.items[g];
     if (!group.is(Kind::kDict)) {
-      throw FormatError(fmt::format("{}: '{}' is a {}, expected a dict", origin, where,
-                                    group.type_name()));
+      throw FormatError(
+          fmt::format("{}: '{}' is a {}, expected a dict", origin, where, group.type_name()));
     }
     const auto& params = require(group.find("params"), origin, where + ".params", Kind::kList);
     IndexedOptimizerState::Group parsed;
@@ -210,10 +213,12 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
       }
       for (const auto& n : names->items) {
         if (!n->is(Kind::kString)) {
-          throw FormatError(fmt::format("{}: '{}.param_names' holds {}", origin, where, n->brief()));
+          throw FormatError(
+              fmt::format("{}: '{}.param_names' holds {}", origin, where, n->brief()));
         }
         std::string name = n->text;
-        if (name.rfind(kCompilePrefix, 0) == 0) name = name.substr(std::string(kCompilePrefix).size());
+        if (name.rfind(kCompilePrefix, 0) == 0)
+          name = name.substr(std::string(kCompilePrefix).size());
         parsed.names.push_back(name);
       }
     }
@@ -230,8 +235,8 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
     }
     const std::string where = fmt::format("state[{}]", k->integer);
     if (!v->is(Kind::kDict)) {
-      throw FormatError(fmt::format("{}: '{}' is a {}, expected a dict", origin, where,
-                                    v->type_name()));
+      throw FormatError(
+          fmt::format("{}: '{}' is a {}, expected a dict", origin, where, v->type_name()));
     }
     NamedTensors tensors;
     for (const auto& [sk, sv] : v->entries) {
@@ -249,7 +254,8 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   }
   auto& opt = meta["optimizer"];
   opt = nlohmann::json::object();
-  const nlohmann::json first = out->groups.empty() ? nlohmann::json::object() : out->groups[0].hyper;
+  const nlohmann::json first =
+      out->groups.empty() ? nlohmann::json::object() : out->groups[0].hyper;
   // Muon keeps a momentum buffer like SGD, but its groups have no dampening (SGD's always do).
   const bool muon = std::any_of(out->groups.begin(), out->groups.end(),
                                 [](const auto& g) { return g.use_muon.has_value(); }) ||
@@ -317,9 +323,10 @@ Interpreted interpret(const PyValue& root, const std::string& file) {
   if (model_key.empty()) {
     std::vector<std::string> keys;
     for (const auto& [k, v] : root.entries) keys.push_back(k->brief());
-    throw FormatError(fmt::format("{}: no model state dict: expected tensors or a key 'model', "
-                                  "'model_state_dict' or 'state_dict'; keys: {}", file,
-                                  join(keys, ", ")));
+    throw FormatError(
+        fmt::format("{}: no model state dict: expected tensors or a key 'model', "
+                    "'model_state_dict' or 'state_dict'; keys: {}",
+                    file, join(keys, ", ")));
   }
   const std::string model_origin = fmt::format("{} ['{}']", file, model_key);
   out.model_origin = model_origin;
@@ -348,8 +355,8 @@ Interpreted interpret(const PyValue& root, const std::string& file) {
     }
     if (const PyValue* bias = args->find("bias")) {
       if (!bias->is(Kind::kBool)) {
-        throw FormatError(fmt::format("{}: 'bias' is {}, expected True or False", origin,
-                                      bias->brief()));
+        throw FormatError(
+            fmt::format("{}: 'bias' is {}, expected True or False", origin, bias->brief()));
       }
       model["bias"] = bias->boolean;
     }
@@ -381,13 +388,15 @@ std::vector<CheckpointInfo> sorted_unique(std::vector<CheckpointInfo> found, con
 std::vector<std::string> entries_of(const std::string& dir) {
   std::error_code ec;
   const auto status = fs::status(dir, ec);
-  if (!fs::exists(status)) throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  if (!fs::exists(status))
+    throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
   if (!fs::is_directory(status)) {
     throw FormatError(fmt::format("checkpoint directory {} is not a directory", dir));
   }
   std::vector<std::string> names;
   try {
-    for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+    for (const auto& entry : fs::directory_iterator(dir))
+      names.push_back(entry.path().filename().string());
   } catch (const fs::filesystem_error& e) {
     throw FormatError(fmt::format("checkpoint directory {}: cannot list: {}", dir, e.what()));
   }
@@ -416,7 +425,8 @@ NamedTensors read_weights(const std::string& path) {
   }
   const auto root = load_torch_file(path);
   if (!root->is(Kind::kDict)) {
-    throw FormatError(fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
+    throw FormatError(
+        fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
   }
   return state_dict(*root, path);
 }
@@ -428,14 +438,16 @@ NamedTensors read_sharded_weights(const std::string& index_path) {
   const auto index = nlohmann::json::parse(in, nullptr, false);
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {
-    throw FormatError(fmt::format("{}: expected a JSON object with a \"weight_map\" object",
-                                  index_path));
+    throw FormatError(
+        fmt::format("{}: expected a JSON object with a \"weight_map\" object", index_path));
   }
   std::vector<std::string> shards;
   for (const auto& [name, shard] : index["weight_map"].items()) {
     if (!shard.is_string() || shard.get<std::string>().find('/') != std::string::npos) {
-      throw FormatError(fmt::format("{}: \"weight_map.{}\" must be a file name in the folder, "
-                                    "got {}", index_path, name, shard.dump()));
+      throw FormatError(
+          fmt::format("{}: \"weight_map.{}\" must be a file name in the folder, "
+                      "got {}",
+                      index_path, name, shard.dump()));
     }
     if (std::find(shards.begin(), shards.end(), shard.get<std::string>()) == shards.end()) {
       shards.push_back(shard.get<std::string>());
@@ -464,17 +476,24 @@ CheckpointLayout parse_checkpoint_layout(const std::string& text) {
   if (text == "nanogpt") return CheckpointLayout::kNanoGPT;
   if (text == "hf") return CheckpointLayout::kHuggingFace;
   if (text == "pt") return CheckpointLayout::kTorchSteps;
-  throw InvalidArgument(fmt::format("checkpoint layout '{}': expected auto, native, nanogpt, hf "
-                                    "or pt", text));
+  throw InvalidArgument(
+      fmt::format("checkpoint layout '{}': expected auto, native, nanogpt, hf "
+                  "or pt",
+                  text));
 }
 
 std::string layout_name(CheckpointLayout layout) {
   switch (layout) {
-    case CheckpointLayout::kAuto: return "auto";
-    case CheckpointLayout::kNative: return "native";
-    case CheckpointLayout::kNanoGPT: return "nanogpt";
-    case CheckpointLayout::kHuggingFace: return "hf";
-    case CheckpointLayout::kTorchSteps: return "pt";
+    case CheckpointLayout::kAuto:
+      return "auto";
+    case CheckpointLayout::kNative:
+      return "native";
+    case CheckpointLayout::kNanoGPT:
+      return "nanogpt";
+    case CheckpointLayout::kHuggingFace:
+      return "hf";
+    case CheckpointLayout::kTorchSteps:
+      return "pt";
   }
   return "?";
 }
@@ -502,22 +521,26 @@ CheckpointLayout detect_checkpoint_layout(const std::string& dir) {
                         fs::is_regular_file(dir + "/pytorch_model.bin");
     throw FormatError(fmt::format(
         "no checkpoints in {}: expected folders step_<N>/model.safetensors (native), ckpt.pt or "
-        "ckpt_*.pt (nanogpt), checkpoint-<N>/ (hf) or step_<N>.pt files (pt){}", dir,
-        single ? " (this looks like a single checkpoint folder: pass its parent)" : ""));
+        "ckpt_*.pt (nanogpt), checkpoint-<N>/ (hf) or step_<N>.pt files (pt){}",
+        dir, single ? " (this looks like a single checkpoint folder: pass its parent)" : ""));
   }
   std::vector<std::string> found;
   for (const auto& [layout, example] : seen) {
     found.push_back(fmt::format("{} ({})", layout_name(layout), example));
   }
-  throw FormatError(fmt::format("checkpoint directory {} holds checkpoints of several layouts: {}; "
-                                "choose one with --layout", dir, join(found, ", ")));
+  throw FormatError(
+      fmt::format("checkpoint directory {} holds checkpoints of several layouts: {}; "
+                  "choose one with --layout",
+                  dir, join(found, ", ")));
 }
 
-std::vector<CheckpointInfo> list_torch_checkpoints(const std::string& dir, CheckpointLayout layout) {
+std::vector<CheckpointInfo> list_torch_checkpoints(const std::string& dir,
+                                                   CheckpointLayout layout) {
   std::vector<CheckpointInfo> found;
   for (const auto& name : entries_of(dir)) {
     const std::string path = (fs::path(dir) / name).string();
-    if (layout == CheckpointLayout::kNanoGPT && is_nanogpt_file(name) && fs::is_regular_file(path)) {
+    if (layout == CheckpointLayout::kNanoGPT && is_nanogpt_file(name) &&
+        fs::is_regular_file(path)) {
       // ckpt_<N>.pt carries its step in the name.
       std::optional<int64_t> step;
       if (name.rfind("ckpt_", 0) == 0) step = digits(name.substr(5, name.size() - 8));
@@ -532,15 +555,17 @@ std::vector<CheckpointInfo> list_torch_checkpoints(const std::string& dir, Check
     } else if (layout == CheckpointLayout::kHuggingFace && hf_step(name) &&
                fs::is_directory(path) && !hf_model_file(path).empty()) {
       found.push_back({*hf_step(name), path, layout});
-    } else if (layout == CheckpointLayout::kTorchSteps && pt_step(name) && fs::is_regular_file(path)) {
+    } else if (layout == CheckpointLayout::kTorchSteps && pt_step(name) &&
+               fs::is_regular_file(path)) {
       found.push_back({*pt_step(name), path, layout});
     }
   }
-  const char* expected = layout == CheckpointLayout::kNanoGPT       ? "ckpt.pt or ckpt_*.pt files"
-                         : layout == CheckpointLayout::kHuggingFace ? "checkpoint-<N>/ folders with "
-                                                                      "model.safetensors or "
-                                                                      "pytorch_model.bin"
-                                                                    : "step_<N>.pt files";
+  const char* expected = layout == CheckpointLayout::kNanoGPT ? "ckpt.pt or ckpt_*.pt files"
+                         : layout == CheckpointLayout::kHuggingFace
+                             ? "checkpoint-<N>/ folders with "
+                               "model.safetensors or "
+                               "pytorch_model.bin"
+                             : "step_<N>.pt files";
   return sorted_unique(std::move(found), dir, expected);
 }
 
@@ -552,8 +577,10 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
   if (info.layout == CheckpointLayout::kHuggingFace) {
     ckpt.model_file = hf_model_file(info.path);
     if (ckpt.model_file.empty()) {
-      throw FormatError(fmt::format("{}: no model.safetensors or pytorch_model.bin (nor a sharded "
-                                    "index of either)", info.path));
+      throw FormatError(
+          fmt::format("{}: no model.safetensors or pytorch_model.bin (nor a sharded "
+                      "index of either)",
+                      info.path));
     }
     parts.model = has_suffix(ckpt.model_file, ".index.json") ? read_sharded_weights(ckpt.model_file)
                                                              : read_weights(ckpt.model_file);
@@ -596,8 +623,10 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
           // iter_num inside is kept only as a record.
           parts.meta["iter_num"] = step;
         } else {
-          throw FormatError(fmt::format("{}: iter_num is {} but the checkpoint was listed as step "
-                                        "{}", info.path, step, info.step));
+          throw FormatError(
+              fmt::format("{}: iter_num is {} but the checkpoint was listed as step "
+                          "{}",
+                          info.path, step, info.step));
         }
       }
     }
@@ -605,7 +634,7 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
   parts.meta["step"] = info.step;
   ckpt.model = std::move(parts.model);
   ckpt.indexed_optimizer = parts.optimizer;
-  ckpt.meta_json = parts.meta.dump();
+  ckpt.meta = parse_checkpoint_meta(parts.meta.dump(), ckpt.meta_file);
   return ckpt;
 }
 
@@ -614,12 +643,87 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
 
 namespace {
 
+// How torch's parameter indices map to the model's parameters (docs/checkpoints.md).
+enum class ParamOrder {
+  kAuto,    // the recorded names, else whichever of model, ndim and hidden fits
+  kModel,   // all groups together in model order
+  kNdim,    // two groups: ndim >= 2, then the rest (nanoGPT)
+  kHidden,  // Muon's hidden matrices filling whole groups, then the rest
+  kFile,    // file:PATH, one name per line in index order
+  kNames,   // the names the optimizer recorded (param_names); chosen by auto, never named
+};
+
+struct ParamOrderName {
+  ParamOrder order;
+  const char* name;
+};
+// The rules a user may name, in the order messages list them; "file:" takes a path after it.
+constexpr ParamOrderName kParamOrders[] = {{ParamOrder::kAuto, "auto"},
+                                           {ParamOrder::kModel, "model"},
+                                           {ParamOrder::kNdim, "ndim"},
+                                           {ParamOrder::kHidden, "hidden"},
+                                           {ParamOrder::kFile, "file:"}};
+// The rules auto tries when no names were recorded, from least to most specific.
+constexpr ParamOrder kGuessed[] = {ParamOrder::kModel, ParamOrder::kNdim, ParamOrder::kHidden};
+
+std::string param_order_name(ParamOrder order) {
+  if (order == ParamOrder::kNames) return "names";
+  for (const auto& entry : kParamOrders) {
+    if (entry.order == order) return entry.name;
+  }
+  return "?";
+}
+
+// A rule as the user wrote it: the rule and, for file:PATH, the path.
+struct ParamOrderSpec {
+  ParamOrder order = ParamOrder::kAuto;
+  std::string path;
+};
+
+InvalidArgument unknown_param_order(const std::string& text) {
+  std::vector<std::string> names;
+  for (const auto& entry : kParamOrders) {
+    names.push_back(entry.order == ParamOrder::kFile ? "file:PATH" : entry.name);
+  }
+  const std::string last = names.back();
+  names.pop_back();
+  return InvalidArgument(
+      fmt::format("--param-order '{}': expected {} or {}", text, join(names, ", "), last));
+}
+
+ParamOrderSpec parse_param_order(const std::string& text) {
+  for (const auto& entry : kParamOrders) {
+    if (entry.order == ParamOrder::kFile && text.rfind(entry.name, 0) == 0) {
+      return {entry.order, text.substr(std::string(entry.name).size())};
+    }
+    if (text == entry.name) return {entry.order, ""};
+  }
+  throw unknown_param_order(text);
+}
+
 // The parameter (position in `space`) of each optimizer index under one rule, or why it fails.
 struct Mapping {
-  std::string rule;
+  std::string rule;              // the rule's name ("file:PATH" in full), as meta records it
   std::vector<size_t> of_index;  // by position in the concatenated groups
   std::string problem;
 };
+
+// What every rule looks at: the optimizer's groups and state, and the model.
+struct OrderInput {
+  const IndexedOptimizerState& ix;
+  const ParamSpace& space;
+  std::vector<int64_t> indices;  // the optimizer's indices, in group order
+};
+
+std::string count_problem(const OrderInput& in, size_t expected, const char* what) {
+  return fmt::format("the optimizer has {} parameters, {} {}", in.indices.size(), what, expected);
+}
+
+std::string group_sizes(const IndexedOptimizerState& ix) {
+  std::vector<std::string> sizes;
+  for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
+  return join(sizes, " + ");
+}
 
 std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& space,
                          const std::vector<int64_t>& indices, const std::vector<size_t>& params) {
@@ -658,16 +762,223 @@ std::vector<std::string> read_order_file(const std::string& path) {
   return names;
 }
 
+Mapping by_model_order(const OrderInput& in) {
+  Mapping m{param_order_name(ParamOrder::kModel), {}, ""};
+  if (in.indices.size() != in.space.size()) {
+    m.problem = count_problem(in, in.space.size(), "the model");
+    return m;
+  }
+  for (size_t i = 0; i < in.indices.size(); ++i) m.of_index.push_back(i);
+  return m;
+}
+
+// Muon's split: the matrices it orthogonalises by default, then the rest, in any groups.
+Mapping by_hidden_first(const OrderInput& in) {
+  Mapping m{param_order_name(ParamOrder::kHidden), {}, ""};
+  if (in.indices.size() != in.space.size()) {
+    m.problem = count_problem(in, in.space.size(), "the model");
+    return m;
+  }
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    if (is_hidden_matrix(in.space[i])) m.of_index.push_back(i);
+  }
+  // The orthogonalised matrices fill whole groups.
+  size_t boundary = 0;
+  bool aligned = m.of_index.empty();
+  for (const auto& g : in.ix.groups) {
+    boundary += g.params.size();
+    aligned = aligned || boundary == m.of_index.size();
+  }
+  if (!aligned) {
+    m.problem = fmt::format(
+        "its groups hold {} parameters, which do not start with the "
+        "model's {} hidden matrices",
+        group_sizes(in.ix), m.of_index.size());
+    m.of_index.clear();
+    return m;
+  }
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    if (!is_hidden_matrix(in.space[i])) m.of_index.push_back(i);
+  }
+  return m;
+}
+
+// nanoGPT's configure_optimizers: matrices (ndim >= 2) in group 0, the rest in group 1.
+Mapping by_ndim_groups(const OrderInput& in) {
+  Mapping m{param_order_name(ParamOrder::kNdim), {}, ""};
+  std::vector<size_t> matrices, rest;
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    (in.space[i].shape.size() >= 2 ? matrices : rest).push_back(i);
+  }
+  const auto& groups = in.ix.groups;
+  if (groups.size() != 2 || groups[0].params.size() != matrices.size() ||
+      groups[1].params.size() != rest.size()) {
+    m.problem = fmt::format(
+        "its groups hold {} parameters, the model has {} with ndim >= 2 "
+        "and {} others",
+        group_sizes(in.ix), matrices.size(), rest.size());
+    return m;
+  }
+  m.of_index = matrices;
+  m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
+  return m;
+}
+
+// Names in index order: those the optimizer recorded (`order_file` empty) or an order file's.
+Mapping by_listed_names(const OrderInput& in, const std::string& order_file) {
+  const bool recorded = order_file.empty();
+  Mapping m{recorded ? param_order_name(ParamOrder::kNames) : "file:" + order_file, {}, ""};
+  const std::string path = recorded ? in.ix.origin + " param_names" : order_file;
+  std::vector<std::string> names;
+  if (recorded) {
+    for (const auto& g : in.ix.groups) names.insert(names.end(), g.names.begin(), g.names.end());
+  } else {
+    names = read_order_file(path);
+  }
+  if (names.size() != in.indices.size()) {
+    throw InvalidArgument(
+        fmt::format("{}: --param-order file '{}' lists {} names for the "
+                    "optimizer's {} parameters",
+                    in.ix.origin, path, names.size(), in.indices.size()));
+  }
+  const auto model_names = in.space.names();
+  for (const auto& name : names) {
+    auto index = in.space.find(name);
+    if (!index) {
+      throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
+                                        recorded ? "" : "--param-order file ", path, name,
+                                        did_you_mean(name, model_names)));
+    }
+    m.of_index.push_back(*index);
+  }
+  return m;
+}
+
+// One rule's mapping, its problem including any state tensor whose shape does not fit.
+Mapping map_by(const OrderInput& in, ParamOrder order, const std::string& order_file = "") {
+  Mapping m;
+  switch (order) {
+    case ParamOrder::kModel:
+      m = by_model_order(in);
+      break;
+    case ParamOrder::kNdim:
+      m = by_ndim_groups(in);
+      break;
+    case ParamOrder::kHidden:
+      m = by_hidden_first(in);
+      break;
+    case ParamOrder::kFile:
+      m = by_listed_names(in, order_file);
+      break;
+    case ParamOrder::kNames:
+      m = by_listed_names(in, "");
+      break;
+    case ParamOrder::kAuto:
+      throw unknown_param_order("auto");  // resolved by choose_auto
+  }
+  if (!m.problem.empty()) return m;
+  std::vector<size_t> params(m.of_index.begin(), m.of_index.end());
+  m.problem = check_shapes(in.ix, in.space, in.indices, params);
+  return m;
+}
+
+// auto without recorded names: the rules whose group sizes and state shapes fit; an error when
+// none does, or when several do and name the parameters differently.
+Mapping choose_guessed(const OrderInput& in) {
+  std::vector<Mapping> fits, misfits;
+  for (ParamOrder order : kGuessed) {
+    auto m = map_by(in, order);
+    (m.problem.empty() ? fits : misfits).push_back(std::move(m));
+  }
+  if (fits.empty()) {
+    std::vector<std::string> why;
+    for (const auto& m : misfits) why.push_back(m.rule + ": " + m.problem);
+    throw InvalidArgument(fmt::format(
+        "{}: optimizer state does not fit the model's parameters in any known order ({}); it "
+        "is for a different model, or pass --param-order file:PATH listing the names in "
+        "optimizer order",
+        in.ix.origin, join(why, "; ")));
+  }
+  // Rules that fit but map some index differently leave the names undecided, unless there is
+  // no state at all (then only the group hyper-parameters depend on the order).
+  std::vector<std::string> disagreeing = {fits[0].rule};
+  for (size_t i = 1; i < fits.size(); ++i) {
+    if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
+  }
+  if (disagreeing.size() > 1 && !in.ix.state.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
+        "rules {}, which name the parameters differently; pass --param-order with one of them "
+        "or file:PATH",
+        in.ix.origin, join(disagreeing, ", ")));
+  }
+  // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
+  return fits.back();
+}
+
+Mapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec, const std::string& text) {
+  if (spec.order != ParamOrder::kAuto) {
+    Mapping m = map_by(in, spec.order, spec.path);
+    if (!m.problem.empty()) {
+      throw InvalidArgument(fmt::format("{}: --param-order {} does not fit the model: {}",
+                                        in.ix.origin, text, m.problem));
+    }
+    return m;
+  }
+  const auto& groups = in.ix.groups;
+  const bool names_recorded =
+      !groups.empty() && std::all_of(groups.begin(), groups.end(), [](const auto& g) {
+        return g.names.size() == g.params.size() && !g.params.empty();
+      });
+  if (!names_recorded) return choose_guessed(in);
+  // The optimizer saved its parameters' names: no order needs to be guessed.
+  Mapping m = map_by(in, ParamOrder::kNames);
+  if (!m.problem.empty()) {
+    throw InvalidArgument(
+        fmt::format("{}: optimizer state does not fit the model: {}", in.ix.origin, m.problem));
+  }
+  return m;
+}
+
+// Names the state tensors and records the groups, the rule and Muon's partition in the meta.
+void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const Mapping& chosen) {
+  const auto& ix = in.ix;
+  const auto& space = in.space;
+  NamedTensors named;
+  std::map<int64_t, size_t> param_of;
+  for (size_t k = 0; k < in.indices.size(); ++k) param_of[in.indices[k]] = chosen.of_index[k];
+  for (const auto& [index, tensors] : ix.state) {
+    const std::string& name = space[param_of.at(index)].name;
+    for (const auto& [key, t] : tensors) named.emplace_back(name + "." + key, t);
+  }
+  if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
+  OptimizerRecord& record = *ckpt.meta.optimizer;
+  record.param_groups.clear();
+  // MuonWithAuxAdam's groups say which parameters it orthogonalises: exactly those names.
+  std::vector<std::string> orthogonalised;
+  size_t k = 0;
+  for (const auto& g : ix.groups) {
+    OptimizerParamGroup group;
+    for (const auto& [key, value] : g.hyper.items())
+      group.hyper.emplace_back(key, value.get<double>());
+    for (size_t i = 0; i < g.params.size(); ++i, ++k) {
+      const std::string& name = space[chosen.of_index[k]].name;
+      group.params.push_back(name);
+      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(name));
+    }
+    record.param_groups.push_back(std::move(group));
+  }
+  record.param_order = chosen.rule;
+  if (!orthogonalised.empty()) record.muon_params = "^(" + join(orthogonalised, "|") + ")$";
+  ckpt.optimizer = std::move(named);
+  ckpt.indexed_optimizer.reset();
+}
+
 }  // namespace
 
 void validate_param_order(const std::string& param_order) {
-  const bool file = param_order.rfind("file:", 0) == 0;
-  if (param_order != "auto" && param_order != "model" && param_order != "ndim" &&
-      param_order != "hidden" && !file) {
-    throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden or "
-                                      "file:PATH", param_order));
-  }
-  if (file && !fs::is_regular_file(param_order.substr(5))) {
+  const ParamOrderSpec spec = parse_param_order(param_order);
+  if (spec.order == ParamOrder::kFile && !fs::is_regular_file(spec.path)) {
     throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order));
   }
 }
@@ -676,176 +987,12 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order) {
   validate_param_order(param_order);
   if (!ckpt.indexed_optimizer) return;
-  const IndexedOptimizerState& ix = *ckpt.indexed_optimizer;
-  const std::string& origin = ix.origin;
-  std::vector<int64_t> indices;  // the optimizer's indices, in group order
-  for (const auto& g : ix.groups) indices.insert(indices.end(), g.params.begin(), g.params.end());
-  const size_t total = indices.size();
-
-  auto count_problem = [&](size_t expected, const char* what) {
-    return fmt::format("the optimizer has {} parameters, {} {}", total, what, expected);
-  };
-  auto by_rule = [&](const std::string& rule) {
-    Mapping m{rule, {}, ""};
-    if (rule == "model") {
-      if (total != space.size()) {
-        m.problem = count_problem(space.size(), "the model");
-        return m;
-      }
-      for (size_t i = 0; i < total; ++i) m.of_index.push_back(i);
-    } else if (rule == "hidden") {
-      // Muon's split: the matrices it orthogonalises by default, then the rest, in any groups.
-      if (total != space.size()) {
-        m.problem = count_problem(space.size(), "the model");
-        return m;
-      }
-      for (size_t i = 0; i < space.size(); ++i) {
-        if (is_hidden_matrix(space[i])) m.of_index.push_back(i);
-      }
-      // The orthogonalised matrices fill whole groups.
-      size_t boundary = 0;
-      bool aligned = m.of_index.empty();
-      for (const auto& g : ix.groups) {
-        boundary += g.params.size();
-        aligned = aligned || boundary == m.of_index.size();
-      }
-      if (!aligned) {
-        std::vector<std::string> sizes;
-        for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
-        m.problem = fmt::format("its groups hold {} parameters, which do not start with the "
-                                "model's {} hidden matrices", join(sizes, " + "),
-                                m.of_index.size());
-        m.of_index.clear();
-        return m;
-      }
-      for (size_t i = 0; i < space.size(); ++i) {
-        if (!is_hidden_matrix(space[i])) m.of_index.push_back(i);
-      }
-    } else if (rule == "ndim") {
-      std::vector<size_t> matrices, rest;
-      for (size_t i = 0; i < space.size(); ++i) {
-        (space[i].shape.size() >= 2 ? matrices : rest).push_back(i);
-      }
-      if (ix.groups.size() != 2 || ix.groups[0].params.size() != matrices.size() ||
-          ix.groups[1].params.size() != rest.size()) {
-        std::vector<std::string> sizes;
-        for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
-        m.problem = fmt::format("its groups hold {} parameters, the model has {} with ndim >= 2 "
-                                "and {} others", join(sizes, " + "), matrices.size(), rest.size());
-        return m;
-      }
-      m.of_index = matrices;
-      m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
-    } else if (rule == "names" || rule.rfind("file:", 0) == 0) {
-      const bool recorded = rule == "names";
-      const std::string path = recorded ? origin + " param_names" : rule.substr(5);
-      std::vector<std::string> names;
-      if (recorded) {
-        for (const auto& g : ix.groups) names.insert(names.end(), g.names.begin(), g.names.end());
-      } else {
-        names = read_order_file(path);
-      }
-      if (names.size() != total) {
-        throw InvalidArgument(fmt::format("{}: --param-order file '{}' lists {} names for the "
-                                          "optimizer's {} parameters", origin, path, names.size(),
-                                          total));
-      }
-      const auto model_names = space.names();
-      for (const auto& name : names) {
-        auto index = space.find(name);
-        if (!index) {
-          throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
-                                            recorded ? "" : "--param-order file ", path, name,
-                                            did_you_mean(name, model_names)));
-        }
-        m.of_index.push_back(*index);
-      }
-    } else {
-      throw InvalidArgument(fmt::format("--param-order '{}': expected auto, model, ndim, hidden "
-                                        "or file:PATH", rule));
-    }
-    std::vector<size_t> params(m.of_index.begin(), m.of_index.end());
-    m.problem = check_shapes(ix, space, indices, params);
-    return m;
-  };
-
-  const bool names_recorded =
-      !ix.groups.empty() && std::all_of(ix.groups.begin(), ix.groups.end(), [](const auto& g) {
-        return g.names.size() == g.params.size() && !g.params.empty();
-      });
-  Mapping chosen;
-  if (param_order == "auto" && names_recorded) {
-    // The optimizer saved its parameters' names: no order needs to be guessed.
-    chosen = by_rule("names");
-    if (!chosen.problem.empty()) {
-      throw InvalidArgument(fmt::format("{}: optimizer state does not fit the model: {}", origin,
-                                        chosen.problem));
-    }
-  } else if (param_order == "auto") {
-    std::vector<Mapping> fits, misfits;
-    for (const char* rule : {"model", "ndim", "hidden"}) {
-      auto m = by_rule(rule);
-      (m.problem.empty() ? fits : misfits).push_back(std::move(m));
-    }
-    if (fits.empty()) {
-      std::vector<std::string> why;
-      for (const auto& m : misfits) why.push_back(m.rule + ": " + m.problem);
-      throw InvalidArgument(fmt::format(
-          "{}: optimizer state does not fit the model's parameters in any known order ({}); it "
-          "is for a different model, or pass --param-order file:PATH listing the names in "
-          "optimizer order", origin, join(why, "; ")));
-    }
-    // Rules that fit but map some index differently leave the names undecided, unless there is
-    // no state at all (then only the group hyper-parameters depend on the order).
-    std::vector<std::string> disagreeing = {fits[0].rule};
-    for (size_t i = 1; i < fits.size(); ++i) {
-      if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
-    }
-    if (disagreeing.size() > 1 && !ix.state.empty()) {
-      throw InvalidArgument(fmt::format(
-          "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
-          "rules {}, which name the parameters differently; pass --param-order with one of them "
-          "or file:PATH", origin, join(disagreeing, ", ")));
-    }
-    // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
-    chosen = fits.back();
-  } else {
-    chosen = by_rule(param_order);
-    if (!chosen.problem.empty()) {
-      throw InvalidArgument(fmt::format("{}: --param-order {} does not fit the model: {}", origin,
-                                        param_order, chosen.problem));
-    }
+  OrderInput in{*ckpt.indexed_optimizer, space, {}};
+  for (const auto& g : in.ix.groups) {
+    in.indices.insert(in.indices.end(), g.params.begin(), g.params.end());
   }
-
-  NamedTensors named;
-  std::map<int64_t, size_t> param_of;
-  for (size_t k = 0; k < total; ++k) param_of[indices[k]] = chosen.of_index[k];
-  for (const auto& [index, tensors] : ix.state) {
-    const std::string& name = space[param_of.at(index)].name;
-    for (const auto& [key, t] : tensors) named.emplace_back(name + "." + key, t);
-  }
-  auto meta = nlohmann::json::parse(ckpt.meta_json);
-  auto groups = nlohmann::json::array();
-  size_t k = 0;
-  for (const auto& g : ix.groups) {
-    nlohmann::json names = nlohmann::json::array();
-    for (size_t i = 0; i < g.params.size(); ++i) names.push_back(space[chosen.of_index[k++]].name);
-    groups.push_back({{"params", names}, {"hyper", g.hyper}});
-  }
-  meta["optimizer"]["param_groups"] = groups;
-  meta["optimizer"]["param_order"] = chosen.rule;
-  // MuonWithAuxAdam's groups say which parameters it orthogonalises: exactly those names.
-  std::vector<std::string> orthogonalised;
-  k = 0;
-  for (const auto& g : ix.groups) {
-    for (size_t i = 0; i < g.params.size(); ++i, ++k) {
-      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(space[chosen.of_index[k]].name));
-    }
-  }
-  if (!orthogonalised.empty()) meta["optimizer"]["muon_params"] = "^(" + join(orthogonalised, "|") + ")$";
-  ckpt.meta_json = meta.dump();
-  ckpt.optimizer = std::move(named);
-  ckpt.indexed_optimizer.reset();
+  const Mapping chosen = choose_mapping(in, parse_param_order(param_order), param_order);
+  apply_mapping(ckpt, in, chosen);
 }
 
 }  // namespace curv

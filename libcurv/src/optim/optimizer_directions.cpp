@@ -3,19 +3,17 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-
-#include "curv/io/checkpoint.h"
+#include "core/strings.h"
+#include "curv/core/checkpoint_meta.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
 #include "curv/optim/optimizers.h"
-#include "core/strings.h"
 
 namespace curv {
 
 namespace {
 
-// "adamw", "adamw:lr=1e-3", "muon.whatif", "muon.whatif:match=1,lr=0.01".
+// "adamw", "adamw:lr=1e-3", "muon.whatif", "muon.whatif:match=1,lr=0.01", "update".
 class OptimizerDirection : public Direction {
  public:
   explicit OptimizerDirection(const std::string& spec) {
@@ -25,15 +23,17 @@ class OptimizerDirection : public Direction {
     family_ = head.substr(0, dot);
     if (dot != std::string::npos) {
       if (head.substr(dot + 1) != "whatif") {
-        throw InvalidArgument(fmt::format("direction '{}': expected {} or {}.whatif", spec, family_,
-                                          family_));
+        throw InvalidArgument(
+            fmt::format("direction '{}': expected {} or {}.whatif", spec, family_, family_));
       }
       whatif_ = true;
     }
     // "update" resolves to the optimizer named in each checkpoint's meta.json.
     if (family_ == "update" && whatif_) {
-      throw InvalidArgument(fmt::format("direction '{}': update is rebuilt from saved state; "
-                                        "what-if steps name their optimizer (e.g. adamw.whatif)", spec));
+      throw InvalidArgument(
+          fmt::format("direction '{}': update is rebuilt from saved state; "
+                      "what-if steps name their optimizer (e.g. adamw.whatif)",
+                      spec));
     }
     if (family_ != "update") OptimizerConfig::defaults(family_);
     if (colon != std::string::npos) {
@@ -41,8 +41,10 @@ class OptimizerDirection : public Direction {
            parse_key_values(spec.substr(colon + 1), "direction '" + spec + "'")) {
         if (key == "match") {
           if (!whatif_) {
-            throw InvalidArgument(fmt::format("direction '{}': match applies to what-if steps "
-                                              "({}.whatif:match=1)", spec, family_));
+            throw InvalidArgument(
+                fmt::format("direction '{}': match applies to what-if steps "
+                            "({}.whatif:match=1)",
+                            spec, family_));
           }
           match_ = value == "1" || value == "true";
         } else {
@@ -62,143 +64,155 @@ class OptimizerDirection : public Direction {
 
   std::string unavailable(const DirectionContext& c) const override {
     if (match_ && c.theta_next.empty()) return "no next checkpoint whose delta norm to match";
-    if (!whatif_ && !c.current && !c.whatif_fallback) return "no checkpoint with optimizer state";
+    if (!whatif_ && !c.saved && !c.whatif_fallback) return "no checkpoint with optimizer state";
     return "";
   }
 
   ParamVector compute(DirectionContext& c) override {
-    if (family_ == "update") {
-      const std::string saved = c.current ? c.current->optimizer_name() : "";
-      if (saved.empty()) {
-        throw InvalidArgument(fmt::format("direction update at {}: the checkpoint's meta.json "
-                                          "names no optimizer", c.current ? c.current->path : "step " + std::to_string(c.step)));
-      }
-      std::string spec = saved;
-      for (size_t i = 0; i < overrides_.size(); ++i) {
-        spec += (i ? "," : ":") + overrides_[i].first + "=" + overrides_[i].second;
-      }
-      OptimizerDirection resolved(spec);
-      ParamVector u = resolved.compute(c);
-      c.note = "update = " + saved + ": " + c.note;
-      return u;
-    }
-    const ParamSpace& space = c.engine->space();
-    const ParamVector& g = c.engine->gradient();
+    if (family_ == "update") return update_step(c);
+    std::string why;
     if (!whatif_) {
-      const std::string why = saved_state_problem(c);
-      if (why.empty()) {
-        const std::string source = c.current->optimizer_file.empty()
-                                       ? c.current->path + "/optimizer.safetensors"
-                                       : c.current->optimizer_file;
-        auto rebuilt = [&](const nlohmann::json* group_hyper) {
-          auto optimizer = make_optimizer(config_from(*c.current, group_hyper), space);
-          optimizer->load_state(c.current->optimizer, c.current->step_count().value_or(c.step),
-                                source);
-          return optimizer;
-        };
-        auto optimizer = rebuilt(nullptr);
-        c.note = fmt::format("rebuilt from saved {} state (step count {})", family_,
-                             optimizer->step_count());
-        c.partition = optimizer->partition();
-        ParamVector u = optimizer->peek(c.theta, g);
-        // Parameter groups with their own hyper-parameters (nanoGPT: no weight decay on gains
-        // and biases) take their step from an optimizer configured like the group.
-        const auto meta = nlohmann::json::parse(c.current->meta_json, nullptr, false);
-        const auto* groups = meta.is_object() && meta.contains("optimizer") &&
-                                     meta["optimizer"].is_object() &&
-                                     meta["optimizer"].contains("param_groups") &&
-                                     meta["optimizer"]["param_groups"].is_array()
-                                 ? &meta["optimizer"]["param_groups"]
-                                 : nullptr;
-        for (size_t k = 0; groups && k < groups->size(); ++k) {
-          const auto& group = (*groups)[k];
-          if (!group.is_object() || !group.contains("params") || !group["params"].is_array() ||
-              !group.contains("hyper") || !group["hyper"].is_object()) {
-            throw FormatError(fmt::format("{}: \"optimizer.param_groups[{}]\" must be an object "
-                                          "with \"params\" (names) and \"hyper\"",
-                                          c.current->meta_file, k));
-          }
-          const ParamVector group_u = rebuilt(&group["hyper"])->peek(c.theta, g);
-          for (const auto& name : group["params"]) {
-            const auto index = name.is_string() ? space.find(name.get<std::string>()) : std::nullopt;
-            if (!index) {
-              throw FormatError(fmt::format("{}: \"optimizer.param_groups[{}]\" names {}, which "
-                                            "is not a model parameter", c.current->meta_file, k,
-                                            name.dump()));
-            }
-            u[*index] = group_u[*index];
-          }
-        }
-        if (groups && groups->size() > 1) c.note += fmt::format(", {} parameter groups", groups->size());
-        return u;
-      }
+      auto optimizer = rebuild_from_saved(c, &why);
+      if (optimizer) return rebuilt_step(c, *optimizer);
       if (!c.whatif_fallback) {
-        throw InvalidArgument(fmt::format("direction {} at {}: {} (use the {}.whatif direction, "
-                                          "or --whatif-fallback)", name_,
-                                          c.current ? c.current->path : "step " + std::to_string(c.step),
-                                          why, family_));
+        throw InvalidArgument(
+            fmt::format("direction {} at {}: {} (use the {}.whatif direction, "
+                        "or --whatif-fallback)",
+                        name_, where(c), why, family_));
       }
-      c.note = "what-if step from fresh state: " + why;
-    } else {
-      c.note = "what-if step from fresh state";
     }
-    OptimizerConfig config = OptimizerConfig::defaults(family_);
-    for (const auto& [k, v] : overrides_) config.set(k, v);
-    auto optimizer = make_optimizer(config, space);
-    c.partition = optimizer->partition();
-    ParamVector u = optimizer->peek(c.theta, g);
-    if (match_) {
-      const double want = norm(sub(c.theta_next, c.theta)), have = norm(u);
-      if (have > 0) u = scaled(u, want / have);
-      c.note += fmt::format(", rescaled to the delta's norm {:.6g}", want);
-    }
+    ParamVector u = whatif_step(c, why);
+    if (match_) match_delta_norm(c, u);
     return u;
   }
 
  private:
-  // "" when the checkpoint has this optimizer's saved state, else why not.
-  std::string saved_state_problem(const DirectionContext& c) const {
-    if (!c.current) return "no checkpoint";
-    const std::string saved = c.current->optimizer_name();
-    if (saved.empty()) return "its meta.json names no optimizer";
-    if (saved != family_) return fmt::format("it was saved by optimizer '{}', not '{}'", saved, family_);
-    if (c.current->indexed_optimizer) {
-      return "its torch optimizer state is not mapped to parameter names yet "
-             "(resolve_optimizer_state)";
-    }
-    if (c.current->optimizer.empty() && c.current->step_count().value_or(c.step) != 0 &&
-        family_ != "signsgd" &&
-        !(family_ == "sgd" && c.current->hyper("momentum", 0.0) == 0.0)) {
-      return "it has no saved optimizer state";
-    }
-    return "";
+  static std::string where(const DirectionContext& c) {
+    return c.saved ? c.saved->checkpoint : "step " + std::to_string(c.step);
   }
 
-  // The checkpoint's hyper-parameters, those of one of its parameter groups on top when given,
-  // then the direction's own overrides.
-  OptimizerConfig config_from(const Checkpoint& ckpt, const nlohmann::json* group_hyper = nullptr) const {
+  // "update": the direction of the optimizer the checkpoint names, with this one's overrides.
+  ParamVector update_step(DirectionContext& c) const {
+    const std::string saved = c.saved ? c.saved->record.name : "";
+    if (saved.empty()) {
+      throw InvalidArgument(
+          fmt::format("direction update at {}: the checkpoint's meta.json "
+                      "names no optimizer",
+                      where(c)));
+    }
+    std::string spec = saved;
+    for (size_t i = 0; i < overrides_.size(); ++i) {
+      spec += (i ? "," : ":") + overrides_[i].first + "=" + overrides_[i].second;
+    }
+    OptimizerDirection resolved(spec);
+    ParamVector u = resolved.compute(c);
+    c.note = "update = " + saved + ": " + c.note;
+    return u;
+  }
+
+  // Step 1 and 2 of a rebuilt step: the optimizer the checkpoint's record describes, with its
+  // saved state loaded; null, with `why`, when the checkpoint cannot give this optimizer's step.
+  std::unique_ptr<Optimizer> rebuild_from_saved(const DirectionContext& c, std::string* why) const {
+    const SavedOptimizer* saved = c.saved;
+    if (!saved) {
+      *why = "no checkpoint";
+      return nullptr;
+    }
+    const std::string& name = saved->record.name;
+    if (name.empty()) {
+      *why = "its meta.json names no optimizer";
+      return nullptr;
+    }
+    if (name != family_) {
+      *why = fmt::format("it was saved by optimizer '{}', not '{}'", name, family_);
+      return nullptr;
+    }
+    if (saved->unresolved) {
+      *why =
+          "its torch optimizer state is not mapped to parameter names yet "
+          "(resolve_optimizer_state)";
+      return nullptr;
+    }
+    auto optimizer = optimizer_from_record(*saved, c.engine->space());
+    if (saved->tensors.empty() && saved->step_count() != 0 && optimizer->needs_saved_state()) {
+      *why = "it has no saved optimizer state";
+      return nullptr;
+    }
+    optimizer->load_state(saved->tensors, saved->step_count(), saved->file);
+    return optimizer;
+  }
+
+  // The optimizer configured as the record says (one parameter group's hyper-parameters on top
+  // when given), then the direction's own overrides.
+  std::unique_ptr<Optimizer> optimizer_from_record(
+      const SavedOptimizer& saved, const ParamSpace& space,
+      const OptimizerParamGroup* group = nullptr) const {
     OptimizerConfig config = OptimizerConfig::defaults(family_);
-    for (const auto& [key, value] : config.hyper()) {
-      double v = ckpt.hyper(key, value);
-      if (group_hyper && group_hyper->contains(key)) {
-        if (!(*group_hyper)[key].is_number()) {
-          throw FormatError(fmt::format("{}: parameter group hyper-parameter \"{}\" must be a "
-                                        "number, got {}", ckpt.meta_file, key,
-                                        (*group_hyper)[key].dump()));
+    // Stored hyper-parameters hold every field (checkpoints record them all), so they are applied
+    // whether this optimizer reads them or not; only the user's overrides are checked.
+    for (const auto& [key, fallback] : config.hyper()) {
+      double v = saved.hyper(key, fallback);
+      if (group) {
+        for (const auto& [k, value] : group->hyper) {
+          if (k == key) v = value;
         }
-        v = (*group_hyper)[key].get<double>();
       }
-      config.set(key, fmt::format("{}", v));
+      config.set_stored(key, fmt::format("{}", v));
     }
     // The partition regex travels beside the numeric hyper-parameters.
-    const auto meta = nlohmann::json::parse(ckpt.meta_json, nullptr, false);
-    if (meta.is_object() && meta.contains("optimizer") && meta["optimizer"].is_object() &&
-        meta["optimizer"].contains("muon_params") && meta["optimizer"]["muon_params"].is_string()) {
-      config.muon_params = meta["optimizer"]["muon_params"].get<std::string>();
-    }
+    if (saved.record.muon_params) config.muon_params = *saved.record.muon_params;
     for (const auto& [k, v] : overrides_) config.set(k, v);
     config.validate();
-    return config;
+    return make_optimizer(config, space);
+  }
+
+  // Step 3: the rebuilt optimizer's next step. Parameter groups with their own hyper-parameters
+  // (nanoGPT: no weight decay on gains and biases) take their step from an optimizer configured
+  // like the group.
+  ParamVector rebuilt_step(DirectionContext& c, const Optimizer& optimizer) const {
+    const SavedOptimizer& saved = *c.saved;
+    const ParamSpace& space = c.engine->space();
+    const ParamVector& g = c.engine->gradient();
+    c.note =
+        fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
+    c.partition = optimizer.partition();
+    ParamVector u = optimizer.peek(c.theta, g);
+    const auto& groups = saved.record.param_groups;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      auto group_optimizer = optimizer_from_record(saved, space, &groups[k]);
+      group_optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
+      const ParamVector group_u = group_optimizer->peek(c.theta, g);
+      for (const auto& name : groups[k].params) {
+        const auto index = space.find(name);
+        if (!index) {
+          throw FormatError(
+              fmt::format("{}: \"optimizer.param_groups[{}]\" names \"{}\", which "
+                          "is not a model parameter",
+                          saved.meta_file, k, name));
+        }
+        u[*index] = group_u[*index];
+      }
+    }
+    if (groups.size() > 1) c.note += fmt::format(", {} parameter groups", groups.size());
+    return u;
+  }
+
+  // The step from fresh state, configured by the defaults and the direction's overrides.
+  ParamVector whatif_step(DirectionContext& c, const std::string& why) const {
+    c.note =
+        why.empty() ? "what-if step from fresh state" : "what-if step from fresh state: " + why;
+    OptimizerConfig config = OptimizerConfig::defaults(family_);
+    for (const auto& [k, v] : overrides_) config.set(k, v);
+    auto optimizer = make_optimizer(config, c.engine->space());
+    c.partition = optimizer->partition();
+    return optimizer->peek(c.theta, c.engine->gradient());
+  }
+
+  // Step 4 of match=1: rescales u to the norm of the delta to the next checkpoint.
+  static void match_delta_norm(DirectionContext& c, ParamVector& u) {
+    const double want = norm(sub(c.theta_next, c.theta)), have = norm(u);
+    if (have > 0) u = scaled(u, want / have);
+    c.note += fmt::format(", rescaled to the delta's norm {:.6g}", want);
   }
 
   std::string family_, name_;
@@ -206,19 +220,24 @@ class OptimizerDirection : public Direction {
   std::vector<std::pair<std::string, std::string>> overrides_;
 };
 
+DirectionFactory optimizer_direction_factory() {
+  return [](const std::string& spec) { return std::make_unique<OptimizerDirection>(spec); };
+}
+
 }  // namespace
 
 std::vector<std::tuple<std::string, DirectionFactory, std::string>> optimizer_direction_families() {
   std::vector<std::tuple<std::string, DirectionFactory, std::string>> out;
-  for (const char* name : {"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"}) {
+  for (const auto& entry : optimizer_table()) {
     out.emplace_back(
-        name, [](const std::string& spec) { return std::make_unique<OptimizerDirection>(spec); },
+        entry.name, optimizer_direction_factory(),
         fmt::format("{0}'s step rebuilt from the checkpoint's saved state; {0}.whatif from fresh "
-                    "state ({0}.whatif:match=1 rescales it to the delta's norm)", name));
+                    "state ({0}.whatif:match=1 rescales it to the delta's norm)",
+                    entry.name));
   }
-  out.emplace_back(
-      "update", [](const std::string& spec) { return std::make_unique<OptimizerDirection>(spec); },
-      "the step of the optimizer that saved each checkpoint, rebuilt from its saved state");
+  out.emplace_back("update", optimizer_direction_factory(),
+                   "the step of the optimizer that saved each checkpoint, rebuilt from its saved "
+                   "state");
   return out;
 }
 

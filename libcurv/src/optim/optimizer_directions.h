@@ -9,7 +9,7 @@
 
 namespace curv {
 
-// (name, factory, help) for adamw, muon, normuon, sgd, signsgd, signum, lion.
+// (name, factory, help) for every optimizer_table() entry, then "update".
 std::vector<std::tuple<std::string, DirectionFactory, std::string>> optimizer_direction_families();
 
 }  // namespace curv

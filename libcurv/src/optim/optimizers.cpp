@@ -3,14 +3,15 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "curv/core/error.h"
 #include "core/fmt_torch.h"
-#include "curv/core/structure.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
+#include "curv/core/structure.h"
 
 namespace curv {
 
@@ -18,37 +19,7 @@ namespace curv {
 // Configuration
 
 OptimizerConfig OptimizerConfig::defaults(const std::string& name) {
-  OptimizerConfig c;
-  c.name = name;
-  if (name == "adamw") {
-    c.lr = 1e-3;
-    c.weight_decay = 1e-2;
-  } else if (name == "muon") {
-    c.lr = 0.02;
-    c.momentum = 0.95;
-    c.nesterov = true;
-  } else if (name == "normuon") {
-    c.lr = 0.02;
-    c.momentum = 0.95;
-    c.beta2 = 0.95;
-    c.nesterov = true;
-  } else if (name == "sgd") {
-    c.lr = 0.1;
-  } else if (name == "signsgd") {
-    c.lr = 1e-3;
-  } else if (name == "signum") {
-    c.lr = 1e-3;
-    c.momentum = 0.9;
-  } else if (name == "lion") {
-    c.lr = 1e-4;
-    c.beta1 = 0.9;
-    c.beta2 = 0.99;
-  } else {
-    throw InvalidArgument(fmt::format(
-        "unknown optimizer '{}'{}; known: adamw, muon, normuon, sgd, signsgd, signum, lion", name,
-        did_you_mean(name, {"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"})));
-  }
-  return c;
+  return optimizer_entry(name).defaults;
 }
 
 namespace {
@@ -83,11 +54,25 @@ const std::vector<Field>& fields() {
   return f;
 }
 
-bool is_muon_family(const std::string& name) { return name == "muon" || name == "normuon"; }
-
 }  // namespace
 
 void OptimizerConfig::set(const std::string& key, const std::string& value) {
+  const OptimizerEntry& entry = optimizer_entry(name);
+  if (!entry.reads(key)) {
+    bool field = key == "muon_params";
+    for (const auto& f : fields()) field = field || key == f.name;
+    if (!field) {
+      throw InvalidArgument(fmt::format("optimizer {}: unknown hyper-parameter '{}'{}; it reads {}",
+                                        name, key, did_you_mean(key, entry.keys),
+                                        join(entry.keys, ", ")));
+    }
+    throw InvalidArgument(fmt::format("optimizer {}: key '{}' is not read by {}; it reads {}", name,
+                                      key, name, join(entry.keys, ", ")));
+  }
+  set_stored(key, value);
+}
+
+void OptimizerConfig::set_stored(const std::string& key, const std::string& value) {
   if (key == "muon_params") {
     muon_params = value;
     return;
@@ -97,9 +82,12 @@ void OptimizerConfig::set(const std::string& key, const std::string& value) {
     try {
       size_t used = 0;
       if (f.flag) {
-        if (value == "true" || value == "1") this->*f.flag = true;
-        else if (value == "false" || value == "0") this->*f.flag = false;
-        else throw std::invalid_argument(value);
+        if (value == "true" || value == "1")
+          this->*f.flag = true;
+        else if (value == "false" || value == "0")
+          this->*f.flag = false;
+        else
+          throw std::invalid_argument(value);
         return;
       }
       const double v = std::stod(value, &used);
@@ -126,7 +114,8 @@ OptimizerConfig OptimizerConfig::parse(const std::string& spec) {
   const auto colon = spec.find(':');
   OptimizerConfig c = defaults(spec.substr(0, colon));
   if (colon == std::string::npos) return c;
-  for (const auto& [key, value] : parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
+  for (const auto& [key, value] :
+       parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
     c.set(key, value);
   }
   c.validate();
@@ -136,7 +125,7 @@ OptimizerConfig OptimizerConfig::parse(const std::string& spec) {
 std::vector<std::pair<std::string, double>> OptimizerConfig::hyper() const {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& f : fields()) {
-    const double v = f.flag ? (this->*f.flag ? 1.0 : 0.0)
+    const double v = f.flag      ? (this->*f.flag ? 1.0 : 0.0)
                      : f.integer ? static_cast<double>(this->*f.integer)
                                  : this->*f.number;
     out.emplace_back(f.name, v);
@@ -153,7 +142,7 @@ std::string OptimizerConfig::to_json() const {
 }
 
 void OptimizerConfig::validate() const {
-  defaults(name);  // known name
+  optimizer_entry(name);  // known name
   auto check = [&](const char* field, double v, bool ok) {
     if (!ok || !std::isfinite(v)) {
       throw InvalidArgument(fmt::format("optimizer {}: {} = {} is out of range", name, field, v));
@@ -173,8 +162,9 @@ void OptimizerConfig::validate() const {
   check("adam_weight_decay", adam_weight_decay, adam_weight_decay >= 0);
   check("adam_eps", adam_eps, adam_eps >= 0);
   if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
-    throw InvalidArgument("optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "
-                          "torch.optim.SGD)");
+    throw InvalidArgument(
+        "optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "
+        "torch.optim.SGD)");
   }
   if (!muon_params.empty()) {
     try {
@@ -216,11 +206,15 @@ at::Tensor polar_factor(const at::Tensor& g) {
   // Singular directions of a (numerically) zero singular value are arbitrary; like Newton–Schulz,
   // whose odd polynomial maps 0 to 0, the polar factor keeps them at zero: U diag(σ > tol) Vᵀ
   // with numpy's matrix_rank tolerance.
-  const double tol = sigma.numel() == 0 ? 0.0
-                     : sigma.max().item<double>() * static_cast<double>(std::max(m.size(0), m.size(1))) *
-                           (m.scalar_type() == at::kDouble ? 2.220446049250313e-16 : 1.1920929e-07);
+  const double tol =
+      sigma.numel() == 0
+          ? 0.0
+          : sigma.max().item<double>() * static_cast<double>(std::max(m.size(0), m.size(1))) *
+                (m.scalar_type() == at::kDouble ? 2.220446049250313e-16 : 1.1920929e-07);
   const at::Tensor keep = (sigma > tol).to(m.scalar_type());
-  return at::mm(std::get<0>(svd) * keep.unsqueeze(0), std::get<2>(svd)).reshape(g.sizes()).contiguous();
+  return at::mm(std::get<0>(svd) * keep.unsqueeze(0), std::get<2>(svd))
+      .reshape(g.sizes())
+      .contiguous();
 }
 
 Optimizer::Optimizer(OptimizerConfig config, const ParamSpace& space)
@@ -247,9 +241,10 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
 
 ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
   if (theta.size() != space_.size() || grad.size() != space_.size()) {
-    throw InvalidArgument(fmt::format("optimizer {}: {} parameters and {} gradients for a model "
-                                      "of {}", config_.name, theta.size(), grad.size(),
-                                      space_.size()));
+    throw InvalidArgument(
+        fmt::format("optimizer {}: {} parameters and {} gradients for a model "
+                    "of {}",
+                    config_.name, theta.size(), grad.size(), space_.size()));
   }
   at::NoGradGuard no_grad;
   ++step_count_;
@@ -287,14 +282,15 @@ void Optimizer::load_state(const NamedTensors& tensors, int64_t step_count,
       if (it == by_name.end()) {
         throw InvalidArgument(fmt::format(
             "{}: optimizer state '{}' is missing: {} ({}) needs '{}' for parameter '{}' (was the "
-            "checkpoint saved by another optimizer?)", source, name, config_.name, rule(i), key,
-            space_[i].name));
+            "checkpoint saved by another optimizer?)",
+            source, name, config_.name, rule(i), key, space_[i].name));
       }
       const auto want = slot_shape(i, key);
       if (!it->second.sizes().equals(want)) {
-        throw InvalidArgument(fmt::format("{}: optimizer state '{}' has shape {}, expected {} for "
-                                          "parameter '{}'", source, name, it->second.sizes(),
-                                          shape_string(want), space_[i].name));
+        throw InvalidArgument(
+            fmt::format("{}: optimizer state '{}' has shape {}, expected {} for "
+                        "parameter '{}'",
+                        source, name, it->second.sizes(), shape_string(want), space_[i].name));
       }
       state[i].emplace_back(key, it->second.clone());
     }
@@ -308,6 +304,13 @@ std::string Optimizer::meta_json() const {
   j["step_count"] = step_count_;
   for (size_t i = 0; i < space_.size(); ++i) j["partition"][space_[i].name] = rule(i);
   return j.dump();
+}
+
+bool Optimizer::needs_saved_state() const {
+  for (size_t i = 0; i < space_.size(); ++i) {
+    if (!slots(i).empty()) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> Optimizer::partition() const {
@@ -419,12 +422,14 @@ class Lion : public Optimizer {
 // Muon and NorMuon on their partition, AdamW (adam_* fields) elsewhere.
 class MuonFamily : public Optimizer {
  public:
-  MuonFamily(OptimizerConfig config, const ParamSpace& space) : Optimizer(std::move(config), space) {
+  MuonFamily(OptimizerConfig config, const ParamSpace& space)
+      : Optimizer(std::move(config), space) {
     std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
     for (size_t i = 0; i < space_.size(); ++i) {
-      const bool muon = config_.muon_params.empty()
-                            ? is_hidden_matrix(space_[i])
-                            : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
+      const bool muon =
+          config_.muon_params.empty()
+              ? is_hidden_matrix(space_[i])
+              : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
       muon_.push_back(muon);
     }
   }
@@ -458,7 +463,8 @@ class MuonFamily : public Optimizer {
       d = c.nesterov ? g.lerp(buf, c.momentum) : buf.clone();
     }
     const int64_t rows = d.size(0), cols = d.numel() / rows;
-    at::Tensor o = (c.exact_polar ? polar_factor(d) : newton_schulz(d, c.ns_steps)).reshape({rows, cols});
+    at::Tensor o =
+        (c.exact_polar ? polar_factor(d) : newton_schulz(d, c.ns_steps)).reshape({rows, cols});
     if (c.name == "normuon") {
       const at::Tensor n = o.norm();
       at::Tensor& v = slot(i, "second_momentum_buffer", g);
@@ -474,18 +480,118 @@ class MuonFamily : public Optimizer {
   std::vector<bool> muon_;
 };
 
+template <typename Rule>
+std::unique_ptr<Optimizer> make(const OptimizerConfig& config, const ParamSpace& space) {
+  return std::make_unique<Rule>(config, space);
+}
+
+// The defaults of `name`: OptimizerConfig's field defaults with `change` applied.
+template <typename Change>
+OptimizerConfig defaults_of(const char* name, Change change) {
+  OptimizerConfig c;
+  c.name = name;
+  change(c);
+  return c;
+}
+
 }  // namespace
 
+bool OptimizerEntry::reads(const std::string& key) const {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+const std::vector<OptimizerEntry>& optimizer_table() {
+  // The keys are the fields each rule's update() reads; the Muon family's AdamW part reads the
+  // adam_* fields on parameters outside its partition.
+  static const std::vector<std::string> kMuonKeys = {
+      "lr",         "weight_decay", "momentum",          "nesterov",   "sum_momentum",
+      "rms_scale",  "ns_steps",     "exact_polar",       "adam_lr",    "adam_beta1",
+      "adam_beta2", "adam_eps",     "adam_weight_decay", "muon_params"};
+  static const std::vector<OptimizerEntry> table = [] {
+    std::vector<std::string> normuon_keys = kMuonKeys;
+    normuon_keys.insert(normuon_keys.begin() + 3, "beta2");
+    return std::vector<OptimizerEntry>{
+        {"adamw",
+         "AdamW (PyTorch semantics: bias correction, decoupled weight decay)",
+         {"lr", "weight_decay", "beta1", "beta2", "eps"},
+         defaults_of("adamw",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-3;
+                       c.weight_decay = 1e-2;
+                     }),
+         make<AdamW>},
+        {"muon",
+         "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
+         "rest",
+         kMuonKeys,
+         defaults_of("muon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 0.02;
+                       c.momentum = 0.95;
+                       c.nesterov = true;
+                     }),
+         make<MuonFamily>},
+        {"normuon", "NorMuon: Muon with a row-wise second moment after orthogonalisation",
+         normuon_keys,
+         defaults_of("normuon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 0.02;
+                       c.momentum = 0.95;
+                       c.beta2 = 0.95;
+                       c.nesterov = true;
+                     }),
+         make<MuonFamily>},
+        {"sgd",
+         "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
+         {"lr", "weight_decay", "momentum", "dampening", "nesterov"},
+         defaults_of("sgd", [](OptimizerConfig& c) { c.lr = 0.1; }),
+         make<Sgd>},
+        {"signsgd",
+         "signSGD: the sign of the gradient, decoupled weight decay",
+         {"lr", "weight_decay"},
+         defaults_of("signsgd", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         make<SignSgd>},
+        {"signum",
+         "Signum: the sign of an EMA of gradients (momentum), decoupled weight decay",
+         {"lr", "weight_decay", "momentum"},
+         defaults_of("signum",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-3;
+                       c.momentum = 0.9;
+                     }),
+         make<Signum>},
+        {"lion",
+         "Lion: the sign of an interpolation of momentum (beta1) and gradient, beta2 EMA",
+         {"lr", "weight_decay", "beta1", "beta2"},
+         defaults_of("lion",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-4;
+                       c.beta1 = 0.9;
+                       c.beta2 = 0.99;
+                     }),
+         make<Lion>},
+    };
+  }();
+  return table;
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : optimizer_table()) names.push_back(entry.name);
+  return names;
+}
+
+const OptimizerEntry& optimizer_entry(const std::string& name) {
+  for (const auto& entry : optimizer_table()) {
+    if (entry.name == name) return entry;
+  }
+  const auto names = optimizer_names();
+  throw InvalidArgument(fmt::format("unknown optimizer '{}'{}; known: {}", name,
+                                    did_you_mean(name, names), join(names, ", ")));
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
-  const auto& n = config.name;
-  if (n == "adamw") return std::make_unique<AdamW>(config, space);
-  if (is_muon_family(n)) return std::make_unique<MuonFamily>(config, space);
-  if (n == "sgd") return std::make_unique<Sgd>(config, space);
-  if (n == "signsgd") return std::make_unique<SignSgd>(config, space);
-  if (n == "signum") return std::make_unique<Signum>(config, space);
-  if (n == "lion") return std::make_unique<Lion>(config, space);
-  OptimizerConfig::defaults(n);  // throws, naming the known optimizers
-  return nullptr;
+  return optimizer_entry(config.name).make(config, space);
 }
 
 }  // namespace curv

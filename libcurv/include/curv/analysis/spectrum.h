@@ -13,7 +13,7 @@
 
 namespace curv {
 
-struct Checkpoint;
+struct SavedOptimizer;
 
 enum class EigenMethod {
   // One Krylov space with full reorthogonalisation, no restarts: both ends of the spectrum come
@@ -182,12 +182,12 @@ struct AdamPreconditioner {
   double edge_of_stability() const;
 };
 
-// Fills `out` and returns "" when the checkpoint holds Adam's second moment (exp_avg_sq) for every
+// Fills `out` and returns "" when the saved state holds Adam's second moment (exp_avg_sq) for every
 // parameter, was saved by "adam" or "adamw" and has a positive step count; otherwise returns why
-// not, for an "unavailable" status. lr, beta1, beta2 and eps come from meta.json's hyper-parameters
-// (PyTorch's Adam defaults when absent). A state whose shape differs from its parameter is an
-// InvalidArgument.
-std::string adam_preconditioner(const Checkpoint& ckpt, const ParamSpace& space,
+// not, for an "unavailable" status. lr, beta1, beta2 and eps come from the record's
+// hyper-parameters (PyTorch's Adam defaults when absent). A state whose shape differs from its
+// parameter is an InvalidArgument. A checkpoint's: adam_preconditioner(saved_optimizer(ckpt), ...).
+std::string adam_preconditioner(const SavedOptimizer& saved, const ParamSpace& space,
                                 AdamPreconditioner* out);
 
 struct Overlap {

@@ -1,6 +1,7 @@
 // Directions u in parameter space along which curvature is audited: the interface, what a
 // direction may draw on at a checkpoint, and the built-in deltas, negative gradient and seeded
-// random baselines. Optimizer steps implement it in optim/; analysis/direction_registry.h names them.
+// random baselines. Optimizer steps implement it in optim/; analysis/direction_registry.h names
+// them.
 #pragma once
 
 #include <functional>
@@ -13,23 +14,24 @@
 namespace curv {
 
 class CurvatureEngine;
-struct Checkpoint;
+struct SavedOptimizer;
 
 // Everything a direction may draw on at one checkpoint.
 struct DirectionContext {
-  CurvatureEngine* engine = nullptr;     // at θ_t; gives g and the probe set
-  const Checkpoint* current = nullptr;   // θ_t's checkpoint (optimizer state, meta), may be null
-  ParamVector theta;                     // θ_t
-  ParamVector theta_next;                // θ_{t+1}, empty when there is no next checkpoint
+  CurvatureEngine* engine = nullptr;  // at θ_t; gives g and the probe set
+  // θ_t's checkpoint's optimizer state and record (io's saved_optimizer(ckpt)); may be null.
+  const SavedOptimizer* saved = nullptr;
+  ParamVector theta;       // θ_t
+  ParamVector theta_next;  // θ_{t+1}, empty when there is no next checkpoint
   // Blocks (groups of parameter indices) for directions that work block by block; empty means
   // one block per tensor.
   std::vector<std::vector<size_t>> blocks;
-  int64_t step = 0;                      // t
-  uint64_t seed = 0;                     // run seed; directions derive their own streams from it
+  int64_t step = 0;   // t
+  uint64_t seed = 0;  // run seed; directions derive their own streams from it
   // Optimizer directions whose checkpoint lacks usable saved state take a what-if step from
   // fresh state instead of failing (and say so in `note`).
   bool whatif_fallback = false;
-  std::string note;                      // set by compute(): how the direction was obtained
+  std::string note;  // set by compute(): how the direction was obtained
   // Set by optimizer directions: the rule applied to each parameter ("muon", "adamw", ...).
   std::vector<std::string> partition;
 };

@@ -13,11 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "curv/core/checkpoint_meta.h"
 #include "curv/core/param_space.h"
 
 namespace curv {
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // How a run directory stores its checkpoints (docs/checkpoints.md).
 enum class CheckpointLayout {
@@ -75,31 +74,49 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir,
 // model's parameter names (see resolve_optimizer_state).
 struct IndexedOptimizerState;
 
-// A checkpoint in memory: tensors on the CPU as stored, meta.json as raw text. meta.json is a JSON
-// object: {"step": N, "optimizer": {"name": "adamw", "hyper": {"lr": 1e-3, ...},
-// "step_count": N}, "model": {model config as ModelConfig::to_json writes it}, ...anything else}.
+// A checkpoint in memory: tensors on the CPU as stored, meta.json parsed once into `meta`.
+// meta.json is a JSON object: {"step": N, "optimizer": {"name": "adamw", "hyper": {"lr": 1e-3,
+// ...}, "step_count": N, "muon_params": "...", "partition": {...}, "param_groups": [...]},
+// "model": {model config as ModelConfig::to_json writes it}, ...anything else}.
 // Checkpoints of the PyTorch layouts are converted on load into the same form: model tensors by
 // name (torch.compile's "_orig_mod." prefix removed, nanoGPT's causal-mask buffers dropped), and a
-// meta_json made from what the file records (model_args, iter_num, param_groups).
+// meta made from what the file records (model_args, iter_num, param_groups).
 struct Checkpoint {
   int64_t step = 0;
-  std::string path;                  // the step_<N> folder (or the checkpoint's folder or file)
-  NamedTensors model;                // model.safetensors, in file order
-  NamedTensors optimizer;            // optimizer.safetensors; empty if the file is absent
-  std::string meta_json = "{}";      // meta.json as read; "{}" if the file is absent
+  std::string path;        // the step_<N> folder (or the checkpoint's folder or file)
+  NamedTensors model;      // model.safetensors, in file order
+  NamedTensors optimizer;  // optimizer.safetensors; empty if the file is absent
+  CheckpointMeta meta;     // meta.json as parsed; empty if the file is absent
   // Where each part came from, for messages: "<path>/model.safetensors", "<file> ['model']", ...
   std::string model_file, optimizer_file, meta_file;
   // A torch optimizer's index-keyed state, until resolve_optimizer_state names it.
   std::shared_ptr<const IndexedOptimizerState> indexed_optimizer;
 
-  // Accessors into meta_json. They throw FormatError naming meta.json and the key when a value
-  // has the wrong type (load_checkpoint already checked the fixed keys, so only hyper() can).
-  std::string optimizer_name() const;          // optimizer.name, "" if absent
-  std::optional<int64_t> step_count() const;   // optimizer.step_count
+  // Views of `meta`; no parsing. Only hyper() can throw: FormatError naming meta.json and the
+  // key when the stored value is not a number (load_checkpoint checked every other fixed key).
+  std::string optimizer_name() const;         // optimizer.name, "" if absent
+  std::optional<int64_t> step_count() const;  // optimizer.step_count
   // optimizer.hyper[key] if present (must be a number), else `fallback`.
   double hyper(const std::string& key, double fallback) const;
-  std::string model_config_json() const;       // the "model" object as JSON text, "" if absent
+  std::string model_config_json() const;  // the "model" object as JSON text, "" if absent
+  // meta.json as save_checkpoint writes it: the document as read with the typed fields put over
+  // it (so resolve_optimizer_state's param_groups show); "{}" when there is none.
+  std::string meta_json() const;
 };
+
+// Parses meta.json's text into the typed form, checking the fixed keys. FormatError naming
+// `origin` and the key (with the value) for text that is not a JSON object, or a fixed key of the
+// wrong type: "step" (integer), "model" (object), "optimizer" (object), "optimizer.name",
+// "optimizer.muon_params", "optimizer.param_order" (strings), "optimizer.hyper" (object),
+// "optimizer.step_count" (integer), "optimizer.partition" (object of strings),
+// "optimizer.param_groups" (array of {"params": [names], "hyper": {key: number}}).
+// Non-numeric entries of "optimizer.hyper" are kept and fail only when read (hyper_or).
+CheckpointMeta parse_checkpoint_meta(const std::string& text, const std::string& origin);
+// The JSON text of `meta` (indented as meta.json is written): the document as read
+// with every typed field put over it.
+std::string checkpoint_meta_json(const CheckpointMeta& meta);
+// The checkpoint's optimizer state and record for optim and analysis, which do not read files.
+SavedOptimizer saved_optimizer(const Checkpoint& ckpt);
 
 // Reads model.safetensors, optimizer.safetensors and meta.json of `info.path`. Throws FormatError
 // naming the file: unreadable safetensors, meta.json that is not valid JSON or not an object, a
@@ -110,7 +127,7 @@ struct Checkpoint {
 Checkpoint load_checkpoint(const CheckpointInfo& info);
 
 // Names a torch optimizer's index-keyed state after the model's parameters: fills
-// `ckpt.optimizer` ("<param>.<key>") and meta_json's "optimizer.param_groups", and clears
+// `ckpt.optimizer` ("<param>.<key>") and meta's optimizer.param_groups and param_order, and clears
 // `indexed_optimizer` (no-op when it is empty). PyTorch numbers parameters by their position in
 // param_groups, so `param_order` says how the groups were built from the model:
 //  - "model": all groups together hold the model's parameters in model order;
@@ -127,8 +144,8 @@ Checkpoint load_checkpoint(const CheckpointInfo& info);
 // the order file (with the closest model names).
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto");
-// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, or file:PATH with PATH an
-// existing file: lets a tool check the rule before any checkpoint is read.
+// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, or file:PATH with
+// PATH an existing file: lets a tool check the rule before any checkpoint is read.
 void validate_param_order(const std::string& param_order);
 
 // The parameters of `space` from `ckpt.model`, in the space's order, converted to the dtype and
@@ -143,25 +160,26 @@ void validate_param_order(const std::string& param_order);
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
                             const ParamVector& like, bool allow_extra = false);
 
-// Optimizer state "<param>.<key>" (e.g. key "exp_avg_sq") as stored, or an undefined tensor if
-// absent: whether that is an error depends on the caller.
+// optimizer_state (curv/core/checkpoint_meta.h) on saved_optimizer(ckpt): the same lookups,
+// messages naming optimizer.safetensors (or the file the state came from).
 at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,
                            const std::string& key);
-// The same, checked against the parameter: InvalidArgument naming optimizer.safetensors, the
-// parameter, the key and both shapes when the shapes differ. When absent: an undefined tensor,
-// or, if `required`, InvalidArgument naming the file (or its absence), parameter and key, and
-// the states the file does hold for that parameter.
 at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const std::string& key,
                            bool required = false);
 
 // Writes DIR/step_<N>/ (directories created), each file atomically: optimizer.safetensors (or
 // removes a stale one when `optimizer_state` is empty), meta.json, then model.safetensors. An
 // existing model.safetensors is removed first and the new one written last, so a crash mid-save
-// leaves a folder that list_checkpoints skips, never a mix of two saves. `meta_json` is a JSON object or "" ({}): its "step" is set to N
-// (InvalidArgument if it holds another value). InvalidArgument for a negative step, params not
-// matching the space (count or shapes) or bad meta_json; FormatError if a file cannot be written.
+// leaves a folder that list_checkpoints skips, never a mix of two saves. `meta_json` is a JSON
+// object or "" ({}): its "step" is set to N (InvalidArgument if it holds another value).
+// InvalidArgument for a negative step, params not matching the space (count or shapes) or bad
+// meta_json; FormatError if a file cannot be written.
 void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& space,
                      const ParamVector& params, const NamedTensors& optimizer_state,
                      const std::string& meta_json = "");
+// The same with the metadata typed (checkpoint_meta_json writes it); its step, when set, must be N.
+void save_checkpoint(const std::string& dir, int64_t step, const ParamSpace& space,
+                     const ParamVector& params, const NamedTensors& optimizer_state,
+                     const CheckpointMeta& meta);
 
 }  // namespace curv

@@ -18,22 +18,23 @@ namespace curv {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Hyper-parameters of every optimizer; each reads the fields it needs (see docs/optimizers.md).
+// Hyper-parameters of every optimizer; each reads the fields its optimizer_table() entry lists
+// (docs/optimizers.md), and a spec may set only those.
 struct OptimizerConfig {
-  std::string name = "adamw";  // adamw | muon | normuon | sgd | signsgd | signum | lion
+  std::string name = "adamw";  // an optimizer_table() name: adamw | muon | normuon | sgd | ...
   double lr = 1e-3;
-  double weight_decay = 0.0;   // decoupled (θ ← θ(1 − lr·wd)) except SGD's L2 form
-  double beta1 = 0.9;          // AdamW/Lion β₁; Signum/Muon/SGD use `momentum`
-  double beta2 = 0.999;        // AdamW β₂; Lion β₂; NorMuon second-moment β₂
-  double eps = 1e-8;           // AdamW ε
-  double momentum = 0.0;       // SGD μ, Signum β, Muon/NorMuon μ
-  double dampening = 0.0;      // SGD τ
-  bool nesterov = false;       // SGD and Muon
+  double weight_decay = 0.0;  // decoupled (θ ← θ(1 − lr·wd)) except SGD's L2 form
+  double beta1 = 0.9;         // AdamW/Lion β₁; Signum/Muon/SGD use `momentum`
+  double beta2 = 0.999;       // AdamW β₂; Lion β₂; NorMuon second-moment β₂
+  double eps = 1e-8;          // AdamW ε
+  double momentum = 0.0;      // SGD μ, Signum β, Muon/NorMuon μ
+  double dampening = 0.0;     // SGD τ
+  bool nesterov = false;      // SGD and Muon
   // Muon family
-  bool sum_momentum = false;   // B = μB + g (torch.optim.Muon, Moonlight) instead of the EMA form
-  bool rms_scale = false;      // scale 0.2·sqrt(max(rows, cols)) instead of sqrt(max(1, rows/cols))
-  int64_t ns_steps = 5;        // Newton–Schulz iterations
-  bool exact_polar = false;    // U Vᵀ from an SVD instead of Newton–Schulz (analysis only)
+  bool sum_momentum = false;  // B = μB + g (torch.optim.Muon, Moonlight) instead of the EMA form
+  bool rms_scale = false;     // scale 0.2·sqrt(max(rows, cols)) instead of sqrt(max(1, rows/cols))
+  int64_t ns_steps = 5;       // Newton–Schulz iterations
+  bool exact_polar = false;   // U Vᵀ from an SVD instead of Newton–Schulz (analysis only)
   // The AdamW that Muon/NorMuon apply to parameters outside their partition.
   double adam_lr = 1e-3;
   double adam_beta1 = 0.9;
@@ -44,14 +45,21 @@ struct OptimizerConfig {
   // ndim >= 2 except embeddings and the output head.
   std::string muon_params;
 
-  // Defaults of each optimizer (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
+  // The table entry's defaults (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
   // wd 1e-2; muon lr 0.02, μ 0.95, Nesterov; normuon lr 0.02, μ 0.95, β₂ 0.95; sgd lr 0.1;
-  // signsgd lr 1e-3; signum lr 1e-3, β 0.9; lion lr 1e-4, β (0.9, 0.99).
+  // signsgd lr 1e-3; signum lr 1e-3, β 0.9; lion lr 1e-4, β (0.9, 0.99). InvalidArgument naming
+  // the known optimizers for any other name.
   static OptimizerConfig defaults(const std::string& name);
   // "adamw", "adamw:lr=1e-3,weight_decay=0.1", "muon:sum_momentum=1,rms_scale=1"; keys are the
-  // field names. Starts from defaults(name). InvalidArgument names the bad key or value.
+  // field names the optimizer reads. Starts from defaults(name). InvalidArgument names the bad
+  // key or value.
   static OptimizerConfig parse(const std::string& spec);
-  void set(const std::string& key, const std::string& value);  // one field by name
+  // One field by name, as a user sets it: InvalidArgument naming the optimizer and the key, and
+  // listing the keys it reads, when this optimizer does not read that field (adamw's momentum).
+  void set(const std::string& key, const std::string& value);
+  // Any field by name, read by this optimizer or not: how stored metadata is applied, since
+  // checkpoints record every field (hyper()) whatever optimizer saved them.
+  void set_stored(const std::string& key, const std::string& value);
   // Numeric fields by name, as stored in meta.json's "optimizer.hyper".
   std::vector<std::pair<std::string, double>> hyper() const;
   std::string to_json() const;  // {"name": ..., "hyper": {...}, "muon_params": ...}
@@ -77,6 +85,10 @@ class Optimizer {
   void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& source);
   // Which rule each parameter gets ("muon" or "adamw" for the Muon family, else the name).
   std::vector<std::string> partition() const;
+  // Whether a step rebuilt after the first update needs saved state: false when no parameter
+  // keeps any (signsgd; sgd without momentum), so a checkpoint without optimizer.safetensors
+  // still determines the step.
+  bool needs_saved_state() const;
   // meta.json's "optimizer" object: name, hyper, step_count, muon_params and the partition
   // ({"param": "muon" | "adamw" | ...}), as checkpoints record it.
   std::string meta_json() const;
@@ -101,6 +113,25 @@ class Optimizer {
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> state_;
 };
 
+// One optimizer libcurv implements: everything spec parsing, make_optimizer, the direction
+// families, messages and docs/optimizers.md say about it comes from this entry.
+struct OptimizerEntry {
+  std::string name;               // "adamw", ...: the spec's and the direction family's name
+  std::string help;               // one line, for docs and --help texts
+  std::vector<std::string> keys;  // the fields the rule reads: what a spec may set
+  OptimizerConfig defaults;       // the starting point of a spec (name set)
+  std::unique_ptr<Optimizer> (*make)(const OptimizerConfig&, const ParamSpace&);
+
+  bool reads(const std::string& key) const;
+};
+
+// Every optimizer, in the order messages and docs list them.
+const std::vector<OptimizerEntry>& optimizer_table();
+// The entry named `name`; InvalidArgument naming it and the known optimizers otherwise.
+const OptimizerEntry& optimizer_entry(const std::string& name);
+std::vector<std::string> optimizer_names();
+
+// The optimizer `config.name` names, configured by `config` (validated).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space);
 
 // Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix

@@ -1,0 +1,91 @@
+// What a checkpoint records beside its parameters, typed: the step, the optimizer that saved it
+// (name, hyper-parameters, step count, partition, parameter groups) and its state tensors. io fills
+// these from meta.json and the optimizer files; optim and analysis read them without any file.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "curv/core/param_space.h"
+
+namespace curv {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// One torch parameter group, named after the model's parameters (meta.json's
+// "optimizer.param_groups[]": {"params": [names], "hyper": {key: number}}).
+struct OptimizerParamGroup {
+  std::vector<std::string> params;
+  std::vector<std::pair<std::string, double>> hyper;  // libcurv's field names
+};
+
+// meta.json's "optimizer" object.
+struct OptimizerRecord {
+  std::string name;  // "adamw", "muon", ...; "" when the checkpoint names none
+  // "hyper": the numeric hyper-parameters as stored. Checkpoints libcurv writes record every
+  // OptimizerConfig field, read by the optimizer or not; converted torch checkpoints record what
+  // their param_groups hold.
+  std::vector<std::pair<std::string, double>> hyper;
+  // "hyper" entries that are not numbers, (key, value as JSON text): kept, not rejected at load,
+  // because only reading one (hyper_or) makes it an error.
+  std::vector<std::pair<std::string, std::string>> non_numeric_hyper;
+  std::optional<int64_t> step_count;       // "step_count": updates taken
+  std::optional<std::string> muon_params;  // "muon_params": the Muon family's partition regex
+  // "partition": the rule each parameter got, (param, "muon" | "adamw" | ...), as written.
+  std::vector<std::pair<std::string, std::string>> partition;
+  // "param_groups": groups with their own hyper-parameters (filled by resolve_optimizer_state
+  // for torch checkpoints); empty when the optimizer had one.
+  std::vector<OptimizerParamGroup> param_groups;
+  std::string param_order;  // "param_order": the rule that named torch's indices, "" if none
+
+  // hyper[key] if present, else `fallback`. FormatError naming `origin`, "optimizer.hyper.<key>"
+  // and the stored value when that value is not a number.
+  double hyper_or(const std::string& key, double fallback, const std::string& origin) const;
+};
+
+// meta.json as a whole: {"step": N, "optimizer": {...}, "model": {...}, ...anything else}.
+struct CheckpointMeta {
+  std::optional<int64_t> step;               // "step"
+  std::optional<OptimizerRecord> optimizer;  // "optimizer", absent when the file has none
+  // "model": the model config as JSON text (ModelConfig::from_json reads it); "" if absent.
+  std::string model_json;
+  // The document as read, so that keys libcurv does not type ("note", nanoGPT's "iter_num", ...)
+  // survive a load and save; writers put the typed fields above over it.
+  std::string json = "{}";
+};
+
+// A checkpoint's optimizer state and record, without the checkpoint: what optimizer directions
+// and the Adam preconditioner rebuild steps from.
+struct SavedOptimizer {
+  std::string checkpoint;  // the checkpoint's folder or file, for messages
+  int64_t step = 0;        // the checkpoint's step (the step count when none is recorded)
+  NamedTensors tensors;    // "<param>.<key>" (exp_avg, exp_avg_sq, momentum_buffer, ...)
+  std::string file;        // where `tensors` come from: "<folder>/optimizer.safetensors", ...
+  std::string meta_file;   // where `record` comes from: "<folder>/meta.json", ...
+  OptimizerRecord record;  // empty name when the checkpoint names no optimizer
+  // torch state still keyed by parameter index (resolve_optimizer_state has not named it).
+  bool unresolved = false;
+
+  int64_t step_count() const { return record.step_count.value_or(step); }
+  double hyper(const std::string& key, double fallback) const {
+    return record.hyper_or(key, fallback, meta_file);
+  }
+};
+
+// Optimizer state "<param>.<key>" (e.g. key "exp_avg_sq") as stored, or an undefined tensor if
+// absent: whether that is an error depends on the caller.
+at::Tensor optimizer_state(const SavedOptimizer& saved, const std::string& param,
+                           const std::string& key);
+// The same, checked against the parameter: InvalidArgument naming the state's file, the
+// parameter, the key and both shapes when the shapes differ. When absent: an undefined tensor,
+// or, if `required`, InvalidArgument naming the file (or its absence), parameter and key, and
+// the states the file does hold for that parameter.
+at::Tensor optimizer_state(const SavedOptimizer& saved, const ParamInfo& param,
+                           const std::string& key, bool required = false);
+
+}  // namespace curv
