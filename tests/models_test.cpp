@@ -13,7 +13,7 @@ using namespace curv_test;
 
 TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]") {
   auto config = tiny_gpt_config();
-  config.gpt.tied = true;
+  config.as<GptConfig>().tied = true;
   auto model = make_model(config, ModelInit{0, at::kFloat});
   const std::vector<std::string> expected = {
       "transformer.wte.weight", "transformer.wpe.weight",
@@ -25,8 +25,8 @@ TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]
       "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
       "transformer.ln_f.weight", "transformer.ln_f.bias"};
   CHECK(model->space().names() == expected);
-  config.gpt.tied = false;
-  config.gpt.bias = false;
+  config.as<GptConfig>().tied = false;
+  config.as<GptConfig>().bias = false;
   auto untied = make_model(config, ModelInit{0, at::kFloat});
   CHECK(untied->space().names().back() == "lm_head.weight");
   CHECK(untied->space().size() == 2 + 6 + 1 + 1);

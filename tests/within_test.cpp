@@ -32,7 +32,7 @@ TEST_CASE("singular-mode curvature equals the dense quadratic form of a_i b_iᵀ
   ParamVector u = random_direction(*model, 12);
   WithinOptions options;
   options.modes = 3;
-  options.n_head = config.gpt.n_head;
+  options.n_head = config.as<GptConfig>().n_head;
   WithinReport report = within_block(engine, u, options);
   const auto& space = engine.space();
   // Every 2-D matrix of the layer, none of the embeddings or head.
@@ -66,7 +66,7 @@ TEST_CASE("singular-mode curvature equals the dense quadratic form of a_i b_iᵀ
   CHECK(attn.groups[0].name == "q");
   CHECK(attn.groups[4].name == "q.head1");
   const size_t attn_index = space.index(attn.name);
-  const int64_t C = config.gpt.n_embd, hs = C / config.gpt.n_head;
+  const int64_t C = config.as<GptConfig>().n_embd, hs = C / config.as<GptConfig>().n_head;
   at::Tensor k_head1 = at::zeros_like(u[attn_index]);
   k_head1.slice(0, C + hs, C + 2 * hs).copy_(u[attn_index].slice(0, C + hs, C + 2 * hs));
   const auto& group = attn.groups[3 + 2 + 1];  // k.head1

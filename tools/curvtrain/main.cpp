@@ -80,13 +80,13 @@ struct TrainingData {
 
 uint64_t step_seed(uint64_t seed, int64_t step) { return seed * 7919ULL + static_cast<uint64_t>(step); }
 
-TrainingData language_data(const Args& a, const GptConfig& gpt) {
+TrainingData language_data(const Args& a, const ModelData& lm) {
   TrainingData d;
-  const int64_t T = gpt.block_size;
+  const int64_t T = lm.context;
   auto train = std::make_shared<TokenData>();
   if (a.data == "zipf") {
     ZipfPcfgOptions zo;
-    zo.vocab_size = gpt.vocab_size;
+    zo.vocab_size = lm.vocab_size;
     zo.exponent = a.zipf_s;
     zo.grammar_seed = a.grammar_seed;
     zo.depth = a.zipf_depth;
@@ -112,9 +112,9 @@ TrainingData language_data(const Args& a, const GptConfig& gpt) {
     d.probe_description = "probe windows drawn from " + a.data;
     d.meta = {{"kind", "tokens"}, {"path", a.data}};
   }
-  if (train->max_token() >= gpt.vocab_size) {
+  if (train->max_token() >= lm.vocab_size) {
     throw InvalidArgument(fmt::format("training data holds token id {} but the model's vocabulary "
-                                      "is {}", train->max_token(), gpt.vocab_size));
+                                      "is {}", train->max_token(), lm.vocab_size));
   }
   d.batch = [train, T, batch_size = a.batch_size, seed = a.runtime.seed](int64_t step) {
     auto [x, y] = train->windows(batch_size, T, step_seed(seed, step));
@@ -124,16 +124,17 @@ TrainingData language_data(const Args& a, const GptConfig& gpt) {
 }
 
 TrainingData make_training_data(const Args& a, const ModelConfig& config) {
-  if (config.arch == "gpt") return language_data(a, config.gpt);
+  const ModelData model_data = config.data();
+  if (model_data.kind == ModelData::Kind::kTokens) return language_data(a, model_data);
   if (a.data != "zipf") {
     throw InvalidArgument(fmt::format("--data {}: a {} model makes its own data (leave --data at zipf)",
-                                      a.data, config.arch));
+                                      a.data, config.arch()));
   }
   TrainingData d;
-  if (config.arch == "memory") {
+  if (model_data.kind == ModelData::Kind::kClasses) {
     // Classes drawn with frequencies p_c ∝ (c + 1)^(−s); validation and probe sets hold every
     // class once, so their loss is the class average and head and tail weigh alike.
-    const int64_t classes = config.memory.classes;
+    const int64_t classes = model_data.classes;
     d.batch = [classes, s = a.zipf_s, batch_size = a.batch_size, seed = a.runtime.seed](int64_t step) {
       return sample_memory_batch(classes, s, batch_size, step_seed(seed, step));
     };
@@ -240,8 +241,10 @@ int run(int argc, char** argv) {
 
   ModelConfig config = a.model_config.empty() ? ModelConfig::from_json(kTinyGpt, "built-in tiny GPT")
                                               : ModelConfig::from_file(a.model_config);
-  if (config.arch == "mlp") {
-    throw InvalidArgument("curvtrain trains gpt, quadratic and memory models; --model is an mlp config");
+  if (config.data().kind == ModelData::Kind::kFeatures) {
+    throw InvalidArgument(fmt::format("curvtrain trains models on tokens, classes or no data (gpt, "
+                                      "quadratic, memory); --model is a {} config, which reads "
+                                      "features", config.arch()));
   }
   const auto dtype = tools::parse_dtype(a.runtime.dtype);
   auto model = make_model(config, ModelInit{a.runtime.seed, dtype, a.runtime.device});

@@ -514,7 +514,7 @@ int run(int argc, char** argv) {
   within_options.modes = a.modes;
   within_options.row_chunks = a.row_chunks;
   within_options.max_hvps = a.within_max_hvps;
-  if (model.builtin && model.config.arch == "gpt") within_options.n_head = model.config.gpt.n_head;
+  within_options.n_head = objective.structure().n_head;
   within_options.validate();
   SpectrumPlan plan;
   plan.args = &a;

@@ -419,11 +419,13 @@ class Lion : public Optimizer {
 // Muon and NorMuon on their partition, AdamW (adam_* fields) elsewhere.
 class MuonFamily : public Optimizer {
  public:
-  MuonFamily(OptimizerConfig config, const ParamSpace& space) : Optimizer(std::move(config), space) {
+  MuonFamily(OptimizerConfig config, const ParamSpace& space, const ModelStructure& structure)
+      : Optimizer(std::move(config), space) {
+    structure.validate(space_);
     std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
     for (size_t i = 0; i < space_.size(); ++i) {
       const bool muon = config_.muon_params.empty()
-                            ? is_hidden_matrix(space_[i])
+                            ? structure.is_hidden_matrix(i, space_)
                             : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
       muon_.push_back(muon);
     }
@@ -477,9 +479,14 @@ class MuonFamily : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
+  return make_optimizer(config, space, ModelStructure::from_names(space));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
+                                          const ModelStructure& structure) {
   const auto& n = config.name;
   if (n == "adamw") return std::make_unique<AdamW>(config, space);
-  if (is_muon_family(n)) return std::make_unique<MuonFamily>(config, space);
+  if (is_muon_family(n)) return std::make_unique<MuonFamily>(config, space, structure);
   if (n == "sgd") return std::make_unique<Sgd>(config, space);
   if (n == "signsgd") return std::make_unique<SignSgd>(config, space);
   if (n == "signum") return std::make_unique<Signum>(config, space);

@@ -101,6 +101,11 @@ class Optimizer {
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> state_;
 };
 
+// The Muon family's default partition (no muon_params) orthogonalises the structure's hidden
+// matrices: ndim >= 2, not embeddings or head (objective.structure() for a model; without one,
+// the name rules, ModelStructure::from_names(space)).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
+                                          const ModelStructure& structure);
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space);
 
 // Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix
