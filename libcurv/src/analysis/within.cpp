@@ -139,10 +139,9 @@ std::vector<size_t> within_selection(const ParamSpace& space, const ModelStructu
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& p = space[i];
     if (p.shape.size() != 2) continue;
-    if (options.param_regex.empty() ? !structure.is_hidden_matrix(i, space) : !std::regex_search(p.name, pattern)) {
-      continue;
-    }
-    out.push_back(i);
+    const bool selected = options.param_regex.empty() ? structure.is_hidden_matrix(i, space)
+                                                      : std::regex_search(p.name, pattern);
+    if (selected) out.push_back(i);
   }
   return out;
 }
@@ -152,10 +151,12 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
   const ModelStructure structure = engine.objective().structure();
   // Key/value heads: the options', else the structure's when its query heads are the ones asked
   // for (grouped-query attention), else one per query head.
-  const int64_t n_kv_head = options.n_kv_head > 0                   ? options.n_kv_head
-                            : structure.n_head == options.n_head &&
-                                      structure.n_kv_head > 0 ? structure.n_kv_head
-                                                              : options.n_head;
+  int64_t n_kv_head = options.n_head;
+  if (options.n_kv_head > 0) {
+    n_kv_head = options.n_kv_head;
+  } else if (structure.n_head == options.n_head && structure.n_kv_head > 0) {
+    n_kv_head = structure.n_kv_head;
+  }
   WithinReport report;
   const int64_t hvps_before = engine.counters().hvps;
   auto budget_left = [&](int64_t needed) {
