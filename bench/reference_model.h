@@ -17,9 +17,9 @@ inline curv::ModelConfig reference_config() {
 
 // One batch of 32 random sequences of block_size tokens (inputs and next-token targets).
 inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen) {
-  auto tokens = at::randint(0, config.gpt.vocab_size, {32, config.gpt.block_size + 1}, gen,
+  auto tokens = at::randint(0, config.as<curv::GptConfig>().vocab_size, {32, config.as<curv::GptConfig>().block_size + 1}, gen,
                             at::TensorOptions().dtype(at::kLong));
-  const int64_t t = config.gpt.block_size;
+  const int64_t t = config.as<curv::GptConfig>().block_size;
   return curv::ProbeSet(
       {curv::Batch{tokens.narrow(1, 0, t).contiguous(), tokens.narrow(1, 1, t).contiguous()}});
 }

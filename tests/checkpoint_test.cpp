@@ -267,7 +267,7 @@ TEST_CASE("parameters_from names missing, extra and mis-shaped parameters", "[ch
   }
   SECTION("a tied head stored twice is accepted; an untied one is not") {
     auto config = curv_test::tiny_gpt_config();
-    config.gpt.tied = true;
+    config.as<GptConfig>().tied = true;
     auto tied = make_model(config, ModelInit{0, at::kFloat});
     REQUIRE_FALSE(tied->space().find("lm_head.weight"));
     auto tensors = named(*tied);

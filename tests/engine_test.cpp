@@ -41,7 +41,7 @@ TEST_CASE("HVP on a quadratic objective is exactly A v", "[engine]") {
 TEST_CASE("HVP equals the dense Hessian times v on tiny models in float64", "[engine]") {
   for (const auto& config : {tiny_mlp_config(), tiny_gpt_config()}) {
     auto model = make_model(config, ModelInit{3, at::kDouble});
-    ProbeSet probe = config.arch == "mlp" ? mlp_probe(11, 24, 10) : gpt_probe(11, 6, 4);
+    ProbeSet probe = config.arch() == "mlp" ? mlp_probe(11, 24, 10) : gpt_probe(11, 6, 4);
     CurvatureEngine engine(*model, probe);
     const int64_t n = engine.space().numel();
     Eigen::MatrixXd h = dense_hessian(engine);
@@ -69,7 +69,7 @@ TEST_CASE("finite-difference HVP agrees with the exact one on smooth models", "[
   SECTION("float64 MLP and GPT") {
     for (const auto& config : {tiny_mlp_config(), tiny_gpt_config()}) {
       auto model = make_model(config, ModelInit{3, at::kDouble});
-      ProbeSet probe = config.arch == "mlp" ? mlp_probe(4, 32, 32) : gpt_probe(4, 8, 8);
+      ProbeSet probe = config.arch() == "mlp" ? mlp_probe(4, 32, 32) : gpt_probe(4, 8, 8);
       CurvatureEngine engine(*model, probe);
       ParamVector v = random_direction(*model, 9);
       const double err = relative_error(engine.hvp_finite_difference(v), engine.hvp_exact(v));

@@ -39,19 +39,9 @@ QuadraticConfig small_quadratic(const std::string& basis) {
   return c;
 }
 
-ModelConfig as_model(const QuadraticConfig& q) {
-  ModelConfig m;
-  m.arch = "quadratic";
-  m.quadratic = q;
-  return m;
-}
+ModelConfig as_model(const QuadraticConfig& q) { return ModelConfig("quadratic", q); }
 
-ModelConfig as_model(const MemoryConfig& c) {
-  ModelConfig m;
-  m.arch = "memory";
-  m.memory = c;
-  return m;
-}
+ModelConfig as_model(const MemoryConfig& c) { return ModelConfig("memory", c); }
 
 double nds_along(CurvatureEngine& engine, const at::Tensor& u) {
   auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kWhole);
@@ -132,8 +122,8 @@ TEST_CASE("structured quadratic: configs are validated", "[model_problems]") {
   CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "quadratic", "row": 3})", "q.json"),
                     FormatError, Catch::Contains("unknown model config key 'row'"));
   const ModelConfig round = ModelConfig::from_json(as_model(small_quadratic("identity")).to_json());
-  CHECK(round.quadratic.d_low == 1.7);
-  CHECK(round.quadratic.basis == "identity");
+  CHECK(round.as<QuadraticConfig>().d_low == 1.7);
+  CHECK(round.as<QuadraticConfig>().basis == "identity");
   CHECK(round.describe() == as_model(small_quadratic("identity")).describe());
 }
 

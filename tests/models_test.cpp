@@ -13,7 +13,7 @@ using namespace curv_test;
 
 TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]") {
   auto config = tiny_gpt_config();
-  config.gpt.tied = true;
+  config.as<GptConfig>().tied = true;
   auto model = make_model(config, ModelInit{0, at::kFloat});
   const std::vector<std::string> expected = {
       "transformer.wte.weight", "transformer.wpe.weight",
@@ -25,8 +25,8 @@ TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]
       "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
       "transformer.ln_f.weight", "transformer.ln_f.bias"};
   CHECK(model->space().names() == expected);
-  config.gpt.tied = false;
-  config.gpt.bias = false;
+  config.as<GptConfig>().tied = false;
+  config.as<GptConfig>().bias = false;
   auto untied = make_model(config, ModelInit{0, at::kFloat});
   CHECK(untied->space().names().back() == "lm_head.weight");
   CHECK(untied->space().size() == 2 + 6 + 1 + 1);
@@ -81,4 +81,43 @@ TEST_CASE("MLP with mse loss takes float targets of the output's shape", "[model
   auto x = at::randn({5, 2}, at::kDouble);
   CHECK(std::isfinite(model->loss(Batch{x, at::zeros({5, 2}, at::kDouble)}).item<double>()));
   CHECK_THROWS_AS(model->loss(Batch{x, at::zeros({5}, at::kDouble)}), ModelError);
+}
+
+TEST_CASE("the registry lists the built-in architectures and names them for an unknown arch",
+          "[models]") {
+  const auto names = architecture_names();
+  REQUIRE(names.size() >= 4);
+  CHECK(std::vector<std::string>(names.begin(), names.begin() + 4) ==
+        std::vector<std::string>{"gpt", "mlp", "quadratic", "memory"});
+  for (const auto& name : {"gpt", "mlp", "quadratic", "memory"}) {
+    CHECK(find_architecture(name).name() == name);
+    // The registered defaults round-trip through JSON.
+    const ModelConfig defaults = ModelConfig::defaults(name);
+    CHECK(ModelConfig::from_json(defaults.to_json()).to_json() == defaults.to_json());
+  }
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "llama"})", "cfg.json"), InvalidArgument,
+                    Catch::Matchers::Contains("llama") && Catch::Matchers::Contains("gpt") &&
+                        Catch::Matchers::Contains("mlp") &&
+                        Catch::Matchers::Contains("quadratic") &&
+                        Catch::Matchers::Contains("memory"));
+  CURV_CHECK_THROWS(ModelConfig::defaults("cnn"), InvalidArgument,
+                    Catch::Matchers::Contains("cnn") && Catch::Matchers::Contains("gpt"));
+  // The typed config is read by type; another type is an error naming the arch.
+  const ModelConfig gpt = tiny_gpt_config();
+  CHECK(gpt.arch() == "gpt");
+  CHECK(gpt.as<GptConfig>().n_head == 2);
+  CURV_CHECK_THROWS(gpt.as<MlpConfig>(), InvalidArgument, Catch::Matchers::Contains("gpt"));
+  // What each architecture reads, for tools that choose data by it.
+  CHECK(gpt.data().kind == ModelData::Kind::kTokens);
+  CHECK(gpt.data().vocab_size == 5);
+  CHECK(gpt.data().context == 4);
+  CHECK(ModelConfig::defaults("memory").data().kind == ModelData::Kind::kClasses);
+  CHECK(ModelConfig::defaults("memory").data().classes == 64);
+  CHECK(ModelConfig::defaults("quadratic").data().kind == ModelData::Kind::kNone);
+  CHECK(tiny_mlp_config().data().kind == ModelData::Kind::kFeatures);
+  // A second registration under a taken name is refused.
+  CHECK_THROWS_AS(register_architecture(
+                      std::shared_ptr<const Architecture>(&find_architecture("gpt"),
+                                                          [](const Architecture*) {})),
+                  InvalidArgument);
 }

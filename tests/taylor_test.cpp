@@ -53,11 +53,11 @@ TEST_CASE("the coupling matrix is symmetric, sums to uᵀHu and has the dense bl
           "[taylor]") {
   for (const auto& config : {tiny_gpt_config(), tiny_mlp_config()}) {
     auto model = make_model(config, ModelInit{2, at::kDouble});
-    ProbeSet probe = config.arch == "mlp" ? mlp_probe(5, 20, 8) : gpt_probe(5, 6, 3);
+    ProbeSet probe = config.arch() == "mlp" ? mlp_probe(5, 20, 8) : gpt_probe(5, 6, 3);
     CurvatureEngine engine(*model, probe);
     const int64_t n = engine.space().numel();
     Eigen::MatrixXd h = dense_hessian(engine);
-    auto blocks = BlockPartition::by_rule(engine.space(), config.arch == "mlp" ? BlockRule::kTensor
+    auto blocks = BlockPartition::by_rule(engine.space(), config.arch() == "mlp" ? BlockRule::kTensor
                                                                               : BlockRule::kLayer);
     REQUIRE(blocks.size() >= 3);
     ParamVector u = random_direction(*model, 8);

@@ -172,9 +172,8 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
                      SafetensorsReader(fixture("named_optimizer_expected.safetensors")).tensors());
 
   // State for only one matrix: model order and nanoGPT's order both fit, and they disagree.
-  ModelConfig mlp;
-  mlp.arch = "mlp";
-  mlp.mlp.sizes = {4, 4, 4};
+  ModelConfig mlp = ModelConfig::defaults("mlp");
+  mlp.as<MlpConfig>().sizes = {4, 4, 4};
   auto small = make_model(mlp, ModelInit{0, at::kDouble});
   Checkpoint ambiguous = load_checkpoint(list_checkpoints(fixture("ambiguous"))[0]);
   CURV_CHECK_THROWS(resolve_optimizer_state(ambiguous, small->space()), InvalidArgument,

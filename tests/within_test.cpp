@@ -1,6 +1,7 @@
 #include "curv/analysis/within.h"
 
 #include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 
 #include "curv/core/engine.h"
@@ -32,16 +33,15 @@ TEST_CASE("singular-mode curvature equals the dense quadratic form of a_i b_iᵀ
   ParamVector u = random_direction(*model, 12);
   WithinOptions options;
   options.modes = 3;
-  options.n_head = config.gpt.n_head;
+  options.n_head = config.as<GptConfig>().n_head;
   WithinReport report = within_block(engine, u, options);
   const auto& space = engine.space();
   // Every 2-D matrix of the layer, none of the embeddings or head.
   std::vector<std::string> names;
   for (const auto& p : report.params) names.push_back(p.name);
-  CHECK(names == std::vector<std::string>{"transformer.h.0.attn.c_attn.weight",
-                                          "transformer.h.0.attn.c_proj.weight",
-                                          "transformer.h.0.mlp.c_fc.weight",
-                                          "transformer.h.0.mlp.c_proj.weight"});
+  CHECK(names == std::vector<std::string>{
+                     "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
+                     "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"});
   for (const auto& p : report.params) {
     const size_t index = space.index(p.name);
     auto svd = at::linalg_svd(u[index], false);
@@ -50,7 +50,8 @@ TEST_CASE("singular-mode curvature equals the dense quadratic form of a_i b_iᵀ
     for (double s : p.singular_values) energy += s * s;
     CHECK(energy == Approx(p.sq_norm).epsilon(1e-12));
     for (const auto& m : p.modes) {
-      at::Tensor mode = at::outer(std::get<0>(svd).select(1, m.index), std::get<2>(svd).select(0, m.index));
+      at::Tensor mode =
+          at::outer(std::get<0>(svd).select(1, m.index), std::get<2>(svd).select(0, m.index));
       const double dense = dense_form(h, space, index, mode);
       INFO(p.name << " mode " << m.index << ": κ " << m.curvature << ", dense " << dense);
       CHECK(std::abs(m.curvature - dense) <= 1e-10 * std::max(1.0, std::abs(dense)));
@@ -66,7 +67,7 @@ TEST_CASE("singular-mode curvature equals the dense quadratic form of a_i b_iᵀ
   CHECK(attn.groups[0].name == "q");
   CHECK(attn.groups[4].name == "q.head1");
   const size_t attn_index = space.index(attn.name);
-  const int64_t C = config.gpt.n_embd, hs = C / config.gpt.n_head;
+  const int64_t C = config.as<GptConfig>().n_embd, hs = C / config.as<GptConfig>().n_head;
   at::Tensor k_head1 = at::zeros_like(u[attn_index]);
   k_head1.slice(0, C + hs, C + 2 * hs).copy_(u[attn_index].slice(0, C + hs, C + 2 * hs));
   const auto& group = attn.groups[3 + 2 + 1];  // k.head1
@@ -111,4 +112,69 @@ TEST_CASE("the HVP budget skips parameters and says which", "[within]") {
   CHECK(report.hvps <= 5);
   CHECK(report.params.size() == 2);
   CHECK(report.skipped.size() == 2);
+}
+
+namespace {
+
+// Separate LLaMA-style attention projections with grouped-query shapes (4 query heads, 2
+// key/value heads of 2 rows) under L = ½ Σ_i c_i ‖θ_i‖², c_i = i + 1: a group's curvature is
+// c_i ‖u_g‖², so the groups can be checked exactly. Its structure comes from a mapping.
+class GqaObjective : public Objective {
+ public:
+  GqaObjective() {
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+        {"model.layers.0.self_attn.k_proj.weight", {4, 8}},
+        {"model.layers.0.self_attn.v_proj.weight", {4, 8}},
+        {"model.layers.0.self_attn.o_proj.weight", {8, 8}}};
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : shapes) {
+      names.push_back(name);
+      params_.push_back(at::zeros(shape, at::kDouble).set_requires_grad(true));
+    }
+    space_ = ParamSpace(names, params_);
+  }
+  const ParamSpace& space() const override { return space_; }
+  ParamVector parameters() override { return params_; }
+  at::Tensor loss(const Batch&) override {
+    at::Tensor l = at::zeros({}, at::kDouble);
+    for (size_t i = 0; i < params_.size(); ++i) l = l + 0.5 * (i + 1.0) * params_[i].square().sum();
+    return l;
+  }
+  std::string describe() const override { return "gqa"; }
+  ModelStructure structure() const override {
+    return ModelStructure::from_mapping(R"({"n_head": 4, "n_kv_head": 2})", space_, "gqa");
+  }
+
+ private:
+  ParamVector params_;
+  ParamSpace space_;
+};
+
+}  // namespace
+
+TEST_CASE("grouped-query heads come from the structure: query, key/value and output heads",
+          "[within]") {
+  GqaObjective model;
+  CurvatureEngine engine(model, dummy_probe(1, 1));
+  ParamVector u = random_direction(model, 3);
+  WithinOptions options;
+  options.modes = 1;
+  options.n_head = model.structure().n_head;
+  WithinReport report = within_block(engine, u, options);
+  REQUIRE(report.params.size() == 4);
+  const std::vector<size_t> expected_groups = {4, 2, 2, 4};  // q, k, v by rows; o by columns
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& p = report.params[i];
+    INFO(p.name);
+    REQUIRE(p.groups.size() == expected_groups[i]);
+    for (size_t g = 0; g < p.groups.size(); ++g) {
+      const int64_t lo = 2 * static_cast<int64_t>(g), hi = lo + 2;
+      at::Tensor part = i == 3 ? u[i].slice(1, lo, hi) : u[i].slice(0, lo, hi);
+      const double sq = part.square().sum().item<double>();
+      CHECK(p.groups[g].name == "head" + std::to_string(g));
+      CHECK(p.groups[g].sq_norm == Approx(sq).epsilon(1e-12));
+      CHECK(p.groups[g].curvature == Approx((i + 1.0) * sq).epsilon(1e-10));
+    }
+  }
 }

@@ -43,12 +43,17 @@ void ModelArgs::add_to(CLI::App& app) {
                  "forward(x) returns logits for cross-entropy, auto = by arity")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "loss", "logits"}));
+  app.add_option("--structure", structure,
+                 "TorchScript models: a JSON mapping of parameter names to roles and the head "
+                 "counts (docs/architectures.md); default: roles from the parameter names")
+      ->check(CLI::ExistingFile);
 }
 
 ModelSource ModelArgs::to_source(const RuntimeArgs& runtime) const {
   ModelSource source;
   source.path = model;
   source.script_mode = parse_script_mode(script_mode);
+  source.structure_mapping = structure;
   source.init = runtime.model_init();
   return source;
 }

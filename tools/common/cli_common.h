@@ -38,6 +38,7 @@ struct RuntimeArgs {
 struct ModelArgs {
   std::string model;  // .json built-in config, else TorchScript file
   std::string script_mode = "auto";
+  std::string structure;  // a structure mapping file (TorchScript models)
 
   void add_to(CLI::App& app);
   ModelSource to_source(const RuntimeArgs& runtime) const;

@@ -317,6 +317,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
                                 size_t& done, ProbeRunSummary& summary) {
   const auto& o = options_;
   const size_t total = summary.units;
+  WithinOptions within_options = o.within_options;
+  if (o.within_heads_from_model) within_options.n_head = engine.objective().structure().n_head;
   const bool any_spectrum = o.spectrum.any();
   const size_t per_checkpoint = directions_.size() + (any_spectrum ? 1 : 0);
   const bool spectrum_done =
@@ -388,7 +390,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       ParamVector u = d->compute(context);
       TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
       if (o.within) {
-        WithinReport within = within_block(engine, u, o.within_options);
+        WithinReport within = within_block(engine, u, within_options);
         report.add_taylor(run.name, info.step, d->name(), taylor, &within);
       } else {
         report.add_taylor(run.name, info.step, d->name(), taylor);
@@ -409,8 +411,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   }
 }
 
-BlockPartition BlockOptions::partition(const ParamSpace& space) const {
-  if (groups.empty()) return BlockPartition::by_rule(space, BlockPartition::parse_rule(rule));
+BlockPartition BlockOptions::partition(const ParamSpace& space,
+                                       const ModelStructure& structure) const {
+  if (groups.empty()) {
+    return BlockPartition::by_rule(space, structure, BlockPartition::parse_rule(rule));
+  }
   return BlockPartition::by_regex(space, groups);
 }
 
@@ -436,7 +441,7 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   LoadedModel model = load_model(job.model, first.model_config_json());
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();
-  const BlockPartition blocks = job.blocks.partition(objective.space());
+  const BlockPartition blocks = job.blocks.partition(objective.space(), objective.structure());
   CurvatureEngine engine(objective, probe, job.engine);
 
   Provenance provenance = job.provenance;

@@ -33,14 +33,14 @@ uint64_t step_seed(uint64_t seed, int64_t step) {
   return seed * 7919ULL + static_cast<uint64_t>(step);
 }
 
-TrainingData language_data(const TrainingDataOptions& o, const GptConfig& gpt) {
+TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
   TrainingData d;
-  const int64_t T = gpt.block_size;
+  const int64_t T = lm.context;
   auto train = std::make_shared<TokenData>();
   nlohmann::json meta;
   if (o.source == "zipf") {
     ZipfPcfgOptions zo;
-    zo.vocab_size = gpt.vocab_size;
+    zo.vocab_size = lm.vocab_size;
     zo.exponent = o.zipf_s;
     zo.grammar_seed = o.grammar_seed;
     zo.depth = o.zipf_depth;
@@ -70,10 +70,10 @@ TrainingData language_data(const TrainingDataOptions& o, const GptConfig& gpt) {
     d.probe_description = "probe windows drawn from " + o.source;
     meta = {{"kind", "tokens"}, {"path", o.source}};
   }
-  if (train->max_token() >= gpt.vocab_size) {
+  if (train->max_token() >= lm.vocab_size) {
     throw InvalidArgument(fmt::format("training data holds token id {} but the model's "
                                       "vocabulary is {}",
-                                      train->max_token(), gpt.vocab_size));
+                                      train->max_token(), lm.vocab_size));
   }
   d.batch = [train, T, batch_size = o.batch_size, seed = o.seed](int64_t step) {
     auto [x, y] = train->windows(batch_size, T, step_seed(seed, step));
@@ -102,16 +102,17 @@ void truncate_log(const std::string& path, int64_t step) {
 }  // namespace
 
 TrainingData make_training_data(const TrainingDataOptions& o, const ModelConfig& config) {
-  if (config.arch == "gpt") return language_data(o, config.gpt);
+  const ModelData model_data = config.data();
+  if (model_data.kind == ModelData::Kind::kTokens) return language_data(o, model_data);
   if (o.source != "zipf") {
     throw InvalidArgument(fmt::format(
-        "--data {}: a {} model makes its own data (leave --data at zipf)", o.source, config.arch));
+        "--data {}: a {} model makes its own data (leave --data at zipf)", o.source, config.arch()));
   }
   TrainingData d;
-  if (config.arch == "memory") {
+  if (model_data.kind == ModelData::Kind::kClasses) {
     // Classes drawn with frequencies p_c ∝ (c + 1)^(−s); validation and probe sets hold every
     // class once, so their loss is the class average and head and tail weigh alike.
-    const int64_t classes = config.memory.classes;
+    const int64_t classes = model_data.classes;
     d.batch = [classes, s = o.zipf_s, batch_size = o.batch_size, seed = o.seed](int64_t step) {
       return sample_memory_batch(classes, s, batch_size, step_seed(seed, step));
     };
@@ -156,9 +157,11 @@ Evaluation evaluate(Objective& model, const Batch& validation, const at::Tensor&
 }
 
 void TrainingRunOptions::validate() const {
-  if (model.arch == "mlp") {
-    throw InvalidArgument(
-        "curvtrain trains gpt, quadratic and memory models; --model is an mlp config");
+  if (model.data().kind == ModelData::Kind::kFeatures) {
+    throw InvalidArgument(fmt::format(
+        "curvtrain trains models on tokens, classes or no data (gpt, quadratic, memory); --model "
+        "is a {} config, which reads features",
+        model.arch()));
   }
   model.validate();
   optimizer.validate();
@@ -190,7 +193,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   o.validate();
   at::manual_seed(o.init.seed);
   auto model = make_model(o.model, o.init);
-  auto optimizer = make_optimizer(o.optimizer, model->space());
+  auto optimizer = make_optimizer(o.optimizer, model->space(), model->structure());
   const double base_lr = o.optimizer.lr, base_adam_lr = o.optimizer.adam_lr;
   const ScheduleOptions& schedule = o.schedule;
   const int64_t steps = schedule.total_steps;
@@ -256,7 +259,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     po.every = o.probe_every;
     po.on_training_batch = o.probe_on != "probe";
     probe = std::make_unique<InTrainingProbe>(
-        *report, run, BlockPartition::by_rule(model->space(), BlockRule::kLayer), po,
+        *report, run, BlockPartition::by_rule(model->space(), model->structure(), BlockRule::kLayer), po,
         fixed_probe);
   }
 

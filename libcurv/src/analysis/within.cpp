@@ -9,7 +9,7 @@
 
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
-#include "curv/optim/optimizers.h"
+#include "curv/core/structure.h"
 
 namespace curv {
 
@@ -17,40 +17,80 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Row/column groups of one matrix: (name, rows [r0, r1), columns [c0, c1)).
 struct Group {
   std::string name;
   int64_t r0, r1, c0, c1;
 };
 
-std::vector<Group> groups_for(const std::string& name, int64_t rows, int64_t cols,
-                              const WithinOptions& o) {
+const char* slice_label(ParamRole role) {
+  switch (role) {
+    case ParamRole::kAttentionQuery: return "q";
+    case ParamRole::kAttentionKey: return "k";
+    case ParamRole::kAttentionValue: return "v";
+    default: return role_name(role);
+  }
+}
+
+// Attention groups by role: a fused projection's query/key/value slices and each slice's heads
+// (n_head query heads, n_kv_head key/value heads); a separate query, key or value projection's
+// heads by rows; the attention output's heads by input column. Empty when the rows or columns do
+// not split evenly, so the matrix falls back to row chunks.
+std::vector<Group> attention_groups(const ParamStructure& p, int64_t rows, int64_t cols,
+                                    int64_t n_head, int64_t n_kv_head) {
   std::vector<Group> out;
-  if (o.n_head > 0 && ends_with(name, "attn.c_attn.weight") && rows % 3 == 0 &&
-      (rows / 3) % o.n_head == 0) {
-    const int64_t C = rows / 3, hs = C / o.n_head;
-    const char* parts[] = {"q", "k", "v"};
-    for (int s = 0; s < 3; ++s) out.push_back({parts[s], s * C, (s + 1) * C, 0, cols});
-    for (int s = 0; s < 3; ++s) {
-      for (int64_t h = 0; h < o.n_head; ++h) {
-        out.push_back({fmt::format("{}.head{}", parts[s], h), s * C + h * hs, s * C + (h + 1) * hs,
-                       0, cols});
+  auto heads_of = [&](ParamRole role) {
+    return role == ParamRole::kAttentionQuery ? n_head : n_kv_head;
+  };
+  switch (p.role) {
+    case ParamRole::kFusedQkv: {
+      if (p.slices.empty()) return {};
+      for (const auto& s : p.slices) {
+        const int64_t heads = heads_of(s.role);
+        if (heads <= 0 || (s.end - s.begin) % heads != 0) return {};
       }
+      for (const auto& s : p.slices) out.push_back({slice_label(s.role), s.begin, s.end, 0, cols});
+      for (const auto& s : p.slices) {
+        const int64_t heads = heads_of(s.role), hs = (s.end - s.begin) / heads;
+        for (int64_t h = 0; h < heads; ++h) {
+          out.push_back({fmt::format("{}.head{}", slice_label(s.role), h), s.begin + h * hs,
+                         s.begin + (h + 1) * hs, 0, cols});
+        }
+      }
+      return out;
     }
-    return out;
-  }
-  if (o.n_head > 0 && ends_with(name, "attn.c_proj.weight") && cols % o.n_head == 0) {
-    // The output projection reads head h from input columns [h·hs, (h+1)·hs).
-    const int64_t hs = cols / o.n_head;
-    for (int64_t h = 0; h < o.n_head; ++h) {
-      out.push_back({fmt::format("head{}", h), 0, rows, h * hs, (h + 1) * hs});
+    case ParamRole::kAttentionQuery:
+    case ParamRole::kAttentionKey:
+    case ParamRole::kAttentionValue: {
+      const int64_t heads = heads_of(p.role);
+      if (heads <= 0 || rows % heads != 0) return {};
+      const int64_t hs = rows / heads;
+      for (int64_t h = 0; h < heads; ++h) {
+        out.push_back({fmt::format("head{}", h), h * hs, (h + 1) * hs, 0, cols});
+      }
+      return out;
     }
-    return out;
+    case ParamRole::kAttentionOutput: {
+      // The output projection reads head h from input columns [h·hs, (h+1)·hs).
+      if (n_head <= 0 || cols % n_head != 0) return {};
+      const int64_t hs = cols / n_head;
+      for (int64_t h = 0; h < n_head; ++h) {
+        out.push_back({fmt::format("head{}", h), 0, rows, h * hs, (h + 1) * hs});
+      }
+      return out;
+    }
+    default:
+      return {};
   }
+}
+
+std::vector<Group> groups_for(const ParamStructure& p, int64_t rows, int64_t cols,
+                              const WithinOptions& o, int64_t n_kv_head) {
+  if (o.n_head > 0) {
+    auto out = attention_groups(p, rows, cols, o.n_head, n_kv_head);
+    if (!out.empty()) return out;
+  }
+  std::vector<Group> out;
   if (o.row_chunks > 0) {
     const int64_t chunks = std::min(o.row_chunks, rows);
     for (int64_t k = 0; k < chunks; ++k) {
@@ -68,6 +108,11 @@ void WithinOptions::validate() const {
   };
   non_negative("modes", modes);
   non_negative("n_head", n_head);
+  non_negative("n_kv_head", n_kv_head);
+  if (n_kv_head > 0 && (n_head == 0 || n_head % n_kv_head != 0)) {
+    throw InvalidArgument(fmt::format("WithinOptions.n_kv_head = {} must divide n_head = {}",
+                                      n_kv_head, n_head));
+  }
   non_negative("row_chunks", row_chunks);
   non_negative("max_hvps", max_hvps);
   non_negative("top_k_energy", top_k_energy);
@@ -82,22 +127,36 @@ void WithinOptions::validate() const {
 }
 
 std::vector<size_t> within_selection(const ParamSpace& space, const WithinOptions& options) {
+  return within_selection(space, ModelStructure::from_names(space), options);
+}
+
+std::vector<size_t> within_selection(const ParamSpace& space, const ModelStructure& structure,
+                                     const WithinOptions& options) {
   options.validate();
+  structure.validate(space);
   std::vector<size_t> out;
   std::regex pattern(options.param_regex.empty() ? "." : options.param_regex);
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& p = space[i];
     if (p.shape.size() != 2) continue;
-    if (options.param_regex.empty() ? !is_hidden_matrix(p) : !std::regex_search(p.name, pattern)) {
-      continue;
-    }
-    out.push_back(i);
+    const bool selected = options.param_regex.empty() ? structure.is_hidden_matrix(i, space)
+                                                      : std::regex_search(p.name, pattern);
+    if (selected) out.push_back(i);
   }
   return out;
 }
 
 WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const WithinOptions& options) {
   const auto& space = engine.space();
+  const ModelStructure structure = engine.objective().structure();
+  // Key/value heads: the options', else the structure's when its query heads are the ones asked
+  // for (grouped-query attention), else one per query head.
+  int64_t n_kv_head = options.n_head;
+  if (options.n_kv_head > 0) {
+    n_kv_head = options.n_kv_head;
+  } else if (structure.n_head == options.n_head && structure.n_kv_head > 0) {
+    n_kv_head = structure.n_kv_head;
+  }
   WithinReport report;
   const int64_t hvps_before = engine.counters().hvps;
   auto budget_left = [&](int64_t needed) {
@@ -109,11 +168,11 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
     d[index] = value.to(u[index].scalar_type());
     return d;
   };
-  for (size_t index : within_selection(space, options)) {
+  for (size_t index : within_selection(space, structure, options)) {
     const auto& info = space[index];
     const at::Tensor U = u[index].detach().to(at::kCPU, at::kDouble);
     const int64_t rows = info.shape[0], cols = info.shape[1];
-    const auto groups = groups_for(info.name, rows, cols, options);
+    const auto groups = groups_for(structure[index], rows, cols, options, n_kv_head);
     const int64_t k = std::min<int64_t>(options.modes, std::min(rows, cols));
     if (!budget_left(k + static_cast<int64_t>(groups.size()))) {
       report.skipped.push_back(info.name);

@@ -49,6 +49,12 @@ std::string module_prefix(const std::string& name) {
 }  // namespace
 
 BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) {
+  return by_rule(space, ModelStructure::from_names(space), rule);
+}
+
+BlockPartition BlockPartition::by_rule(const ParamSpace& space, const ModelStructure& structure,
+                                       BlockRule rule) {
+  structure.validate(space);
   std::vector<Block> blocks;
   std::map<std::string, size_t> index;
   auto add = [&](const std::string& block, size_t param) {
@@ -60,7 +66,7 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) 
     blocks[it->second].params.push_back(param);
   };
   bool has_layers = false;
-  for (size_t i = 0; i < space.size(); ++i) has_layers = has_layers || !layer_prefix(space[i].name).empty();
+  for (size_t i = 0; i < space.size(); ++i) has_layers = has_layers || structure[i].layer >= 0;
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& name = space[i].name;
     switch (rule) {
@@ -71,12 +77,13 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, BlockRule rule) 
         add(name, i);
         break;
       case BlockRule::kLayer: {
-        std::string prefix = layer_prefix(name);
-        if (!prefix.empty()) {
-          add(prefix, i);
-        } else if (is_embedding_name(name)) {
+        if (structure[i].layer >= 0) {
+          // The block keeps the layer's name path ("transformer.h.3") where the name has one.
+          std::string prefix = layer_prefix(name);
+          add(prefix.empty() ? fmt::format("layer{}", structure[i].layer) : prefix, i);
+        } else if (structure.is_embedding(i)) {
           add("embeddings", i);
-        } else if (has_layers || is_head_name(name)) {
+        } else if (has_layers || structure.is_head(i)) {
           // Final norms and the output head of a layered model form its head block.
           add("head", i);
         } else {

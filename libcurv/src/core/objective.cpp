@@ -24,6 +24,8 @@ at::Tensor Objective::token_losses(const Batch&) {
   throw ModelError(fmt::format("{} does not provide per-target losses", describe()));
 }
 
+ModelStructure Objective::structure() const { return ModelStructure::from_names(space()); }
+
 void load_parameters(Objective& objective, const ParamVector& values) {
   auto params = objective.parameters();
   const auto& space = objective.space();

@@ -30,6 +30,12 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
       throw InvalidArgument("no model: pass --model (a .json built-in config or a TorchScript "
                             "file); the checkpoints' meta.json carries no \"model\" config");
     }
+    if (!source.structure_mapping.empty()) {
+      throw InvalidArgument(fmt::format(
+          "structure mapping {}: only TorchScript models take one; built-in architectures "
+          "know their parameters' roles",
+          source.structure_mapping));
+    }
     out.config = source.path.empty() ? ModelConfig::from_json(recorded_config_json, "meta.json")
                                      : ModelConfig::from_file(source.path);
     out.objective = make_model(out.config, source.init);
@@ -39,6 +45,7 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
     options.dtype = source.init.dtype;
     options.device = source.init.device;
     options.mode = source.script_mode;
+    options.structure_mapping = source.structure_mapping;
     out.objective = load_script_objective(source.path, options);
   }
   out.description = out.objective->describe();

@@ -9,8 +9,15 @@
 #include "curv/core/error.h"
 #include "curv/core/frequency_buckets.h"
 #include "core/fmt_torch.h"
+#include "models/architecture.h"
 
 namespace curv {
+
+// JSON fields of the model problems' configs: absent keys keep the defaults.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuadraticConfig, rows, cols, alpha, w_high, w_low,
+                                                d_high, d_low, basis, basis_seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MemoryConfig, classes, dim, embeddings,
+                                                embedding_seed)
 
 namespace {
 
@@ -65,12 +72,7 @@ class QuadraticObjective : public SingleMatrixObjective {
     return loss(batch).detach().expand(batch.targets.sizes()).clone();
   }
 
-  std::string describe() const override {
-    ModelConfig m;
-    m.arch = "quadratic";
-    m.quadratic = config_;
-    return m.describe();
-  }
+  std::string describe() const override { return ModelConfig("quadratic", config_).describe(); }
 
  private:
   QuadraticConfig config_;
@@ -103,12 +105,7 @@ class MemoryObjective : public SingleMatrixObjective {
         .reshape(batch.targets.sizes());
   }
 
-  std::string describe() const override {
-    ModelConfig m;
-    m.arch = "memory";
-    m.memory = config_;
-    return m.describe();
-  }
+  std::string describe() const override { return ModelConfig("memory", config_).describe(); }
 
  private:
   void check(const Batch& batch) const {
@@ -194,6 +191,65 @@ std::unique_ptr<Objective> make_quadratic_problem(const QuadraticConfig& config,
 std::unique_ptr<Objective> make_memory_problem(const MemoryConfig& config, const ModelInit& init) {
   validate_memory(config);
   return std::make_unique<MemoryObjective>(config, init);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry entries: every config field is a JSON key.
+
+namespace {
+
+class QuadraticArchitecture : public TypedArchitecture<QuadraticConfig> {
+ public:
+  std::string name() const override { return "quadratic"; }
+  std::vector<std::string> keys() const override { return json_keys_of(QuadraticConfig{}); }
+  QuadraticConfig from_json(const nlohmann::json& j, const std::string&) const override {
+    return j.get<QuadraticConfig>();
+  }
+  nlohmann::json to_json_object(const QuadraticConfig& c) const override { return c; }
+  void validate_config(const QuadraticConfig& c) const override { validate_quadratic(c); }
+  std::string describe_config(const QuadraticConfig& q) const override {
+    return fmt::format("quadratic(rows={}, cols={}, alpha={}, w_high={}, w_low={}, d_high={}, "
+                       "d_low={}, basis={}, basis_seed={})", q.rows, q.cols, q.alpha, q.w_high,
+                       q.w_low, q.d_high, q.d_low, q.basis, q.basis_seed);
+  }
+  std::unique_ptr<Objective> build(const QuadraticConfig& c, const ModelInit& init) const override {
+    return make_quadratic_problem(c, init);
+  }
+  ModelData data_of(const QuadraticConfig&) const override { return {}; }  // kNone
+};
+
+class MemoryArchitecture : public TypedArchitecture<MemoryConfig> {
+ public:
+  std::string name() const override { return "memory"; }
+  std::vector<std::string> keys() const override { return json_keys_of(MemoryConfig{}); }
+  MemoryConfig from_json(const nlohmann::json& j, const std::string&) const override {
+    return j.get<MemoryConfig>();
+  }
+  nlohmann::json to_json_object(const MemoryConfig& c) const override { return c; }
+  void validate_config(const MemoryConfig& c) const override { validate_memory(c); }
+  std::string describe_config(const MemoryConfig& m) const override {
+    return fmt::format("memory(classes={}, dim={}, embeddings={}, embedding_seed={})", m.classes,
+                       m.dim, m.embeddings, m.embedding_seed);
+  }
+  std::unique_ptr<Objective> build(const MemoryConfig& c, const ModelInit& init) const override {
+    return make_memory_problem(c, init);
+  }
+  ModelData data_of(const MemoryConfig& c) const override {
+    ModelData d;
+    d.kind = ModelData::Kind::kClasses;
+    d.classes = c.classes;
+    return d;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> quadratic_architecture() {
+  return std::make_shared<QuadraticArchitecture>();
+}
+
+std::shared_ptr<const Architecture> memory_architecture() {
+  return std::make_shared<MemoryArchitecture>();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ namespace {
 
 class ScriptObjective : public Objective {
  public:
-  ScriptObjective(torch::jit::Module module, std::string path, ScriptMode mode)
+  ScriptObjective(torch::jit::Module module, std::string path, ScriptMode mode,
+                  const std::string& structure_mapping)
       : module_(std::move(module)), path_(std::move(path)), mode_(mode) {
     std::vector<std::string> names;
     for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
@@ -30,9 +31,14 @@ class ScriptObjective : public Objective {
       throw ModelError(fmt::format("{}: the TorchScript module has no trainable parameters", path_));
     }
     space_ = ParamSpace(names, params_);
+    // Loaded here so a bad mapping fails when the model is loaded, not mid-analysis.
+    structure_ = structure_mapping.empty()
+                     ? ModelStructure::from_names(space_)
+                     : ModelStructure::from_mapping_file(structure_mapping, space_);
   }
 
   const ParamSpace& space() const override { return space_; }
+  ModelStructure structure() const override { return structure_; }
   ParamVector parameters() override { return params_; }
 
   at::Tensor loss(const Batch& batch) override {
@@ -71,6 +77,7 @@ class ScriptObjective : public Objective {
   ScriptMode mode_;
   ParamVector params_;
   ParamSpace space_;
+  ModelStructure structure_;
 };
 
 }  // namespace
@@ -116,7 +123,8 @@ std::unique_ptr<Objective> load_script_objective(const std::string& path,
     throw ModelError(fmt::format("model file '{}': forward takes {} arguments, the mode needs {}",
                                  path, arity, wanted));
   }
-  return std::make_unique<ScriptObjective>(std::move(module), path, mode);
+  return std::make_unique<ScriptObjective>(std::move(module), path, mode,
+                                           options.structure_mapping);
 }
 
 }  // namespace curv

@@ -422,14 +422,14 @@ class Lion : public Optimizer {
 // Muon and NorMuon on their partition, AdamW (adam_* fields) elsewhere.
 class MuonFamily : public Optimizer {
  public:
-  MuonFamily(OptimizerConfig config, const ParamSpace& space)
+  MuonFamily(OptimizerConfig config, const ParamSpace& space, const ModelStructure& structure)
       : Optimizer(std::move(config), space) {
+    structure.validate(space_);
     std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
     for (size_t i = 0; i < space_.size(); ++i) {
-      const bool muon =
-          config_.muon_params.empty()
-              ? is_hidden_matrix(space_[i])
-              : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
+      const bool muon = config_.muon_params.empty()
+                            ? structure.is_hidden_matrix(i, space_)
+                            : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
       muon_.push_back(muon);
     }
   }
@@ -480,9 +480,17 @@ class MuonFamily : public Optimizer {
   std::vector<bool> muon_;
 };
 
+// Only the Muon family reads the model's structure (its partition).
 template <typename Rule>
-std::unique_ptr<Optimizer> make(const OptimizerConfig& config, const ParamSpace& space) {
+std::unique_ptr<Optimizer> make(const OptimizerConfig& config, const ParamSpace& space,
+                                const ModelStructure&) {
   return std::make_unique<Rule>(config, space);
+}
+
+template <>
+std::unique_ptr<Optimizer> make<MuonFamily>(const OptimizerConfig& config, const ParamSpace& space,
+                                            const ModelStructure& structure) {
+  return std::make_unique<MuonFamily>(config, space, structure);
 }
 
 // The defaults of `name`: OptimizerConfig's field defaults with `change` applied.
@@ -591,7 +599,12 @@ const OptimizerEntry& optimizer_entry(const std::string& name) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
-  return optimizer_entry(config.name).make(config, space);
+  return make_optimizer(config, space, ModelStructure::from_names(space));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
+                                          const ModelStructure& structure) {
+  return optimizer_entry(config.name).make(config, space, structure);
 }
 
 }  // namespace curv

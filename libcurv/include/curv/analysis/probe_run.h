@@ -59,6 +59,9 @@ struct ProbeRunOptions {
   TaylorOptions taylor;
   bool within = false;  // within-block breakdown of each direction (`within_options`)
   WithinOptions within_options;
+  // Head groups use the attention heads of the model's structure (Objective::structure()), in
+  // place of within_options.n_head; false keeps within_options.n_head as given.
+  bool within_heads_from_model = true;
   CheckpointSpectrumOptions spectrum;
   uint64_t seed = 0;  // seeds random directions and every estimator
 
@@ -113,7 +116,8 @@ class ProbeRun {
 struct BlockOptions {
   std::string rule = "layer";
   std::vector<std::pair<std::string, std::string>> groups;
-  BlockPartition partition(const ParamSpace& space) const;
+  // Rules read the parameters' roles in `structure` (the objective's structure()).
+  BlockPartition partition(const ParamSpace& space, const ModelStructure& structure) const;
   std::string describe() const;  // "layer" or "groups:name=regex;..." (provenance)
 };
 

@@ -1,5 +1,6 @@
 // Within-block curvature of an update: for each selected matrix parameter, the curvature of each
-// singular mode of its update, the curvature of row groups (attention heads, Q/K/V slices), and
+// singular mode of its update, the curvature of row groups (attention heads, Q/K/V slices, found
+// by the parameters' roles in the model's structure), and
 // how isotropic the update's singular spectrum is.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "curv/core/param_space.h"
+#include "curv/core/structure.h"
 
 namespace curv {
 
@@ -19,9 +21,14 @@ struct WithinOptions {
   std::string param_regex;
   // Singular modes per parameter whose curvature κ_i is measured (one HVP each).
   int64_t modes = 4;
-  // Heads of the attention layers: c_attn.weight splits into Q/K/V slices and heads, c_proj.weight
-  // (attention) into heads by input column. 0 turns head groups off.
+  // Query heads of the attention layers (0 turns head groups off; the model's count is
+  // Objective::structure().n_head). Attention matrices are found by role in the structure: a
+  // fused Q/K/V projection splits into its q/k/v row slices and their heads, separate query /
+  // key / value projections into heads by rows, the attention output into heads by input column.
   int64_t n_head = 0;
+  // Key/value heads (grouped-query attention); 0: the structure's n_kv_head when its n_head is
+  // n_head, else n_head.
+  int64_t n_kv_head = 0;
   // Other matrices: split rows into this many equal groups (0 = none).
   int64_t row_chunks = 0;
   // Upper bound on the HVPs spent here (0 = no bound); parameters past it are skipped and the
@@ -65,7 +72,10 @@ struct WithinReport {
   int64_t hvps = 0;
 };
 
-// Parameters WithinOptions selects in `space`.
+// Parameters WithinOptions selects in `space`: by param_regex, or every 2-D hidden matrix of the
+// structure (not embeddings or head). Without a structure, the name rules' one.
+std::vector<size_t> within_selection(const ParamSpace& space, const ModelStructure& structure,
+                                     const WithinOptions& options);
 std::vector<size_t> within_selection(const ParamSpace& space, const WithinOptions& options);
 
 WithinReport within_block(CurvatureEngine& engine, const ParamVector& u,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "curv/core/param_space.h"
+#include "curv/core/structure.h"
 
 namespace curv {
 
@@ -30,6 +31,11 @@ class BlockPartition {
   // Blocks by rule. kLayer groups names by their first numeric path component
   // ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"); names without one go to
   // "embeddings" (token/position embeddings: wte, wpe, embed*) or "head" (everything else).
+  // The layers, embeddings and head come from the structure's roles and layer indices (a block
+  // keeps the layer's name path, or is "layer<N>" when the name has none); without a structure,
+  // from the name rules (ModelStructure::from_names).
+  static BlockPartition by_rule(const ParamSpace& space, const ModelStructure& structure,
+                                BlockRule rule);
   static BlockPartition by_rule(const ParamSpace& space, BlockRule rule);
   // User groups: each (name, ECMAScript regex) claims the parameters whose full name matches,
   // first match wins; unmatched parameters go to a block "rest". Empty groups are an error.

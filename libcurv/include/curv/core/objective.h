@@ -10,6 +10,7 @@
 #include <string>
 
 #include "curv/core/param_space.h"
+#include "curv/core/structure.h"
 
 namespace torch {
 namespace nn {
@@ -41,6 +42,10 @@ class Objective {
   // Per-target losses (shape of the targets) for per-bucket evaluation. Models scored by
   // cross-entropy provide them; the default throws ModelError.
   virtual at::Tensor token_losses(const Batch& batch);
+  // What each parameter is for (roles, layers, head counts, tied pairs), aligned with space().
+  // The default applies the name rules (ModelStructure::from_names); built-in architectures
+  // return their exact structure, TorchScript models may take a user mapping file.
+  virtual ModelStructure structure() const;
   // Floating dtype of the parameters.
   at::ScalarType dtype();
   c10::Device device();

@@ -15,6 +15,10 @@ struct ModelSource {
   // A built-in config (.json) or a TorchScript file; empty takes the checkpoint's recorded config.
   std::string path;
   ScriptMode script_mode = ScriptMode::kAuto;  // TorchScript only
+  // TorchScript only: a structure mapping file (ModelStructure::from_mapping_file) giving the
+  // parameters' roles and head counts; empty: the name rules. Built-in architectures know their
+  // structure, so a mapping with one is an InvalidArgument.
+  std::string structure_mapping;
   ModelInit init;                              // seed, dtype and device
 };
 ScriptMode parse_script_mode(const std::string& text);  // "auto" | "loss" | "logits"

@@ -4,12 +4,16 @@
 // curvature is known in closed form (model_problems.h). All are described by a small JSON config.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "curv/core/objective.h"
+#include "curv/models/registry.h"
 
 namespace curv {
 
@@ -59,22 +63,50 @@ struct MemoryConfig {
   uint64_t embedding_seed = 0;
 };
 
-struct ModelConfig {
-  std::string arch = "gpt";  // gpt | mlp | quadratic | memory
-  GptConfig gpt;
-  MlpConfig mlp;
-  QuadraticConfig quadratic;
-  MemoryConfig memory;
+// A model's config: its architecture's name and that architecture's typed config (GptConfig,
+// MlpConfig, QuadraticConfig, MemoryConfig, or a registered architecture's own), read with
+// as<GptConfig>(). Parsing, validation and serialisation go through the registry (registry.h).
+class ModelConfig {
+ public:
+  ModelConfig();  // gpt with GptConfig's defaults
+  // `config` must be the type `arch`'s registered architecture parses into.
+  template <typename Config>
+  ModelConfig(std::string arch, Config config)
+      : arch_(std::move(arch)), config_(std::move(config)) {}
+  // The registered defaults of `arch`; InvalidArgument listing the registered names if unknown.
+  static ModelConfig defaults(const std::string& arch);
+
+  const std::string& arch() const { return arch_; }
+  const std::any& config() const { return config_; }
+  // The typed config; InvalidArgument naming the arch when it holds another type.
+  template <typename Config>
+  const Config& as() const {
+    if (const auto* c = std::any_cast<Config>(&config_)) return *c;
+    throw_wrong_type(typeid(Config).name());
+  }
+  template <typename Config>
+  Config& as() {
+    if (auto* c = std::any_cast<Config>(&config_)) return *c;
+    throw_wrong_type(typeid(Config).name());
+  }
+  // What data the model reads (ModelData in registry.h): tools choose their data by it.
+  ModelData data() const;
 
   void validate() const;  // throws InvalidArgument naming the field and value
   // JSON: {"arch": "gpt", "vocab_size": 512, "n_layer": 4, ...} or
   //       {"arch": "mlp", "sizes": [8, 16, 4], "activation": "tanh", "loss": "cross_entropy"},
   //       {"arch": "quadratic", "rows": 32, "cols": 32, "alpha": 0.25, "w_high": 10, ...},
   //       {"arch": "memory", "classes": 64, "dim": 64, "embeddings": "orthonormal"}.
+  // "arch" defaults to gpt; an unknown arch is an InvalidArgument listing the registered ones.
   static ModelConfig from_json(const std::string& text, const std::string& origin = "<json>");
   static ModelConfig from_file(const std::string& path);
   std::string to_json() const;
   std::string describe() const;
+
+ private:
+  [[noreturn]] void throw_wrong_type(const char* requested) const;
+  std::string arch_;
+  std::any config_;
 };
 
 struct ModelInit {
@@ -83,8 +115,9 @@ struct ModelInit {
   std::string device = "cpu";
 };
 
-// A built-in model with nanoGPT-style initialisation (normal(0, 0.02), residual projections
-// scaled by 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains) drawn from `init.seed`.
+// The model of config.arch() from the registry, drawn from `init.seed`. The built-in GPT has
+// nanoGPT-style initialisation (normal(0, 0.02), residual projections scaled by
+// 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains).
 std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit& init = {});
 
 }  // namespace curv

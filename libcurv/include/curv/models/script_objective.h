@@ -20,6 +20,9 @@ struct ScriptOptions {
   // Convert floating parameters to this dtype (Undefined keeps the file's dtype).
   at::ScalarType dtype = at::ScalarType::Undefined;
   std::string device = "cpu";
+  // A structure mapping file (ModelStructure::from_mapping_file) giving parameter roles and head
+  // counts; empty: the name rules (ModelStructure::from_names).
+  std::string structure_mapping;
 };
 
 // Loads `path` with torch::jit::load. Throws FormatError if the file is missing or not a

@@ -120,7 +120,8 @@ struct OptimizerEntry {
   std::string help;               // one line, for docs and --help texts
   std::vector<std::string> keys;  // the fields the rule reads: what a spec may set
   OptimizerConfig defaults;       // the starting point of a spec (name set)
-  std::unique_ptr<Optimizer> (*make)(const OptimizerConfig&, const ParamSpace&);
+  std::unique_ptr<Optimizer> (*make)(const OptimizerConfig&, const ParamSpace&,
+                                     const ModelStructure&);
 
   bool reads(const std::string& key) const;
 };
@@ -131,7 +132,12 @@ const std::vector<OptimizerEntry>& optimizer_table();
 const OptimizerEntry& optimizer_entry(const std::string& name);
 std::vector<std::string> optimizer_names();
 
-// The optimizer `config.name` names, configured by `config` (validated).
+// The optimizer `config.name` names, configured by `config` (validated). The Muon family's
+// default partition (no muon_params) orthogonalises the structure's hidden matrices: ndim >= 2,
+// not embeddings or head (objective.structure() for a model; without one, the name rules,
+// ModelStructure::from_names(space)).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
+                                          const ModelStructure& structure);
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space);
 
 // Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix

@@ -1,0 +1,94 @@
+// Private helpers of the built-in architectures: a typed base for registry entries (JSON through
+// nlohmann, the config held in std::any), the functional model base, and the built-in list.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+
+#include <any>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "curv/core/error.h"
+#include "curv/core/objective.h"
+#include "curv/models/models.h"
+#include "curv/models/registry.h"
+
+namespace curv {
+
+// A registry entry over a typed config. Subclasses give the typed parts; the std::any plumbing
+// and the JSON text round trip live here.
+template <typename Config>
+class TypedArchitecture : public Architecture {
+ public:
+  std::any defaults() const override { return Config{}; }
+  std::any parse(const std::string& json, const std::string& origin) const override {
+    return from_json(nlohmann::json::parse(json), origin);
+  }
+  std::string to_json(const std::any& config) const override {
+    return to_json_object(typed(config)).dump();
+  }
+  void validate(const std::any& config) const override { validate_config(typed(config)); }
+  std::string describe(const std::any& config) const override {
+    return describe_config(typed(config));
+  }
+  std::unique_ptr<Objective> make(const std::any& config, const ModelInit& init) const override {
+    return build(typed(config), init);
+  }
+  ModelData data(const std::any& config) const override { return data_of(typed(config)); }
+
+  virtual Config from_json(const nlohmann::json& j, const std::string& origin) const = 0;
+  virtual nlohmann::json to_json_object(const Config& config) const = 0;
+  virtual void validate_config(const Config& config) const = 0;
+  virtual std::string describe_config(const Config& config) const = 0;
+  virtual std::unique_ptr<Objective> build(const Config& config, const ModelInit& init) const = 0;
+  virtual ModelData data_of(const Config& config) const = 0;
+
+ protected:
+  const Config& typed(const std::any& config) const {
+    if (const auto* c = std::any_cast<Config>(&config)) return *c;
+    throw InvalidArgument(
+        fmt::format("architecture '{}' was given a config of type {}, not its own", name(),
+                    config.type().name()));
+  }
+};
+
+// Config structs whose every field is a JSON key (NLOHMANN_DEFINE_TYPE_*_WITH_DEFAULT): the keys.
+template <typename Config>
+std::vector<std::string> json_keys_of(const Config& defaults) {
+  std::vector<std::string> keys;
+  const nlohmann::json fields = defaults;
+  for (const auto& item : fields.items()) keys.push_back(item.key());
+  return keys;
+}
+
+// Built-in models: parameters live in one ordered list; forward passes are plain ATen calls on
+// them, so everything is twice differentiable and nothing depends on torch::nn.
+class FunctionalModel : public Objective {
+ public:
+  const ParamSpace& space() const override { return space_; }
+  ParamVector parameters() override { return params_; }
+
+ protected:
+  // Registers a parameter; the order of calls is the model's parameter order.
+  at::Tensor& add(const std::string& name, at::Tensor value);
+  void finish();
+  const at::Tensor& p(size_t i) const { return params_[i]; }
+
+  std::vector<std::string> names_;
+  ParamVector params_;
+  ParamSpace space_;
+};
+
+at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
+
+// The built-in entries, one per file (gpt.cpp, mlp.cpp, model_problems.cpp).
+std::shared_ptr<const Architecture> gpt_architecture();
+std::shared_ptr<const Architecture> mlp_architecture();
+std::shared_ptr<const Architecture> quadratic_architecture();
+std::shared_ptr<const Architecture> memory_architecture();
+
+}  // namespace curv

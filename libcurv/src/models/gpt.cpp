@@ -1,0 +1,241 @@
+// The built-in GPT: nanoGPT's parameter names and initialisation, pre-LayerNorm blocks, plain
+// softmax causal attention with a fused Q/K/V projection, exact GELU, tied or untied head.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/fmt_torch.h"
+#include "models/architecture.h"
+
+namespace curv {
+
+namespace {
+
+class Gpt : public FunctionalModel {
+ public:
+  Gpt(const GptConfig& c, const ModelInit& init) : c_(c) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
+    auto opts = at::TensorOptions().dtype(at::kDouble);
+    // Draw in float64 on the CPU from one generator, so the same seed gives the same model in
+    // every dtype and on every device.
+    auto normal = [&](std::vector<int64_t> shape, double std) {
+      return at::normal(0.0, std, shape, gen, opts).to(c10::Device(init.device), init.dtype);
+    };
+    auto filled = [&](std::vector<int64_t> shape, double value) {
+      return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
+    };
+    const int64_t C = c.n_embd;
+    const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+    // The fused c_attn rows: query [0, C), key [C, 2C), value [2C, 3C).
+    const std::vector<RowSlice> qkv = {{ParamRole::kAttentionQuery, 0, C},
+                                       {ParamRole::kAttentionKey, C, 2 * C},
+                                       {ParamRole::kAttentionValue, 2 * C, 3 * C}};
+    int64_t layer_index = -1;
+    // Adds a weight and, with biases, its bias (directly after it), both in `role`.
+    auto add_pair = [&](const std::string& name, std::vector<int64_t> shape, double std,
+                        ParamRole weight_role, ParamRole bias_role,
+                        const std::vector<RowSlice>& slices = {}) {
+      const size_t index = params_.size();
+      add(name + ".weight", std == 0.0 ? filled(shape, 1.0) : normal(shape, std));
+      roles_.push_back({weight_role, layer_index, slices});
+      if (c.bias) {
+        add(name + ".bias", filled({shape[0]}, 0.0));
+        roles_.push_back({bias_role, layer_index, slices});
+      }
+      return index;
+    };
+    add("transformer.wte.weight", normal({c.vocab_size, C}, 0.02));
+    roles_.push_back({ParamRole::kTokenEmbedding, -1, {}});
+    add("transformer.wpe.weight", normal({c.block_size, C}, 0.02));
+    roles_.push_back({ParamRole::kPositionEmbedding, -1, {}});
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const std::string h = fmt::format("transformer.h.{}.", l);
+      layer_index = l;
+      Layer layer;
+      layer.ln_1_w = add_pair(h + "ln_1", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
+      layer.attn_w = add_pair(h + "attn.c_attn", {3 * C, C}, 0.02, ParamRole::kFusedQkv,
+                              ParamRole::kFusedQkv, qkv);
+      layer.attn_proj_w = add_pair(h + "attn.c_proj", {C, C}, proj_std, ParamRole::kAttentionOutput,
+                                   ParamRole::kAttentionOutput);
+      layer.ln_2_w = add_pair(h + "ln_2", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
+      layer.fc_w =
+          add_pair(h + "mlp.c_fc", {4 * C, C}, 0.02, ParamRole::kMlpInput, ParamRole::kMlpInput);
+      layer.mlp_proj_w = add_pair(h + "mlp.c_proj", {C, 4 * C}, proj_std, ParamRole::kMlpOutput,
+                                  ParamRole::kMlpOutput);
+      layers_.push_back(layer);
+    }
+    layer_index = -1;
+    ln_f_w_ = add_pair("transformer.ln_f", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
+    if (!c.tied) {
+      head_ = params_.size();
+      add("lm_head.weight", normal({c.vocab_size, C}, 0.02));
+      roles_.push_back({ParamRole::kOutputHead, -1, {}});
+    }
+    finish();
+  }
+
+  ModelStructure structure() const override {
+    ModelStructure s;
+    s.params = roles_;
+    s.n_head = s.n_kv_head = c_.n_head;
+    s.head_dim = c_.n_embd / c_.n_head;
+    if (c_.tied) s.tied.emplace_back("lm_head.weight", "transformer.wte.weight");
+    return s;
+  }
+
+  at::Tensor loss(const Batch& batch) override {
+    const auto& x = batch.inputs;
+    if (x.dim() != 2 || x.scalar_type() != at::kLong) {
+      throw ModelError(
+          fmt::format("gpt: inputs must be int64 tokens of shape (batch, T); got {} "
+                      "of shape {}",
+                      x.scalar_type(), x.sizes()));
+    }
+    if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
+      throw ModelError(
+          fmt::format("gpt: targets must be int64 of the inputs' shape {}; got {} of "
+                      "shape {}",
+                      x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
+    }
+    const int64_t T = x.size(1);
+    if (T > c_.block_size) {
+      throw ModelError(
+          fmt::format("gpt: sequence length {} exceeds block_size {}", T, c_.block_size));
+    }
+    const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
+    if (lo < 0 || hi >= c_.vocab_size) {
+      throw ModelError(fmt::format("gpt: token ids span [{}, {}], outside the vocabulary [0, {})",
+                                   lo, hi, c_.vocab_size));
+    }
+    return mean_cross_entropy(logits(x), batch.targets);
+  }
+
+  at::Tensor token_losses(const Batch& batch) override {
+    loss(Batch{batch.inputs.narrow(0, 0, 1), batch.targets.narrow(0, 0, 1)});  // validates
+    auto l = logits(batch.inputs);
+    const int64_t classes = l.size(-1);
+    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
+                        {}, at::Reduction::None)
+        .reshape(batch.targets.sizes());
+  }
+
+  std::string describe() const override { return ModelConfig("gpt", c_).describe(); }
+
+ private:
+  struct Layer {
+    size_t ln_1_w, attn_w, attn_proj_w, ln_2_w, fc_w, mlp_proj_w;
+  };
+
+  // Parameter i's bias partner when the model has biases (it directly follows its weight).
+  at::Tensor bias_after(size_t weight) const { return c_.bias ? p(weight + 1) : at::Tensor(); }
+
+  at::Tensor layer_norm(const at::Tensor& x, size_t weight) const {
+    return at::layer_norm(x, {c_.n_embd}, p(weight), bias_after(weight), 1e-5);
+  }
+
+  at::Tensor logits(const at::Tensor& tokens) const {
+    const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, H = c_.n_head;
+    auto positions = at::arange(T, tokens.options());
+    auto x = at::embedding(p(0), tokens) + at::embedding(p(1), positions);
+    // Additive causal mask (0 above nothing, -inf above the diagonal): softmax of a masked row is
+    // smooth in the unmasked entries, so double backward is exact.
+    auto mask = at::full({T, T}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
+    for (const auto& l : layers_) {
+      auto h = layer_norm(x, l.ln_1_w);
+      auto qkv = at::linear(h, p(l.attn_w), bias_after(l.attn_w)).split(C, -1);
+      auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
+      auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+      auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * scale + mask, -1);
+      auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+      x = x + at::linear(y, p(l.attn_proj_w), bias_after(l.attn_proj_w));
+      h = layer_norm(x, l.ln_2_w);
+      h = at::gelu(at::linear(h, p(l.fc_w), bias_after(l.fc_w)));
+      x = x + at::linear(h, p(l.mlp_proj_w), bias_after(l.mlp_proj_w));
+    }
+    x = layer_norm(x, ln_f_w_);
+    return at::linear(x, c_.tied ? p(0) : p(head_));
+  }
+
+  GptConfig c_;
+  std::vector<ParamStructure> roles_;  // aligned with the parameters
+  std::vector<Layer> layers_;
+  size_t ln_f_w_ = 0;
+  size_t head_ = 0;
+};
+
+class GptArchitecture : public TypedArchitecture<GptConfig> {
+ public:
+  std::string name() const override { return "gpt"; }
+  std::vector<std::string> keys() const override {
+    // dropout is accepted (nanoGPT configs carry it) but must be 0.
+    return {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tied", "dropout"};
+  }
+  GptConfig from_json(const nlohmann::json& j, const std::string& origin) const override {
+    GptConfig c;
+    c.vocab_size = j.value("vocab_size", c.vocab_size);
+    c.block_size = j.value("block_size", c.block_size);
+    c.n_layer = j.value("n_layer", c.n_layer);
+    c.n_head = j.value("n_head", c.n_head);
+    c.n_embd = j.value("n_embd", c.n_embd);
+    c.bias = j.value("bias", c.bias);
+    c.tied = j.value("tied", c.tied);
+    if (j.value("dropout", 0.0) != 0.0) {
+      throw FormatError(
+          fmt::format("{}: dropout must be 0: curvature is measured in eval mode", origin));
+    }
+    return c;
+  }
+  nlohmann::json to_json_object(const GptConfig& c) const override {
+    return {{"vocab_size", c.vocab_size},
+            {"block_size", c.block_size},
+            {"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"bias", c.bias},
+            {"tied", c.tied}};
+  }
+  void validate_config(const GptConfig& c) const override {
+    auto positive = [](const char* field, int64_t value) {
+      if (value <= 0) {
+        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+      }
+    };
+    positive("vocab_size", c.vocab_size);
+    positive("block_size", c.block_size);
+    positive("n_layer", c.n_layer);
+    positive("n_head", c.n_head);
+    positive("n_embd", c.n_embd);
+    if (c.n_embd % c.n_head != 0) {
+      throw InvalidArgument(fmt::format("model config: n_embd = {} is not divisible by n_head = {}",
+                                        c.n_embd, c.n_head));
+    }
+  }
+  std::string describe_config(const GptConfig& c) const override {
+    return fmt::format(
+        "gpt(n_layer={}, n_head={}, n_embd={}, vocab={}, block={}, bias={}, tied={})", c.n_layer,
+        c.n_head, c.n_embd, c.vocab_size, c.block_size, c.bias, c.tied);
+  }
+  std::unique_ptr<Objective> build(const GptConfig& c, const ModelInit& init) const override {
+    return std::make_unique<Gpt>(c, init);
+  }
+  ModelData data_of(const GptConfig& c) const override {
+    ModelData d;
+    d.kind = ModelData::Kind::kTokens;
+    d.vocab_size = c.vocab_size;
+    d.context = c.block_size;
+    return d;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> gpt_architecture() {
+  return std::make_shared<GptArchitecture>();
+}
+
+}  // namespace curv

@@ -1,0 +1,70 @@
+#include "curv/models/registry.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "core/strings.h"
+#include "curv/core/error.h"
+#include "models/architecture.h"
+
+namespace curv {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<const Architecture>> entries;
+};
+
+// Built-ins are listed here rather than self-registered from static initialisers, which a
+// static link would drop along with their otherwise unreferenced object files.
+Registry& registry() {
+  static Registry* r = [] {
+    auto* out = new Registry;
+    out->entries = {gpt_architecture(), mlp_architecture(), quadratic_architecture(),
+                    memory_architecture()};
+    return out;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+void register_architecture(std::shared_ptr<const Architecture> architecture) {
+  if (!architecture) throw InvalidArgument("register_architecture: null architecture");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const std::string name = architecture->name();
+  for (const auto& e : r.entries) {
+    if (e->name() == name) {
+      throw InvalidArgument(
+          fmt::format("register_architecture: arch '{}' is already registered", name));
+    }
+  }
+  r.entries.push_back(std::move(architecture));
+}
+
+const Architecture& find_architecture(const std::string& name) {
+  Registry& r = registry();
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& e : r.entries) {
+      if (e->name() == name) return *e;
+      names.push_back(e->name());
+    }
+  }
+  throw InvalidArgument(fmt::format("model config: arch '{}' is not registered{}; registered: {}",
+                                    name, did_you_mean(name, names), join(names, ", ")));
+}
+
+std::vector<std::string> architecture_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  for (const auto& e : r.entries) names.push_back(e->name());
+  return names;
+}
+
+}  // namespace curv
