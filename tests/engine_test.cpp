@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "curv/core/blocks.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
 #include "fixtures.h"
@@ -220,4 +221,44 @@ TEST_CASE("engine options are validated", "[engine]") {
                        Catch::Matchers::Contains("max_kept_graphs"));
   CHECK(parse_hvp_method("fd") == HvpMethod::kFiniteDifference);
   CHECK_THROWS_AS(parse_hvp_method("approx"), InvalidArgument);
+}
+
+TEST_CASE("an HVP restricted to a block's support equals the zero-padded HVP", "[engine]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{4, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(3, 6, 4));
+  const int64_t n = engine.space().numel();
+  const Eigen::MatrixXd h = dense_hessian(engine);
+  const ParamVector u = random_direction(*model, 31);
+  const BlockPartition blocks = BlockPartition::by_rule(engine.space(), BlockRule::kLayer);
+  REQUIRE(blocks.size() >= 3);
+  ParamVector total;
+  for (const auto& block : blocks.blocks()) {
+    // Outside the support the direction is undefined: the engine must not read it.
+    ParamVector sparse(u.size());
+    for (size_t i : block.params) sparse[i] = u[i];
+    const ParamVector restricted = engine.hvp(sparse, block.params);
+    const ParamVector padded = engine.hvp(masked(u, block.params));
+    INFO("block " << block.name);
+    CHECK(relative_error(restricted, padded) <= 1e-12);
+    CHECK(relative(flat(restricted, n), h * flat(masked(u, block.params), n)) <= 1e-10);
+    if (total.empty()) {
+      total = restricted;
+    } else {
+      axpy(1.0, restricted, total);
+    }
+  }
+  // By linearity the blocks' HVPs add up to H u.
+  CHECK(relative_error(total, engine.hvp(u)) <= 1e-12);
+  // The finite-difference method pads the direction itself.
+  EngineOptions fd;
+  fd.hvp_method = HvpMethod::kFiniteDifference;
+  CurvatureEngine fd_engine(*model, gpt_probe(3, 6, 4), fd);
+  const auto& first = blocks.blocks().front();
+  ParamVector sparse(u.size());
+  for (size_t i : first.params) sparse[i] = u[i];
+  CHECK(relative_error(fd_engine.hvp(sparse, first.params), engine.hvp(masked(u, first.params))) <=
+        1e-6);
+  CHECK_THROWS_AS(engine.hvp(sparse, {u.size()}), InvalidArgument);
+  ParamVector missing(u.size());
+  CHECK_THROWS_WITH(engine.hvp(missing, first.params), Catch::Contains("undefined"));
 }

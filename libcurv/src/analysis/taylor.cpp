@@ -84,7 +84,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u, const B
     r.coupling = Eigen::MatrixXd::Zero(L, L);
     for (size_t m = 0; m < L; ++m) {
       if (r.blocks[m].sq_norm == 0.0) continue;
-      ParamVector h_m = engine.hvp(masked(u, blocks[m].params));
+      // Only block m's gradients start the second backward (u is zero elsewhere).
+      ParamVector h_m = engine.hvp(u, blocks[m].params);
       for (size_t l = 0; l < L; ++l) r.coupling(l, m) = dot(u, h_m, blocks[l].params);
       if (hu.empty()) {
         hu = std::move(h_m);

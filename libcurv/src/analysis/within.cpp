@@ -162,11 +162,12 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
   auto budget_left = [&](int64_t needed) {
     return options.max_hvps == 0 || engine.counters().hvps - hvps_before + needed <= options.max_hvps;
   };
-  // u restricted to one parameter's entries, as a full-space direction.
-  auto only = [&](size_t index, const at::Tensor& value) {
-    ParamVector d = zeros_like(u);
+  // dᵀH d for a direction d that is `value` on parameter `index` and zero elsewhere: the HVP
+  // starts from that parameter's gradient only, and nothing else of d is materialised.
+  auto curvature_on = [&](size_t index, const at::Tensor& value) {
+    ParamVector d(u.size());
     d[index] = value.to(u[index].scalar_type());
-    return d;
+    return dot(d, engine.hvp(d, {index}), {index});
   };
   for (size_t index : within_selection(space, structure, options)) {
     const auto& info = space[index];
@@ -211,12 +212,11 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
     for (int64_t i = 0; i < k; ++i) {
       // The unit-Frobenius rank-one direction a_i b_iᵀ of mode i.
       at::Tensor mode = at::outer(A.select(1, i), Vh.select(0, i)).to(device);
-      ParamVector d = only(index, mode);
       ModeTerms m;
       m.index = i;
       m.sigma = s[i];
       m.energy_share = energy > 0.0 ? s[i] * s[i] / energy : kNaN;
-      m.curvature = dot(d, engine.hvp(d));
+      m.curvature = curvature_on(index, mode);
       w.modes.push_back(m);
     }
     for (const auto& g : groups) {
@@ -226,8 +226,7 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
       t.name = g.name;
       t.sq_norm = part.square().sum().item<double>();
       if (t.sq_norm > 0.0) {
-        ParamVector d = only(index, part.to(device));
-        t.curvature = dot(d, engine.hvp(d));
+        t.curvature = curvature_on(index, part.to(device));
         t.nds = t.curvature / t.sq_norm;
       } else {
         t.curvature = 0.0;

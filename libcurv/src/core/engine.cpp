@@ -6,6 +6,7 @@
 #include "core/fmt_torch.h"
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <cmath>
@@ -209,7 +210,31 @@ ParamVector CurvatureEngine::hvp(const ParamVector& v) {
   return options_.hvp_method == HvpMethod::kExact ? hvp_exact(v) : hvp_finite_difference(v);
 }
 
-ParamVector CurvatureEngine::hvp_exact(const ParamVector& v_in) {
+ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support) {
+  if (v.size() != state_->params.size()) {
+    throw InvalidArgument(fmt::format("hvp: vector of {} tensors for {} parameters", v.size(),
+                                      state_->params.size()));
+  }
+  for (size_t i : support) {
+    if (i >= v.size()) {
+      throw InvalidArgument(
+          fmt::format("hvp: support index {} for {} parameters", i, state_->params.size()));
+    }
+  }
+  // Ascending and unique: the gradients enter the second backward in parameter order, as in hvp().
+  std::vector<size_t> sorted = support;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &sorted);
+  ParamVector padded = zeros_like(state_->params);
+  for (size_t i : sorted) padded[i] = v[i];
+  return hvp_finite_difference(padded);
+}
+
+ParamVector CurvatureEngine::hvp_exact(const ParamVector& v) { return hvp_exact_on(v, nullptr); }
+
+ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
+                                          const std::vector<size_t>* support) {
   auto& s = *state_;
   if (v_in.size() != s.params.size()) {
     throw InvalidArgument(fmt::format("hvp: vector of {} tensors for {} parameters", v_in.size(),
@@ -219,13 +244,21 @@ ParamVector CurvatureEngine::hvp_exact(const ParamVector& v_in) {
     compute_first_order(options_.reuse_graph);
   }
   Stopwatch timer(counters_.seconds);
-  ParamVector v;
-  for (size_t i = 0; i < v_in.size(); ++i) {
-    if (!v_in[i].sizes().equals(s.params[i].sizes())) {
-      throw InvalidArgument(fmt::format("hvp: tensor for '{}' has shape {}, the parameter {}",
-                                        space()[i].name, v_in[i].sizes(), s.params[i].sizes()));
+  // v on the parameters' device and dtype; undefined outside the support.
+  ParamVector v(v_in.size());
+  std::vector<size_t> all;
+  if (support == nullptr) {
+    for (size_t i = 0; i < v_in.size(); ++i) all.push_back(i);
+    support = &all;
+  }
+  for (size_t i : *support) {
+    if (!v_in[i].defined() || !v_in[i].sizes().equals(s.params[i].sizes())) {
+      throw InvalidArgument(fmt::format(
+          "hvp: tensor for '{}' has shape {}, the parameter {}", space()[i].name,
+          v_in[i].defined() ? fmt::format("{}", v_in[i].sizes()) : std::string("(undefined)"),
+          s.params[i].sizes()));
     }
-    v.push_back(v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type()));
+    v[i] = v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
   }
   ParamVector result = zeros_like(s.params);
   for_each_batch(Pass::kHvp, [&](size_t b, double w) {
@@ -242,7 +275,7 @@ ParamVector CurvatureEngine::hvp_exact(const ParamVector& v_in) {
     // Only gradient entries that depend on the parameters carry a graph; the others have a zero
     // Hessian row and contribute nothing.
     std::vector<at::Tensor> outputs, grad_outputs;
-    for (size_t i = 0; i < g.size(); ++i) {
+    for (size_t i : *support) {
       if (g[i].requires_grad()) {
         outputs.push_back(g[i]);
         grad_outputs.push_back(v[i]);

@@ -9,11 +9,47 @@
 #include <torch/version.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "curv/core/error.h"
 
 namespace curv {
+
+namespace {
+
+std::string g_allocator = "system malloc";
+
+#if defined(__GLIBC__)
+constexpr int kMmapThreshold = 32 << 20;  // glibc's upper bound for M_MMAP_THRESHOLD on 64-bit
+constexpr int kTrimThreshold = INT_MAX;  // mallopt takes an int: 2 GiB
+
+void tune_glibc_malloc(bool tune) {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) {
+    g_allocator = "glibc malloc, GLIBC_TUNABLES";
+    return;
+  }
+  if (!tune) {
+    g_allocator = "glibc malloc, defaults";
+    return;
+  }
+  // Both calls fix the thresholds (glibc's dynamic threshold stops adapting), which is the point:
+  // tensors up to 32 MiB are served from the heap, and freed heap memory stays mapped.
+  const bool ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+                  mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+  g_allocator = ok ? "glibc malloc, mmap threshold 32 MiB, trim threshold 2 GiB"
+                   : "glibc malloc, defaults (mallopt refused)";
+}
+#endif
+
+}  // namespace
 
 int hardware_threads() {
   const unsigned n = std::thread::hardware_concurrency();
@@ -25,6 +61,9 @@ void init_runtime(const RuntimeOptions& options) {
     throw InvalidArgument(fmt::format("threads = {} must be >= 0 (0 = all cores)", options.threads));
   }
   at::set_num_threads(options.threads == 0 ? hardware_threads() : options.threads);
+#if defined(__GLIBC__)
+  tune_glibc_malloc(options.tune_allocator);
+#endif
   // The optimizing TorchScript executor returns wrong float32 double-backward values from the
   // third call on; the plain executor is exact.
   torch::jit::setGraphExecutorOptimize(false);
@@ -50,5 +89,7 @@ double matmul_gflops(int n, const std::string& dtype, int repeats) {
 }
 
 std::string library_version() { return CURV_VERSION; }
+
+std::string allocator_summary() { return g_allocator; }
 
 }  // namespace curv

@@ -70,6 +70,11 @@ class CurvatureEngine {
   double loss_at(const ParamVector& u);  // L(θ + u) on the same probe set; θ is restored exactly
 
   ParamVector hvp(const ParamVector& v);  // H v by options().hvp_method
+  // H v for a v that is zero outside the parameters `support` (indices into space(), e.g. one
+  // block's): v's other entries are not read and may be undefined. The exact method starts the
+  // second backward from those parameters' gradients only, so autograd skips every path that
+  // cannot contribute; the result equals hvp() of the zero-padded v.
+  ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support);
   ParamVector hvp_exact(const ParamVector& v);
   // Central difference; `step` overrides options().fd_step for this call.
   ParamVector hvp_finite_difference(const ParamVector& v, double step = 0.0);
@@ -94,6 +99,8 @@ class CurvatureEngine {
   bool keep_graphs_by_default() const;
   ParamVector gradient_at_offset(const ParamVector& offset);  // ∇L(θ + offset), θ restored
   void check(const ParamVector& x, const char* what) const;
+  // hvp_exact over the parameters in `support` (all when null).
+  ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support);
 
   Objective& objective_;
   ProbeSet probe_;
