@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
-
 #include <malloc.h>
 
 #include <algorithm>
@@ -21,8 +20,8 @@
 #include <vector>
 
 #include "curv/core/engine.h"
-#include "curv/models/models.h"
 #include "curv/core/runtime.h"
+#include "curv/models/models.h"
 #include "reference_model.h"
 
 namespace {
@@ -105,9 +104,11 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
     }
   }
   const long peak = status_kib("VmHWM:");
-  std::printf("{\"op\": \"%s\", \"dtype\": \"%s\", \"seconds\": %.6f, \"peak_extra_mib\": %.1f, "
-              "\"params\": %lld}\n", op.c_str(), dtype_name.c_str(), median(times),
-              (peak - baseline) / 1024.0, static_cast<long long>(model->space().numel()));
+  std::printf(
+      "{\"op\": \"%s\", \"dtype\": \"%s\", \"seconds\": %.6f, \"peak_extra_mib\": %.1f, "
+      "\"params\": %lld}\n",
+      op.c_str(), dtype_name.c_str(), median(times), (peak - baseline) / 1024.0,
+      static_cast<long long>(model->space().numel()));
   return 0;
 }
 
@@ -119,11 +120,16 @@ int main(int argc, char** argv) {
   bool memory_mode = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--op") op = value;
-    else if (flag == "--dtype") dtype = value;
-    else if (flag == "--threads") threads = std::stoi(value);
-    else if (flag == "--repeats") repeats = std::stoi(value);
-    else if (flag == "--memory") memory_mode = value == "1";
+    if (flag == "--op")
+      op = value;
+    else if (flag == "--dtype")
+      dtype = value;
+    else if (flag == "--threads")
+      threads = std::stoi(value);
+    else if (flag == "--repeats")
+      repeats = std::stoi(value);
+    else if (flag == "--memory")
+      memory_mode = value == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -143,15 +149,16 @@ int main(int argc, char** argv) {
               reference_config().describe().c_str());
   std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n\n",
               curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));
-  std::printf("| dtype | op | median time (ms) | x gradient | peak extra memory (MiB) | x gradient |\n");
+  std::printf(
+      "| dtype | op | median time (ms) | x gradient | peak extra memory (MiB) | x gradient |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const char* d : {"float32", "float64"}) {
     std::map<std::string, std::pair<double, double>> results;
     for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
       auto run = [&](int memory, const char* key) {
         const std::string command =
-            fmt::format("'{}' --op {} --dtype {} --threads {} --repeats {} --memory {}", argv[0],
-                        o, d, threads, repeats, memory);
+            fmt::format("'{}' --op {} --dtype {} --threads {} --repeats {} --memory {}", argv[0], o,
+                        d, threads, repeats, memory);
         FILE* pipe = popen(command.c_str(), "r");
         char buffer[512] = {0};
         const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);

@@ -5,8 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "curv/models/models.h"
 #include "curv/core/probe_set.h"
+#include "curv/models/models.h"
 
 namespace curv_bench {
 
@@ -17,7 +17,8 @@ inline curv::ModelConfig reference_config() {
 
 // One batch of 32 random sequences of block_size tokens (inputs and next-token targets).
 inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen) {
-  auto tokens = at::randint(0, config.as<curv::GptConfig>().vocab_size, {32, config.as<curv::GptConfig>().block_size + 1}, gen,
+  auto tokens = at::randint(0, config.as<curv::GptConfig>().vocab_size,
+                            {32, config.as<curv::GptConfig>().block_size + 1}, gen,
                             at::TensorOptions().dtype(at::kLong));
   const int64_t t = config.as<curv::GptConfig>().block_size;
   return curv::ProbeSet(

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "curv/analysis/spectrum.h"
 #include "curv/core/engine.h"
 #include "curv/core/linear_operator.h"
 #include "curv/core/runtime.h"
-#include "curv/analysis/spectrum.h"
 #include "reference_model.h"
 
 namespace {

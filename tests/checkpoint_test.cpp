@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "curv/core/error.h"
-#include "curv/models/models.h"
 #include "curv/io/safetensors.h"
+#include "curv/models/models.h"
 #include "fixtures.h"
 #include "test_support.h"
 
@@ -161,11 +161,11 @@ TEST_CASE("optimizer_state finds, misses and shape-checks state tensors", "[chec
 TEST_CASE("list_checkpoints sorts numerically and ignores unrelated entries", "[checkpoint]") {
   TempDir dir;
   for (auto folder : {"step_10", "step_2", "step_100", "step_0"}) write_step(dir.path(), folder);
-  fs::create_directories(dir.path() + "/step_5");            // incomplete: no model.safetensors
-  write_step(dir.path(), "step_x");                          // not a number
-  write_step(dir.path(), "step_-3");                         // negative
+  fs::create_directories(dir.path() + "/step_5");  // incomplete: no model.safetensors
+  write_step(dir.path(), "step_x");                // not a number
+  write_step(dir.path(), "step_-3");               // negative
   write_step(dir.path(), "step_3.5");
-  write_step(dir.path(), "checkpoint-7");                    // other layout
+  write_step(dir.path(), "checkpoint-7");  // other layout
   write_file(dir.path() + "/step_8", "a file, not a folder");
   write_file(dir.path() + "/notes.txt", "hello");
   const auto infos = list_checkpoints(dir.path());
@@ -176,9 +176,8 @@ TEST_CASE("list_checkpoints sorts numerically and ignores unrelated entries", "[
         std::vector<int64_t>{2, 10});
   CHECK(steps_of(list_checkpoints(dir.path(), StepSelection::parse("", 2))) ==
         std::vector<int64_t>{0, 10});
-  CURV_CHECK_THROWS(list_checkpoints(dir.path(), StepSelection::parse("11:99", 1)),
-                    InvalidArgument, Contains("11:99") && Contains(dir.path()) &&
-                                         Contains("0 to 100"));
+  CURV_CHECK_THROWS(list_checkpoints(dir.path(), StepSelection::parse("11:99", 1)), InvalidArgument,
+                    Contains("11:99") && Contains(dir.path()) && Contains("0 to 100"));
 
   write_step(dir.path(), "step_02");
   CURV_CHECK_THROWS(list_checkpoints(dir.path()), FormatError,
@@ -187,9 +186,9 @@ TEST_CASE("list_checkpoints sorts numerically and ignores unrelated entries", "[
 
 TEST_CASE("list_checkpoints names the directory when there is nothing to list", "[checkpoint]") {
   TempDir dir;
-  CURV_CHECK_THROWS(list_checkpoints(dir.path()), FormatError,
-                    Contains("no checkpoints in " + dir.path()) &&
-                        Contains("step_<N>/model.safetensors"));
+  CURV_CHECK_THROWS(
+      list_checkpoints(dir.path()), FormatError,
+      Contains("no checkpoints in " + dir.path()) && Contains("step_<N>/model.safetensors"));
   fs::create_directories(dir.path() + "/step_1");
   CURV_CHECK_THROWS(list_checkpoints(dir.path()), FormatError, Contains(dir.path()));
   const std::string missing = dir.path() + "/no_such_run";
@@ -298,8 +297,8 @@ TEST_CASE("parameters_from names missing, extra and mis-shaped parameters", "[ch
     tensors[1].second = at::zeros(tensors[1].second.sizes(), at::kLong);
     CURV_CHECK_THROWS(parameters_from(in_memory(tensors), space, like), InvalidArgument,
                       Contains(tensors[1].first) && Contains("Long"));
-    CURV_CHECK_THROWS(parameters_from(in_memory(named(*model)), space, {like[0]}),
-                      InvalidArgument, Contains(file));
+    CURV_CHECK_THROWS(parameters_from(in_memory(named(*model)), space, {like[0]}), InvalidArgument,
+                      Contains(file));
   }
 }
 
@@ -375,8 +374,8 @@ TEST_CASE("typed meta.json: every fixed key parsed once, wrong types named", "[c
   CHECK(r.hyper_or("eps", 0.5, "m") == 0.5);
   CURV_CHECK_THROWS(r.hyper_or("betas", 0.0, "run/meta.json"), FormatError,
                     Contains("run/meta.json") && Contains("optimizer.hyper.betas"));
-  CHECK(r.partition == std::vector<std::pair<std::string, std::string>>{{"b", "adamw"},
-                                                                        {"h.weight", "muon"}});
+  CHECK(r.partition ==
+        std::vector<std::pair<std::string, std::string>>{{"b", "adamw"}, {"h.weight", "muon"}});
   CHECK(r.param_order == "hidden");
   REQUIRE(r.param_groups.size() == 2);
   CHECK(r.param_groups[1].params == std::vector<std::string>{"b"});

@@ -24,8 +24,8 @@ TEST_CASE("library field names in messages become the flags of the argument grou
   const std::map<std::string, std::string> flags = {{"EigenOptions.bottom", "--eig-bottom"},
                                                     {"EigenOptions", "--eig-top/--eig-bottom"},
                                                     {"TraceOptions.matvecs", "--trace-hvps"}};
-  CHECK(tools::with_flag_names("EigenOptions.bottom = 2: power iteration finds the largest", flags) ==
-        "--eig-bottom 2: power iteration finds the largest");
+  CHECK(tools::with_flag_names("EigenOptions.bottom = 2: power iteration finds the largest",
+                               flags) == "--eig-bottom 2: power iteration finds the largest");
   CHECK(tools::with_flag_names("TraceOptions.matvecs = 4 must be >= 6 for hutchpp", flags) ==
         "--trace-hvps 4 must be >= 6 for hutchpp");
   CHECK(tools::with_flag_names("EigenOptions: top = bottom = 0 asks for nothing", flags) ==
@@ -48,10 +48,28 @@ TEST_CASE("ndsprobe's argument groups produce the run options", "[cli]") {
   audit.add_to(app);
   spectrum.add_to(app);
   data.add_to(app);
-  parse(app, {"run_a", "run_b", "--steps", "10:30", "--stride", "2", "--directions",
-              "muon.whatif:match=1,lr=0.01,delta", "--coupling", "random", "--within",
-              "--modes", "2", "--spectrum", "--eig-method", "power", "--trace", "hutchinson",
-              "--data", "probe.safetensors", "--batch-size", "5"});
+  parse(app, {"run_a",
+              "run_b",
+              "--steps",
+              "10:30",
+              "--stride",
+              "2",
+              "--directions",
+              "muon.whatif:match=1,lr=0.01,delta",
+              "--coupling",
+              "random",
+              "--within",
+              "--modes",
+              "2",
+              "--spectrum",
+              "--eig-method",
+              "power",
+              "--trace",
+              "hutchinson",
+              "--data",
+              "probe.safetensors",
+              "--batch-size",
+              "5"});
   ProbeRunOptions options;
   checkpoints.to_options(options);
   directions.to_options(options);
@@ -83,9 +101,9 @@ TEST_CASE("ndsprobe's argument groups produce the run options", "[cli]") {
   tools::SpectrumArgs given;
   given.add_to(again);
   parse(again, {"--spectrum", "--eig-method", "power", "--eig-bottom", "2"});
-  CURV_CHECK_THROWS(
-      tools::validate_with_flags([&] { given.to_options(0).validate(); }, tools::SpectrumArgs::flags()),
-      InvalidArgument, Contains("--eig-bottom 2"));
+  CURV_CHECK_THROWS(tools::validate_with_flags([&] { given.to_options(0).validate(); },
+                                               tools::SpectrumArgs::flags()),
+                    InvalidArgument, Contains("--eig-bottom 2"));
 }
 
 TEST_CASE("a token file without window length or count names both flags", "[cli]") {

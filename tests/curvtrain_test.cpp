@@ -1,6 +1,5 @@
 // curvtrain end to end: determinism, exact resume, checkpoints ndsprobe can rebuild steps from.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <fstream>
 
@@ -15,7 +14,9 @@ using namespace curv_test;
 
 namespace {
 
-std::string curvtrain(const std::string& args) { return run_tool("curvtrain", args + " --threads 2"); }
+std::string curvtrain(const std::string& args) {
+  return run_tool("curvtrain", args + " --threads 2");
+}
 
 ParamVector final_params(const std::string& dir) {
   auto listing = list_checkpoints(dir);
@@ -33,8 +34,9 @@ bool equal(const ParamVector& a, const ParamVector& b) {
   return true;
 }
 
-const char* kSmall = " --steps 12 --batch-size 4 --save-every 4 --eval-every 4 --train-tokens 20000"
-                     " --eval-sequences 8 --probe-sequences 8";
+const char* kSmall =
+    " --steps 12 --batch-size 4 --save-every 4 --eval-every 4 --train-tokens 20000"
+    " --eval-sequences 8 --probe-sequences 8";
 
 }  // namespace
 
@@ -56,14 +58,20 @@ TEST_CASE("curvtrain is deterministic and resumes exactly", "[curvtrain]") {
   }
 }
 
-TEST_CASE("the in-training probe audits the applied update: on the probe set it equals ndsprobe's "
-          "delta between the saved checkpoints", "[curvtrain]") {
+TEST_CASE(
+    "the in-training probe audits the applied update: on the probe set it equals ndsprobe's "
+    "delta between the saved checkpoints",
+    "[curvtrain]") {
   TempDir dir;
-  const std::string run = dir.file("run"), live = dir.file("live.h5"), offline = dir.file("offline.h5");
-  curvtrain("-o " + run + " --optimizer muon:lr=0.05,adam_lr=1e-2 --dtype float64 --steps 4 "
+  const std::string run = dir.file("run"), live = dir.file("live.h5"),
+                    offline = dir.file("offline.h5");
+  curvtrain("-o " + run +
+            " --optimizer muon:lr=0.05,adam_lr=1e-2 --dtype float64 --steps 4 "
             "--batch-size 4 --save-every 1 --eval-every 2 --train-tokens 20000 --eval-sequences 8 "
-            "--probe-sequences 8 --probe-every 2 --probe-on both --probe-output " + live);
-  run_tool("ndsprobe", run + " --data " + run + "/probe.safetensors --directions delta --dtype float64 -o " + offline);
+            "--probe-sequences 8 --probe-every 2 --probe-on both --probe-output " +
+            live);
+  run_tool("ndsprobe", run + " --data " + run +
+                           "/probe.safetensors --directions delta --dtype float64 -o " + offline);
   const Table a = H5Reader(live).table("/taylor"), b = H5Reader(offline).table("/taylor");
   int matched = 0, on_batch = 0;
   for (size_t i = 0; i < a.num_rows(); ++i) {
@@ -78,7 +86,8 @@ TEST_CASE("the in-training probe audits the applied update: on the probe set it 
     for (size_t j = 0; j < b.num_rows(); ++j) {
       if (b.strings("block")[j] != "total" || b.int64s("step")[j] != a.int64s("step")[i]) continue;
       INFO("step " << a.int64s("step")[i]);
-      for (const char* column : {"loss", "first_order", "curvature", "nds", "realized", "update_norm"}) {
+      for (const char* column :
+           {"loss", "first_order", "curvature", "nds", "realized", "update_norm"}) {
         INFO(column);
         CHECK(a.doubles(column)[i] == Approx(b.doubles(column)[j]).epsilon(1e-9).margin(1e-14));
       }

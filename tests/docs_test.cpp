@@ -3,7 +3,6 @@
 // tool lacks. The curvtrain section starts at the heading "## curvtrain"; everything before it
 // is ndsprobe's.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <regex>
 #include <set>
@@ -78,8 +77,9 @@ void check_every_option_documented(const std::string& tool, size_t min_options) 
   REQUIRE(in_help.size() >= min_options);  // the help text was really parsed
   const auto documented = documented_flags(cli_section(tool));
   for (const auto& flag : in_help) {
-    INFO("option " << flag << " is in " << tool << " --help but has no row or heading in its "
-         "section of docs/cli.md");
+    INFO("option " << flag << " is in " << tool
+                   << " --help but has no row or heading in its "
+                      "section of docs/cli.md");
     CHECK(documented.count(flag) == 1);
   }
 }
@@ -90,7 +90,7 @@ void check_no_unknown_option(const std::string& tool) {
   REQUIRE(!documented_flags(section).empty());
   for (const auto& flag : long_flags(section)) {
     INFO("the " << tool << " section of docs/cli.md mentions " << flag << ", which " << tool
-         << " --help does not list");
+                << " --help does not list");
     CHECK(in_help.count(flag) == 1);
   }
 }

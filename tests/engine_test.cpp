@@ -1,6 +1,7 @@
 #include "curv/core/engine.h"
 
 #include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 
 #include "curv/core/blocks.h"
@@ -163,7 +164,7 @@ TEST_CASE("NaN in the loss stops with NumericalError and a hint", "[engine]") {
   load_parameters(*model, theta);
   CurvatureEngine engine(*model, mlp_probe(1, 4, 4));
   CURV_CHECK_THROWS(engine.loss(), NumericalError,
-                       Catch::Matchers::Contains("NaN") && Catch::Matchers::Contains("hint"));
+                    Catch::Matchers::Contains("NaN") && Catch::Matchers::Contains("hint"));
 }
 
 TEST_CASE("a batch that does not fit the model is a ModelError naming the shapes", "[engine]") {
@@ -198,7 +199,7 @@ TEST_CASE("a loss without double backward, or without a gradient, is a ModelErro
   CurvatureEngine engine(grid_sample, dummy_probe(2, 2));
   CHECK_NOTHROW(engine.gradient());
   CURV_CHECK_THROWS(engine.hvp(random_direction(grid_sample, 1)), ModelError,
-                       Catch::Matchers::Contains("twice differentiable"));
+                    Catch::Matchers::Contains("twice differentiable"));
 
   // A loss that does not depend on the parameters has no gradient graph at all.
   struct Detached : Objective {
@@ -218,7 +219,7 @@ TEST_CASE("engine options are validated", "[engine]") {
   EngineOptions options;
   options.max_kept_graphs = -1;
   CURV_CHECK_THROWS(options.validate(), InvalidArgument,
-                       Catch::Matchers::Contains("max_kept_graphs"));
+                    Catch::Matchers::Contains("max_kept_graphs"));
   CHECK(parse_hvp_method("fd") == HvpMethod::kFiniteDifference);
   CHECK_THROWS_AS(parse_hvp_method("approx"), InvalidArgument);
 }

@@ -6,12 +6,11 @@
 #include <ATen/core/ivalue.h>
 
 #include <Eigen/Core>
-
 #include <memory>
 
-#include "curv/models/models.h"
 #include "curv/core/objective.h"
 #include "curv/core/probe_set.h"
+#include "curv/models/models.h"
 
 namespace curv_test {
 
@@ -47,7 +46,8 @@ curv::ParamVector random_direction(curv::Objective& objective, uint64_t seed);
 double relative_error(const curv::ParamVector& a, const curv::ParamVector& b);
 // x as one flat float64 vector of length n.
 Eigen::VectorXd flat(const curv::ParamVector& x, int64_t n);
-// A dict saved by Python's torch.save (plain tensors, lists, strings), as torch::pickle_load reads it.
+// A dict saved by Python's torch.save (plain tensors, lists, strings), as torch::pickle_load reads
+// it.
 c10::impl::GenericDict load_pickled_dict(const std::string& path);
 // The probe batch (x, y) that tests/python/make_script_fixture.py wrote to DIR/reference.pt.
 curv::ProbeSet load_script_fixture_probe(const std::string& dir);

@@ -1,9 +1,9 @@
 #include "curv/core/linear_operator.h"
 
 #include <Spectra/SymEigsSolver.h>
-#include <catch2/catch.hpp>
 
 #include <Eigen/Eigenvalues>
+#include <catch2/catch.hpp>
 
 #include "curv/core/engine.h"
 #include "curv/core/spectra_adapter.h"
@@ -24,7 +24,8 @@ TEST_CASE("Spectra finds the extreme eigenvalues of a DenseOperator through the 
   solver.compute(Spectra::SortRule::LargestAlge, 1000, 1e-12);
   REQUIRE(solver.info() == Spectra::CompInfo::Successful);
   Eigen::VectorXd exact = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(a).eigenvalues();
-  for (int i = 0; i < 3; ++i) CHECK(solver.eigenvalues()[i] == Approx(exact[39 - i]).epsilon(1e-10));
+  for (int i = 0; i < 3; ++i)
+    CHECK(solver.eigenvalues()[i] == Approx(exact[39 - i]).epsilon(1e-10));
   CHECK(op.num_applies() > 0);
 }
 

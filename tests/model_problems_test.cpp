@@ -1,22 +1,22 @@
 #include "curv/models/model_problems.h"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <Eigen/Eigenvalues>
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <map>
 
+#include "curv/analysis/taylor.h"
 #include "curv/core/blocks.h"
-#include "curv/io/checkpoint.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
-#include "curv/io/h5_file.h"
 #include "curv/core/linear_operator.h"
-#include "curv/optim/optimizers.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
-#include "curv/analysis/taylor.h"
+#include "curv/optim/optimizers.h"
 #include "fixtures.h"
 #include "test_support.h"
 
@@ -51,7 +51,8 @@ double nds_along(CurvatureEngine& engine, const at::Tensor& u) {
 // A batch where class c appears counts[c] times.
 Batch batch_with_counts(const std::vector<int64_t>& counts) {
   std::vector<int64_t> ids;
-  for (size_t c = 0; c < counts.size(); ++c) ids.insert(ids.end(), counts[c], static_cast<int64_t>(c));
+  for (size_t c = 0; c < counts.size(); ++c)
+    ids.insert(ids.end(), counts[c], static_cast<int64_t>(c));
   at::Tensor x = at::tensor(ids, at::kLong).reshape({-1, 1});
   return Batch{x, x.clone()};
 }
@@ -64,8 +65,10 @@ at::Tensor shares(const std::vector<int64_t>& counts) {
 
 }  // namespace
 
-TEST_CASE("structured quadratic: Hessian spectrum, HVP and the closed-form NDS of Muon and "
-          "gradient steps", "[model_problems]") {
+TEST_CASE(
+    "structured quadratic: Hessian spectrum, HVP and the closed-form NDS of Muon and "
+    "gradient steps",
+    "[model_problems]") {
   for (const std::string basis : {"random", "identity"}) {
     INFO("basis " << basis);
     const QuadraticConfig c = small_quadratic(basis);
@@ -76,8 +79,10 @@ TEST_CASE("structured quadratic: Hessian spectrum, HVP and the closed-form NDS o
     REQUIRE(engine.space()[0].name == "quadratic.weight");
 
     // U and V orthogonal; the model starts at W_0 = U diag(d) Vᵀ.
-    CHECK(at::allclose(at::matmul(problem.left_basis().t(), problem.left_basis()), at::eye(6, at::kDouble), 0, 1e-13));
-    CHECK(at::allclose(at::matmul(problem.right_basis().t(), problem.right_basis()), at::eye(4, at::kDouble), 0, 1e-13));
+    CHECK(at::allclose(at::matmul(problem.left_basis().t(), problem.left_basis()),
+                       at::eye(6, at::kDouble), 0, 1e-13));
+    CHECK(at::allclose(at::matmul(problem.right_basis().t(), problem.right_basis()),
+                       at::eye(4, at::kDouble), 0, 1e-13));
     const at::Tensor w0 = model->parameters()[0].detach();
     CHECK(at::allclose(w0, problem.initial_weight(), 0, 1e-14));
     CHECK(engine.loss() == Approx(problem.loss(w0)).epsilon(1e-13));
@@ -103,7 +108,8 @@ TEST_CASE("structured quadratic: Hessian spectrum, HVP and the closed-form NDS o
     CHECK(nds_along(engine, muon) == Approx(problem.muon_step_nds()).epsilon(1e-12));
     CHECK(problem.muon_step_nds() == Approx(0.5 * 7.5 + 0.5 * 0.3));
     // The gradient step's NDS follows the gradient's alignment with the sharp modes.
-    const double a = 2 * std::pow(7.5 * 0.8, 2) / (2 * std::pow(7.5 * 0.8, 2) + 2 * std::pow(0.3 * 1.7, 2));
+    const double a =
+        2 * std::pow(7.5 * 0.8, 2) / (2 * std::pow(7.5 * 0.8, 2) + 2 * std::pow(0.3 * 1.7, 2));
     CHECK(problem.gradient_step_nds() == Approx(0.3 + (7.5 - 0.3) * a).epsilon(1e-14));
     CHECK(nds_along(engine, -g) == Approx(problem.gradient_step_nds()).epsilon(1e-12));
   }
@@ -127,8 +133,10 @@ TEST_CASE("structured quadratic: configs are validated", "[model_problems]") {
   CHECK(round.describe() == as_model(small_quadratic("identity")).describe());
 }
 
-TEST_CASE("associative memory: closed-form NDS of gradient and Muon steps at zero, and the "
-          "per-class loss after a gradient step", "[model_problems]") {
+TEST_CASE(
+    "associative memory: closed-form NDS of gradient and Muon steps at zero, and the "
+    "per-class loss after a gradient step",
+    "[model_problems]") {
   MemoryConfig c;
   c.classes = 6;
   c.dim = 9;
@@ -148,7 +156,8 @@ TEST_CASE("associative memory: closed-form NDS of gradient and Muon steps at zer
   // Imbalance makes the gradient step sharper than the orthogonalised one; balanced they agree.
   CHECK(memory_gradient_nds_at_zero(p) > 2 * memory_polar_nds_at_zero(p));
   const at::Tensor uniform = at::full({6}, 1.0 / 6, at::kDouble);
-  CHECK(memory_gradient_nds_at_zero(uniform) == Approx(memory_polar_nds_at_zero(uniform)).epsilon(1e-14));
+  CHECK(memory_gradient_nds_at_zero(uniform) ==
+        Approx(memory_polar_nds_at_zero(uniform)).epsilon(1e-14));
   CHECK(memory_gradient_nds_at_zero(uniform) == Approx(1.0 / 36).epsilon(1e-14));
 
   // One gradient step of size lr: class c's margin grows by lr·p_c.
@@ -158,8 +167,10 @@ TEST_CASE("associative memory: closed-form NDS of gradient and Muon steps at zer
   CHECK(at::allclose(per_class, memory_class_loss_after_gradient_step(p, lr), 0, 1e-12));
 }
 
-TEST_CASE("associative memory: an orthogonalised step lowers the tail loss more than a gradient "
-          "step of the same norm", "[model_problems]") {
+TEST_CASE(
+    "associative memory: an orthogonalised step lowers the tail loss more than a gradient "
+    "step of the same norm",
+    "[model_problems]") {
   MemoryConfig c;
   c.classes = 32;
   c.dim = 32;
@@ -202,7 +213,8 @@ TEST_CASE("associative memory: class sampling follows the power law, buckets spl
   MemoryConfig bad;
   bad.classes = 10;
   bad.dim = 4;
-  CURV_CHECK_THROWS(validate_memory(bad), InvalidArgument, Catch::Contains("dim = 4, classes = 10"));
+  CURV_CHECK_THROWS(validate_memory(bad), InvalidArgument,
+                    Catch::Contains("dim = 4, classes = 10"));
   auto model = make_model(as_model(MemoryConfig{}), ModelInit{});
   at::Tensor ids = at::full({2, 1}, 64, at::kLong);
   CURV_CHECK_THROWS(model->loss(Batch{ids, ids}), ModelError, Catch::Contains("outside [0, 64)"));
@@ -217,19 +229,24 @@ TEST_CASE("the model problems form one block per module under the layer rule", "
         std::vector<std::string>{"quadratic"});
 }
 
-TEST_CASE("curvtrain and ndsprobe on the quadratic: every exact Muon step has NDS "
-          "α w_H + (1 − α) w_L, the gradient's NDS is the closed form at each checkpoint",
-          "[model_problems][tools]") {
+TEST_CASE(
+    "curvtrain and ndsprobe on the quadratic: every exact Muon step has NDS "
+    "α w_H + (1 − α) w_L, the gradient's NDS is the closed form at each checkpoint",
+    "[model_problems][tools]") {
   TempDir dir;
   const QuadraticConfig c = small_quadratic("random");
   const std::string config = dir.path() + "/quadratic.json";
   std::ofstream(config) << as_model(c).to_json();
   const std::string run = dir.path() + "/run";
-  run_tool("curvtrain", fmt::format("--model {} --optimizer muon:lr=0.05,exact_polar=1,weight_decay=0 "
-                                    "--steps 6 --save-every 2 --dtype float64 -o {}", config, run));
+  run_tool("curvtrain",
+           fmt::format("--model {} --optimizer muon:lr=0.05,exact_polar=1,weight_decay=0 "
+                       "--steps 6 --save-every 2 --dtype float64 -o {}",
+                       config, run));
   const std::string out = dir.path() + "/probe.h5";
-  run_tool("ndsprobe", fmt::format("{} --data {}/probe.safetensors --directions muon,gradient,delta "
-                                   "--dtype float64 -o {}", run, run, out));
+  run_tool("ndsprobe",
+           fmt::format("{} --data {}/probe.safetensors --directions muon,gradient,delta "
+                       "--dtype float64 -o {}",
+                       run, run, out));
   QuadraticProblem problem(c);
   std::map<int64_t, at::Tensor> weights;
   for (const auto& info : list_checkpoints(run)) {
@@ -255,8 +272,10 @@ TEST_CASE("curvtrain and ndsprobe on the quadratic: every exact Muon step has ND
   CHECK(checked == 4 + 4 + 3);  // delta has no successor at the last checkpoint
 }
 
-TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact Muon directions "
-          "have the closed-form NDS of the probe batch's class shares", "[model_problems][tools]") {
+TEST_CASE(
+    "curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact Muon directions "
+    "have the closed-form NDS of the probe batch's class shares",
+    "[model_problems][tools]") {
   TempDir dir;
   MemoryConfig c;
   c.classes = 8;
@@ -266,7 +285,8 @@ TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact
   const std::string run = dir.path() + "/run";
   run_tool("curvtrain", fmt::format("--model {} --optimizer muon:exact_polar=1,weight_decay=0 "
                                     "--zipf-s 1 --steps 4 --batch-size 32 --save-every 4 "
-                                    "--dtype float64 -o {}", config, run));
+                                    "--dtype float64 -o {}",
+                                    config, run));
   // The log carries head and tail validation loss: at s = 1, 2 of 8 classes are the head.
   std::ifstream log(run + "/log.csv");
   std::string header, row;
@@ -281,7 +301,8 @@ TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact
                     {{"inputs", probe.inputs}, {"targets", probe.targets}});
   const std::string out = dir.path() + "/probe.h5";
   run_tool("ndsprobe", fmt::format("{} --data {}/imbalanced.safetensors --steps 0 "
-                                   "--directions muon,gradient --dtype float64 -o {}", run, dir.path(), out));
+                                   "--directions muon,gradient --dtype float64 -o {}",
+                                   run, dir.path(), out));
   const Table taylor = H5Reader(out).table("/taylor");
   const at::Tensor p = shares(counts);
   int checked = 0;
@@ -289,7 +310,8 @@ TEST_CASE("curvtrain and ndsprobe on the memory: at W = 0 the gradient and exact
     if (taylor.strings("block")[i] != "total") continue;
     const std::string direction = taylor.strings("direction")[i];
     INFO(direction);
-    const double expected = direction == "muon" ? memory_polar_nds_at_zero(p) : memory_gradient_nds_at_zero(p);
+    const double expected =
+        direction == "muon" ? memory_polar_nds_at_zero(p) : memory_gradient_nds_at_zero(p);
     CHECK(taylor.doubles("nds")[i] == Approx(expected).epsilon(1e-10));
     ++checked;
   }

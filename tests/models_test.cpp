@@ -1,6 +1,7 @@
 #include "curv/models/models.h"
 
 #include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 
 #include "curv/core/engine.h"
@@ -15,15 +16,22 @@ TEST_CASE("the built-in GPT uses nanoGPT's parameter names and order", "[models]
   auto config = tiny_gpt_config();
   config.as<GptConfig>().tied = true;
   auto model = make_model(config, ModelInit{0, at::kFloat});
-  const std::vector<std::string> expected = {
-      "transformer.wte.weight", "transformer.wpe.weight",
-      "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
-      "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
-      "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
-      "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias",
-      "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
-      "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
-      "transformer.ln_f.weight", "transformer.ln_f.bias"};
+  const std::vector<std::string> expected = {"transformer.wte.weight",
+                                             "transformer.wpe.weight",
+                                             "transformer.h.0.ln_1.weight",
+                                             "transformer.h.0.ln_1.bias",
+                                             "transformer.h.0.attn.c_attn.weight",
+                                             "transformer.h.0.attn.c_attn.bias",
+                                             "transformer.h.0.attn.c_proj.weight",
+                                             "transformer.h.0.attn.c_proj.bias",
+                                             "transformer.h.0.ln_2.weight",
+                                             "transformer.h.0.ln_2.bias",
+                                             "transformer.h.0.mlp.c_fc.weight",
+                                             "transformer.h.0.mlp.c_fc.bias",
+                                             "transformer.h.0.mlp.c_proj.weight",
+                                             "transformer.h.0.mlp.c_proj.bias",
+                                             "transformer.ln_f.weight",
+                                             "transformer.ln_f.bias"};
   CHECK(model->space().names() == expected);
   config.as<GptConfig>().tied = false;
   config.as<GptConfig>().bias = false;
@@ -58,16 +66,15 @@ TEST_CASE("a GPT starts near the uniform loss and its loss is causal", "[models]
 
 TEST_CASE("model configs reject bad JSON, unknown keys and bad values by name", "[models]") {
   CURV_CHECK_THROWS(ModelConfig::from_json("{", "cfg.json"), FormatError,
-                       Catch::Matchers::Contains("cfg.json"));
+                    Catch::Matchers::Contains("cfg.json"));
   CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "gpt", "n_layers": 2})"), FormatError,
-                       Catch::Matchers::Contains("n_layers") &&
-                           Catch::Matchers::Contains("n_layer"));
+                    Catch::Matchers::Contains("n_layers") && Catch::Matchers::Contains("n_layer"));
   CURV_CHECK_THROWS(ModelConfig::from_json(R"({"n_embd": 10, "n_head": 4})"), InvalidArgument,
-                       Catch::Matchers::Contains("n_embd"));
+                    Catch::Matchers::Contains("n_embd"));
   CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "cnn"})"), InvalidArgument,
-                       Catch::Matchers::Contains("cnn"));
+                    Catch::Matchers::Contains("cnn"));
   CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "gpt", "n_layer": "two"})"), FormatError,
-                       Catch::Matchers::Contains("wrong type"));
+                    Catch::Matchers::Contains("wrong type"));
   CHECK_THROWS_AS(ModelConfig::from_file("/nonexistent/cfg.json"), FormatError);
   auto config = tiny_gpt_config();
   CHECK(ModelConfig::from_json(config.to_json()).to_json() == config.to_json());
@@ -116,8 +123,7 @@ TEST_CASE("the registry lists the built-in architectures and names them for an u
   CHECK(ModelConfig::defaults("quadratic").data().kind == ModelData::Kind::kNone);
   CHECK(tiny_mlp_config().data().kind == ModelData::Kind::kFeatures);
   // A second registration under a taken name is refused.
-  CHECK_THROWS_AS(register_architecture(
-                      std::shared_ptr<const Architecture>(&find_architecture("gpt"),
-                                                          [](const Architecture*) {})),
+  CHECK_THROWS_AS(register_architecture(std::shared_ptr<const Architecture>(
+                      &find_architecture("gpt"), [](const Architecture*) {})),
                   InvalidArgument);
 }

@@ -14,8 +14,8 @@ using namespace curv_test;
 
 TEST_CASE("a torch::nn::Module objective gives the dense-Hessian HVP", "[module]") {
   torch::manual_seed(0);
-  auto net = torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::Tanh(),
-                                   torch::nn::Linear(6, 3));
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::Tanh(), torch::nn::Linear(6, 3));
   net->to(torch::kDouble);
   auto objective = make_module_objective(
       net.ptr(),

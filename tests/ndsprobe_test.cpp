@@ -1,13 +1,13 @@
 // ndsprobe end to end: checkpoint directories made here, the tool run as a process, its HDF5
 // read back with h5py; and every kind of bad input.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
-#include "curv/io/checkpoint.h"
 #include "curv/core/engine.h"
+#include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
 #include "fixtures.h"
@@ -59,10 +59,11 @@ std::string read_file(const std::string& path) {
 TEST_CASE("ndsprobe end to end on a checkpoint directory, checked with h5py", "[ndsprobe]") {
   Fixture f;
   const std::string out = f.dir.file("out.h5");
-  const std::string stdout_text =
-      f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --within --multipliers 0.5,2 -o " + out);
+  const std::string stdout_text = f.ndsprobe(
+      f.run + " --data " + f.data + " --dtype float64 --within --multipliers 0.5,2 -o " + out);
   CHECK_THAT(stdout_text, Catch::Matchers::Contains("mean NDS"));
-  run_python("check_ndsprobe_h5.py", {out, "run_a", "0,10,20,30", "delta,gradient,random", "--within"});
+  run_python("check_ndsprobe_h5.py",
+             {out, "run_a", "0,10,20,30", "delta,gradient,random", "--within"});
 
   // The delta at step 10 is θ_20 − θ_10: its norm is in the file.
   H5Reader reader(out);
@@ -88,8 +89,11 @@ TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprob
   // Resuming with another probe set is refused, and the file is left as it was.
   const std::string before = read_file(out);
   int rc = 0;
-  const std::string err = f.ndsprobe(f.run + " --data " + f.data + " --examples 5 --directions "
-                                     "gradient --resume -o " + out, &rc);
+  const std::string err = f.ndsprobe(f.run + " --data " + f.data +
+                                         " --examples 5 --directions "
+                                         "gradient --resume -o " +
+                                         out,
+                                     &rc);
   CHECK(rc != 0);
   CHECK_THAT(err, Catch::Matchers::Contains("probe_hash"));
   CHECK(read_file(out) == before);
@@ -120,15 +124,17 @@ TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips
       "--spectrum-blocks --trace hutchpp --trace-hvps 30 --density --slq-runs 4 --slq-steps 20 "
       "--precond-sharpness --overlap --eig-tol 1e-8";
   f.ndsprobe(f.run + " --data " + f.data + flags + " -o " + out);
-  run_python("check_spectrum_h5.py", {out, "run_a", "0,10,20,30", "gradient,random", "2", "2", "10,20"});
+  run_python("check_spectrum_h5.py",
+             {out, "run_a", "0,10,20,30", "gradient,random", "2", "2", "10,20"});
   H5Reader reader(out);
   CHECK_THAT(reader.attribute_string("/runs/run_a/step_0/spectrum/precond", "message"),
              Catch::Matchers::Contains("optimizer"));
 
   // Resuming with everything in the file spends no HVP and changes no number.
   std::string log;
-  const int rc = run_command(tool_path("ndsprobe") + " " + f.run + " --data " + f.data + flags +
-                                 " --resume -o " + out, &log);
+  const int rc = run_command(
+      tool_path("ndsprobe") + " " + f.run + " --data " + f.data + flags + " --resume -o " + out,
+      &log);
   INFO(log);
   REQUIRE(rc == 0);
   CHECK_THAT(log, Catch::Matchers::Contains(" 0 HVPs"));
@@ -141,15 +147,18 @@ TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips
   const Table lanczos = reader.table("/runs/run_a/step_10/spectrum/eigen");
   auto value_of = [](const Table& t, const std::string& block, const std::string& which) {
     for (size_t i = 0; i < t.num_rows(); ++i) {
-      if (t.strings("block")[i] == block && t.strings("which")[i] == which && t.int64s("rank")[i] == 0)
+      if (t.strings("block")[i] == block && t.strings("which")[i] == which &&
+          t.int64s("rank")[i] == 0)
         return t.doubles("eigenvalue")[i];
     }
     FAIL("no " << which << " eigenvalue of block " << block);
     return 0.0;
   };
   const std::string other = f.dir.file("other.h5");
-  f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --directions gradient --steps 10 "
-             "--spectrum --spectrum-blocks --eig-method spectra --eig-tol 1e-10 -o " + other);
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --directions gradient --steps 10 "
+             "--spectrum --spectrum-blocks --eig-method spectra --eig-tol 1e-10 -o " +
+             other);
   const Table spectra = H5Reader(other).table("/runs/run_a/step_10/spectrum/eigen");
   CHECK(spectra.num_rows() == lanczos.num_rows() / 2);  // top 1 + bottom 1 instead of 2 + 2
   for (const std::string& block : spectra.strings("block")) {
@@ -159,22 +168,28 @@ TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips
             Approx(value_of(lanczos, block, which)).epsilon(1e-7));
     }
   }
-  f.ndsprobe(f.run + " --data " + f.data + " --dtype float64 --directions gradient --steps 10 "
-             "--spectrum --eig-method power --eig-tol 1e-12 --eig-max-hvps 20000 -o " + other);
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --directions gradient --steps 10 "
+             "--spectrum --eig-method power --eig-tol 1e-12 --eig-max-hvps 20000 -o " +
+             other);
   const double lmax = value_of(lanczos, "total", "largest");
   const double lmin = value_of(lanczos, "total", "smallest");
   const double dominant = std::abs(lmax) >= std::abs(lmin) ? lmax : lmin;
-  CHECK(value_of(H5Reader(other).table("/runs/run_a/step_10/spectrum/eigen"), "total", "dominant") ==
-        Approx(dominant).epsilon(1e-6));
+  CHECK(value_of(H5Reader(other).table("/runs/run_a/step_10/spectrum/eigen"), "total",
+                 "dominant") == Approx(dominant).epsilon(1e-6));
 
   // Bad spectrum options name the flag.
   int status = 0;
-  std::string err = f.ndsprobe(f.run + " --data " + f.data + " --spectrum --eig-method power "
-                               "--eig-bottom 2 -o " + f.dir.file("bad.h5"), &status);
+  std::string err = f.ndsprobe(f.run + " --data " + f.data +
+                                   " --spectrum --eig-method power "
+                                   "--eig-bottom 2 -o " +
+                                   f.dir.file("bad.h5"),
+                               &status);
   CHECK(status != 0);
   CHECK_THAT(err, Catch::Matchers::Contains("--eig-bottom 2"));
-  err = f.ndsprobe(f.run + " --data " + f.data + " --trace hutchpp --trace-hvps 4 -o " +
-                   f.dir.file("bad.h5"), &status);
+  err = f.ndsprobe(
+      f.run + " --data " + f.data + " --trace hutchpp --trace-hvps 4 -o " + f.dir.file("bad.h5"),
+      &status);
   CHECK(status != 0);
   CHECK_THAT(err, Catch::Matchers::Contains("--trace-hvps 4"));
 }
@@ -253,8 +268,8 @@ TEST_CASE("a killed ndsprobe run leaves a readable file or none", "[ndsprobe]") 
   for (const char* after : {"0.7", "1.0", "1.3", "1.8"}) {
     const std::string out = f.dir.file(std::string("killed_") + after + ".h5");
     std::string output;
-    run_command("timeout -s KILL " + std::string(after) + " " + tool_path("ndsprobe") + " " + f.run +
-                    " --data " + f.data + " --dtype float64 --within --quiet -o " + out,
+    run_command("timeout -s KILL " + std::string(after) + " " + tool_path("ndsprobe") + " " +
+                    f.run + " --data " + f.data + " --dtype float64 --within --quiet -o " + out,
                 &output);
     if (!fs::exists(out)) continue;
     // Whatever was committed before the kill is a complete, readable file.

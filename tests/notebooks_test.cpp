@@ -1,9 +1,9 @@
 // Every notebook in notebooks/ runs headless, start to end, on a small demo-shaped output made
 // here with curvtrain and ndsprobe; committed notebooks carry no outputs.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,16 +33,20 @@ void make_demo_dir(const std::string& dir) {
   std::vector<std::string> runs;
   for (const std::string optimizer : {"adamw", "muon"}) {
     const std::string run = fmt::format("{}/runs/{}_s0", dir, optimizer);
-    run_tool("curvtrain", fmt::format("-o {} --model {} --optimizer {} --steps 20 --save-every 10 "
-                                      "--eval-every 10 --probe-every 10 --probe-output {}/train_probe.h5 "
-                                      "--run-name {}_s0", run, model, optimizer, dir, optimizer));
+    run_tool("curvtrain",
+             fmt::format("-o {} --model {} --optimizer {} --steps 20 --save-every 10 "
+                         "--eval-every 10 --probe-every 10 --probe-output {}/train_probe.h5 "
+                         "--run-name {}_s0",
+                         run, model, optimizer, dir, optimizer));
     runs.push_back(run);
   }
-  run_tool("ndsprobe", fmt::format("{} {} --data {}/probe.safetensors --directions update,delta "
-                                   "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 "
-                                   "--eig-max-hvps 30 --spectrum-blocks --trace hutchpp --trace-hvps 12 "
-                                   "--density --slq-runs 2 --slq-steps 10 --precond-sharpness --overlap "
-                                   "-o {}/ndsprobe.h5", runs[0], runs[1], runs[0], dir));
+  run_tool("ndsprobe",
+           fmt::format("{} {} --data {}/probe.safetensors --directions update,delta "
+                       "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 "
+                       "--eig-max-hvps 30 --spectrum-blocks --trace hutchpp --trace-hvps 12 "
+                       "--density --slq-runs 2 --slq-steps 10 --precond-sharpness --overlap "
+                       "-o {}/ndsprobe.h5",
+                       runs[0], runs[1], runs[0], dir));
 }
 
 }  // namespace

@@ -1,17 +1,16 @@
 #include "curv/optim/optimizers.h"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
-
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <iterator>
 
-#include "curv/io/checkpoint.h"
 #include "curv/analysis/direction_registry.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
 #include "fixtures.h"
 #include "test_support.h"
 
@@ -69,8 +68,8 @@ TEST_CASE("Newton-Schulz lands singular values in the quintic's band; polar is U
     auto p = polar_factor(g);
     auto m = g.reshape({shape[0], -1});
     auto svd = at::linalg_svd(m, false);
-    CHECK(at::allclose(p.reshape({shape[0], -1}),
-                       at::mm(std::get<0>(svd), std::get<2>(svd)), 1e-12, 1e-12));
+    CHECK(at::allclose(p.reshape({shape[0], -1}), at::mm(std::get<0>(svd), std::get<2>(svd)), 1e-12,
+                       1e-12));
     // Polar factor has unit singular values.
     CHECK(at::allclose(at::linalg_svdvals(p.reshape({shape[0], -1})),
                        at::ones({std::min(m.size(0), m.size(1))}, at::kDouble), 1e-10, 1e-10));
@@ -89,8 +88,9 @@ TEST_CASE("Muon's scale rules give the stated RMS on an exact polar update", "[o
       auto u = make_optimizer(config, space)->step(theta, grad)[0];
       const double got = u.square().mean().sqrt().item<double>();
       // U Vᵀ has RMS 1/sqrt(max(rows, cols)).
-      const double expected = rms ? 0.2 : std::sqrt(std::max(1.0, double(rows) / cols)) /
-                                               std::sqrt(double(std::max(rows, cols)));
+      const double expected = rms ? 0.2
+                                  : std::sqrt(std::max(1.0, double(rows) / cols)) /
+                                        std::sqrt(double(std::max(rows, cols)));
       INFO(rows << "x" << cols << (rms ? " rms" : " shape") << " rule: RMS " << got);
       CHECK(got == Approx(expected).epsilon(1e-10));
     }
@@ -102,7 +102,8 @@ TEST_CASE("NorMuon's first step has equal row RMS and Muon's Frobenius norm", "[
   ParamVector theta = {at::zeros({12, 20}, at::kDouble)};
   ParamSpace space({"layers.0.weight"}, theta);
   // Rows of very different scales: orthogonalisation alone does not equalise them.
-  ParamVector grad = {at::randn({12, 20}, at::kDouble) * at::linspace(0.1, 3, 12, at::kDouble).unsqueeze(1)};
+  ParamVector grad = {at::randn({12, 20}, at::kDouble) *
+                      at::linspace(0.1, 3, 12, at::kDouble).unsqueeze(1)};
   auto normuon = make_optimizer(OptimizerConfig::parse("normuon:lr=1,nesterov=0"), space);
   auto muon = make_optimizer(OptimizerConfig::parse("muon:lr=1,nesterov=0"), space);
   auto u = normuon->step(theta, grad)[0];

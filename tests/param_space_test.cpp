@@ -1,6 +1,7 @@
 #include "curv/core/param_space.h"
 
 #include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 
 #include "curv/core/blocks.h"
@@ -20,7 +21,7 @@ TEST_CASE("ParamSpace records names, shapes and flat offsets", "[param_space]") 
   CHECK(space[2].numel == 1);
   CHECK(space.index("scale") == 2);
   CURV_CHECK_THROWS(space.index("a.weigth"), InvalidArgument,
-                       Catch::Matchers::Contains("did you mean 'a.weight'"));
+                    Catch::Matchers::Contains("did you mean 'a.weight'"));
   CHECK_THROWS_AS(ParamSpace({"x", "x"}, {at::zeros({1}), at::zeros({1})}), InvalidArgument);
 }
 
@@ -62,15 +63,16 @@ TEST_CASE("blocks by layer follow nanoGPT names: embeddings, layers, head", "[bl
   for (const auto& b : blocks.blocks()) covered += b.params.size();
   CHECK(covered == model->space().size());
 
-  CHECK(BlockPartition::by_rule(model->space(), BlockRule::kTensor).size() == model->space().size());
+  CHECK(BlockPartition::by_rule(model->space(), BlockRule::kTensor).size() ==
+        model->space().size());
   CHECK(BlockPartition::by_rule(model->space(), BlockRule::kWhole).size() == 1);
 
-  auto groups = BlockPartition::by_regex(model->space(), {{"attention", R"(\.attn\.)"},
-                                                          {"mlp", R"(\.mlp\.)"}});
+  auto groups = BlockPartition::by_regex(model->space(),
+                                         {{"attention", R"(\.attn\.)"}, {"mlp", R"(\.mlp\.)"}});
   CHECK(groups.names() == std::vector<std::string>{"attention", "mlp", "rest"});
   CHECK(groups[0].params.size() == 12);
-  CURV_CHECK_THROWS(BlockPartition::by_regex(model->space(), {{"none", "conv"}}),
-                       InvalidArgument, Catch::Matchers::Contains("none"));
+  CURV_CHECK_THROWS(BlockPartition::by_regex(model->space(), {{"none", "conv"}}), InvalidArgument,
+                    Catch::Matchers::Contains("none"));
   CHECK_THROWS_AS(BlockPartition::by_regex(model->space(), {{"bad", "("}}), InvalidArgument);
   CHECK_THROWS_AS(BlockPartition::parse_rule("layers"), InvalidArgument);
 }

@@ -1,8 +1,8 @@
 #include "curv/models/script_objective.h"
 
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 
 #include "curv/core/engine.h"
@@ -51,18 +51,18 @@ TEST_CASE("TorchScript HVPs agree with Python torch.autograd over five successiv
 TEST_CASE("bad TorchScript files are clear errors", "[script]") {
   TempDir dir;
   CURV_CHECK_THROWS(load_script_objective(dir.file("missing.pt")), FormatError,
-                       Catch::Matchers::Contains("missing.pt"));
+                    Catch::Matchers::Contains("missing.pt"));
   std::ofstream(dir.file("junk.pt")) << "this is not a zip archive";
-  CURV_CHECK_THROWS(load_script_objective(dir.file("junk.pt")), FormatError,
-                       Catch::Matchers::Contains("junk.pt") &&
-                           Catch::Matchers::Contains("TorchScript"));
+  CURV_CHECK_THROWS(
+      load_script_objective(dir.file("junk.pt")), FormatError,
+      Catch::Matchers::Contains("junk.pt") && Catch::Matchers::Contains("TorchScript"));
 }
 
 TEST_CASE("a batch of the wrong shape for a TorchScript model is a ModelError", "[script]") {
   TempDir dir;
   run_python("make_script_fixture.py", {dir.path(), "float64"});
   auto model = load_script_objective(dir.file("model_loss.pt"));
-  CurvatureEngine engine(*model,
-                         ProbeSet::split(at::randn({4, 9}, at::kDouble), at::zeros({4}, at::kLong), 4));
+  CurvatureEngine engine(
+      *model, ProbeSet::split(at::randn({4, 9}, at::kDouble), at::zeros({4}, at::kLong), 4));
   CURV_CHECK_THROWS(engine.loss(), ModelError, Catch::Matchers::Contains("[4, 9]"));
 }

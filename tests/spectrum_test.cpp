@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "curv/core/blocks.h"
-#include "curv/io/checkpoint.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
 #include "curv/models/script_objective.h"
 #include "fixtures.h"
 #include "test_support.h"
@@ -292,7 +292,8 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   ckpt.step = 20;
   ckpt.path = "ckpt/step_20";
   ckpt.meta = parse_checkpoint_meta(R"({"step": 20, "optimizer": {"name": "adamw", "step_count": 20,
-                       "hyper": {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6}}})", "meta.json");
+                       "hyper": {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6}}})",
+                                    "meta.json");
   std::vector<at::Tensor> v;
   for (size_t i = 0; i < space.size(); ++i) {
     v.push_back(at::rand(space[i].shape, at::kDouble) + 0.1);
@@ -331,10 +332,13 @@ TEST_CASE("Adam preconditioner from checkpoint state, and the preconditioned sha
   // Missing state and other optimizers are reasons, not errors.
   Checkpoint partial = ckpt;
   partial.optimizer.pop_back();
-  CHECK_THAT(adam_preconditioner(saved_optimizer(partial), space, &p), Catch::Matchers::Contains("'b'"));
+  CHECK_THAT(adam_preconditioner(saved_optimizer(partial), space, &p),
+             Catch::Matchers::Contains("'b'"));
   Checkpoint sgd = ckpt;
-  sgd.meta = parse_checkpoint_meta(R"({"step": 20, "optimizer": {"name": "sgd", "step_count": 20}})", "meta.json");
-  CHECK_THAT(adam_preconditioner(saved_optimizer(sgd), space, &p), Catch::Matchers::Contains("sgd"));
+  sgd.meta = parse_checkpoint_meta(
+      R"({"step": 20, "optimizer": {"name": "sgd", "step_count": 20}})", "meta.json");
+  CHECK_THAT(adam_preconditioner(saved_optimizer(sgd), space, &p),
+             Catch::Matchers::Contains("sgd"));
 }
 
 TEST_CASE("overlap of a direction with an eigenspace and with the gradient", "[spectrum]") {

@@ -1,6 +1,7 @@
 #include "curv/analysis/taylor.h"
 
 #include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 
 #include "curv/core/engine.h"
@@ -57,8 +58,8 @@ TEST_CASE("the coupling matrix is symmetric, sums to uᵀHu and has the dense bl
     CurvatureEngine engine(*model, probe);
     const int64_t n = engine.space().numel();
     Eigen::MatrixXd h = dense_hessian(engine);
-    auto blocks = BlockPartition::by_rule(engine.space(), config.arch() == "mlp" ? BlockRule::kTensor
-                                                                              : BlockRule::kLayer);
+    auto blocks = BlockPartition::by_rule(
+        engine.space(), config.arch() == "mlp" ? BlockRule::kTensor : BlockRule::kLayer);
     REQUIRE(blocks.size() >= 3);
     ParamVector u = random_direction(*model, 8);
     TaylorResult r = taylor_audit(engine, u, blocks);

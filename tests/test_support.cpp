@@ -1,11 +1,12 @@
 #include "test_support.h"
 
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
-#include <sys/wait.h>
 
 namespace curv_test {
 

@@ -3,14 +3,14 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <vector>
 
 // LibTorch's logging header includes glog, whose CHECK (abort on failure) replaces Catch's when
 // it is included after catch.hpp. Test files include this header last, so CHECK is Catch's.
 #undef CHECK
-#define CHECK(...) INTERNAL_CATCH_TEST("CHECK", Catch::ResultDisposition::ContinueOnFailure, __VA_ARGS__)
+#define CHECK(...) \
+  INTERNAL_CATCH_TEST("CHECK", Catch::ResultDisposition::ContinueOnFailure, __VA_ARGS__)
 
 // Checks that `expr` throws `Type` and that its what() satisfies `matcher` (a Catch string
 // matcher such as Catch::Matchers::Contains). Evaluates `expr` twice.

@@ -7,14 +7,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "curv/io/checkpoint.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
-#include "curv/models/models.h"
 #include "curv/io/probe_data.h"
 #include "curv/io/safetensors.h"
 #include "curv/io/token_data.h"
+#include "curv/models/models.h"
 #include "test_support.h"
 #include "torch_fixtures.h"
 
@@ -85,7 +85,8 @@ TEST_CASE("checkpoint layouts are detected and listed", "[torch_checkpoint]") {
   CHECK(detect_checkpoint_layout(mixed.path()) == CheckpointLayout::kNative);
 }
 
-TEST_CASE("torch layouts load into the same Checkpoint as the native layout", "[torch_checkpoint]") {
+TEST_CASE("torch layouts load into the same Checkpoint as the native layout",
+          "[torch_checkpoint]") {
   const Checkpoint native = load_checkpoint(list_checkpoints(fixture("native"))[0]);
   auto model = fixture_model(native);
   const auto& space = model->space();
@@ -133,17 +134,19 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
   const auto info = list_checkpoints(fixture("nanogpt"))[0];
 
   Checkpoint ckpt = load_checkpoint(info);
-  CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "model"), InvalidArgument,
-                    Contains("ckpt_2.pt ['optimizer']") && Contains("--param-order model") &&
-                        Contains("shape"));
+  CURV_CHECK_THROWS(
+      resolve_optimizer_state(ckpt, space, "model"), InvalidArgument,
+      Contains("ckpt_2.pt ['optimizer']") && Contains("--param-order model") && Contains("shape"));
   CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "alphabetical"), InvalidArgument,
                     Contains("alphabetical"));
 
   // An order file naming the parameters in nanoGPT's group order gives the same state.
   TempDir dir;
   std::vector<std::string> order;
-  for (const auto& p : space.params()) if (p.shape.size() >= 2) order.push_back(p.name);
-  for (const auto& p : space.params()) if (p.shape.size() < 2) order.push_back(p.name);
+  for (const auto& p : space.params())
+    if (p.shape.size() >= 2) order.push_back(p.name);
+  for (const auto& p : space.params())
+    if (p.shape.size() < 2) order.push_back(p.name);
   {
     std::ofstream out(dir.file("order.txt"));
     for (const auto& name : order) out << name << "\n";
@@ -209,7 +212,8 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
   for (const auto& run : runs) {
     INFO(run.name);
     const std::string h5 = out.file(std::string(run.name) + ".h5");
-    ndsprobe(fixture(run.name) + common + run.extra + " --directions " + run.directions + " -o " + h5);
+    ndsprobe(fixture(run.name) + common + run.extra + " --directions " + run.directions + " -o " +
+             h5);
     H5Reader reader(h5);
     CHECK(reader.attribute_string(std::string("/runs/") + run.name, "layout") ==
           (std::string(run.name) == "compiled" ? "nanogpt" : run.name));
@@ -240,13 +244,15 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
   for (const char* direction : {"delta", "gradient"}) {
     for (const char* key : {"first_order", "curvature", "nds"}) {
       INFO(direction << " " << key);
-      CHECK(pt_half.attribute_double(std::string("/runs/pt_half/step_2/") + direction, key) ==
-            native_half.attribute_double(std::string("/runs/native_half/step_2/") + direction, key));
+      CHECK(
+          pt_half.attribute_double(std::string("/runs/pt_half/step_2/") + direction, key) ==
+          native_half.attribute_double(std::string("/runs/native_half/step_2/") + direction, key));
     }
   }
 }
 
-TEST_CASE("ndsprobe on a nanoGPT run without biases equals torch.autograd", "[torch_checkpoint][ndsprobe]") {
+TEST_CASE("ndsprobe on a nanoGPT run without biases equals torch.autograd",
+          "[torch_checkpoint][ndsprobe]") {
   TempDir out;
   ndsprobe(fixture("nanogpt_nobias") + " --data " + fixture("probe.safetensors") +
            " --dtype float64 --no-realized --directions gradient,adamw -o " + out.file("o.h5"));
@@ -277,7 +283,8 @@ TEST_CASE("ndsprobe rebuilds MuonWithAuxAdam's step from a nanoGPT checkpoint as
     for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
       INFO(direction << " " << key);
       const double want = reference["muon"][key].get<double>();
-      const double got = reader.attribute_double(std::string("/runs/muon/step_2/") + direction, key);
+      const double got =
+          reader.attribute_double(std::string("/runs/muon/step_2/") + direction, key);
       CHECK(std::abs(got - want) <= kTolFloat64 * std::abs(want));
     }
   }
@@ -317,7 +324,8 @@ TEST_CASE("the Hessian-vector product on a nanoGPT checkpoint equals torch.autog
   }
 }
 
-TEST_CASE("ndsprobe: bad torch checkpoints fail with the file and key", "[torch_checkpoint][ndsprobe]") {
+TEST_CASE("ndsprobe: bad torch checkpoints fail with the file and key",
+          "[torch_checkpoint][ndsprobe]") {
   TempDir out;
   const std::string common = " --data " + fixture("probe.safetensors") + " -o " + out.file("x.h5");
   int status = 0;
@@ -328,7 +336,8 @@ TEST_CASE("ndsprobe: bad torch checkpoints fail with the file and key", "[torch_
   std::ofstream(out.file("model.json"))
       << load_checkpoint(list_checkpoints(fixture("native"))[0]).model_config_json();
   text = ndsprobe(fixture("misnamed") + common + " --model " + out.file("model.json") +
-                      " --directions gradient", &status);
+                      " --directions gradient",
+                  &status);
   CHECK(status != 0);
   CHECK_THAT(text, Contains("step_2.pt") &&
                        Contains("'transformer.h.0.attn.c_attn.weight' is missing") &&
@@ -369,7 +378,8 @@ TEST_CASE("ndsprobe reads uint16 token files as probe data", "[torch_checkpoint]
   CHECK(at::equal(windows[0].inputs.narrow(1, 1, 5), windows[0].targets.narrow(1, 0, 5)));
   const std::string st = out.file("windows.safetensors");
   write_safetensors(st, {{"inputs", windows[0].inputs}, {"targets", windows[0].targets}});
-  const std::string args = fixture("nanogpt") + " --dtype float64 --directions delta --no-realized --seed 3";
+  const std::string args =
+      fixture("nanogpt") + " --dtype float64 --directions delta --no-realized --seed 3";
   ndsprobe(args + " --data " + bin + " --block-size 6 --examples 5 -o " + out.file("a.h5"));
   ndsprobe(args + " --data " + st + " -o " + out.file("b.h5"));
   H5Reader a(out.file("a.h5")), b(out.file("b.h5"));
@@ -415,9 +425,9 @@ TEST_CASE("torch layouts: inconsistent files name the file and key", "[torch_che
   TempDir run;
   fs::copy(fixture("hf"), run.path(), fs::copy_options::recursive);
   std::ofstream(run.file("checkpoint-2/trainer_state.json")) << R"({"global_step": 5})";
-  CURV_CHECK_THROWS(load_checkpoint(list_checkpoints(run.path())[0]), FormatError,
-                    Contains("checkpoint-2/trainer_state.json") && Contains("global_step") &&
-                        Contains("5"));
+  CURV_CHECK_THROWS(
+      load_checkpoint(list_checkpoints(run.path())[0]), FormatError,
+      Contains("checkpoint-2/trainer_state.json") && Contains("global_step") && Contains("5"));
   // A nanoGPT file named for a step other than its iter_num keeps the name's step.
   TempDir renamed;
   fs::copy_file(fixture("nanogpt/ckpt_2.pt"), renamed.file("ckpt_7.pt"));

@@ -28,7 +28,8 @@ const std::string& torch_fixtures() {
 
 }  // namespace curv_test
 
-TEST_CASE("torch.save files: every storage dtype, views, shared storages, containers", "[torch_file]") {
+TEST_CASE("torch.save files: every storage dtype, views, shared storages, containers",
+          "[torch_file]") {
   const std::string dir = curv_test::torch_fixtures() + "/reader";
   const auto root = load_torch_file(dir + "/values.pt");
   REQUIRE(root->is(Kind::kDict));
@@ -112,7 +113,8 @@ TEST_CASE("torch.save files: bad input is a FormatError naming the file, nothing
                     Contains("not a zip archive"));
 }
 
-TEST_CASE("torch.save files: a damaged pickle is an error or a value, never a crash", "[torch_file]") {
+TEST_CASE("torch.save files: a damaged pickle is an error or a value, never a crash",
+          "[torch_file]") {
   namespace fs = std::filesystem;
   const std::string dir = curv_test::torch_fixtures() + "/reader/damaged";
   int errors = 0, files = 0;

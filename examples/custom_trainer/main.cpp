@@ -10,20 +10,23 @@
 #include <cstring>
 #include <string>
 
+#include "curv/analysis/in_training_probe.h"
+#include "curv/analysis/report.h"
 #include "curv/core/blocks.h"
 #include "curv/core/objective.h"
-#include "curv/analysis/report.h"
 #include "curv/core/runtime.h"
-#include "curv/analysis/in_training_probe.h"
 #include "curv/optim/schedule.h"
 
 int main(int argc, char** argv) {
   int steps = 100, probe_every = 25;
   std::string output = "custom_trainer.h5";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::stoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--probe-every")) probe_every = std::stoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--output")) output = argv[i + 1];
+    if (!std::strcmp(argv[i], "--steps"))
+      steps = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--probe-every"))
+      probe_every = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--output"))
+      output = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: %s [--steps N] [--probe-every K] [--output FILE.h5]\n", argv[0]);
       return 2;
@@ -33,8 +36,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
 
   // The user's model, data and optimizer: nothing here knows about libcurv.
-  auto net = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
-                                   torch::nn::Linear(64, 4));
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(), torch::nn::Linear(64, 4));
   auto x = torch::randn({512, 16});
   auto y = (x.narrow(1, 0, 4) * 3).argmax(1);
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(3e-3));

@@ -62,9 +62,8 @@ std::string with_flag_names(const std::string& message,
                             const std::map<std::string, std::string>& flags) {
   // Longest fields first, so "EigenOptions.bottom" is replaced before "EigenOptions".
   std::vector<std::pair<std::string, std::string>> ordered(flags.begin(), flags.end());
-  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
-    return a.first.size() > b.first.size();
-  });
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   std::string out = message;
   for (const auto& [field, flag] : ordered) {
     const std::string escaped = std::regex_replace(field, std::regex(R"([.])"), R"(\.)");
@@ -99,8 +98,8 @@ void Progress::update(size_t done, size_t total, const std::string& label) {
     std::fprintf(stderr, "\r[%s] %zu/%zu %-40.40s %6.0fs left", bar.c_str(), done, total,
                  label.c_str(), eta);
   } else {
-    std::fprintf(stderr, "[%zu/%zu] %s (%.1fs elapsed, %.0fs left)\n", done, total,
-                 label.c_str(), elapsed, eta);
+    std::fprintf(stderr, "[%zu/%zu] %s (%.1fs elapsed, %.0fs left)\n", done, total, label.c_str(),
+                 elapsed, eta);
   }
   std::fflush(stderr);
 }
@@ -110,9 +109,8 @@ void Progress::finish() {
 }
 
 ProgressCallback Progress::callback() {
-  return [this](size_t done, size_t total, const std::string& label) {
-    update(done, total, label);
-  };
+  return
+      [this](size_t done, size_t total, const std::string& label) { update(done, total, label); };
 }
 
 int run_tool(const char* tool, const std::function<int()>& body) {

@@ -72,8 +72,7 @@ const std::map<std::string, std::string>& ProbeDataArgs::flags() {
 }
 
 void DirectionArgs::add_to(CLI::App& app) {
-  app.add_option("--directions", directions,
-                 "Directions, comma-separated (see --list-directions)")
+  app.add_option("--directions", directions, "Directions, comma-separated (see --list-directions)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_flag("--whatif-fallback", whatif_fallback,
@@ -131,8 +130,7 @@ void AuditArgs::add_to(CLI::App& app) {
   app.add_option("--row-chunks", row_chunks, "Row groups for non-attention matrices in --within")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--within-max-hvps", within_max_hvps,
-                 "HVP budget of --within per unit (0 = none)")
+  app.add_option("--within-max-hvps", within_max_hvps, "HVP budget of --within per unit (0 = none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 }
@@ -265,16 +263,11 @@ CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
 
 const std::map<std::string, std::string>& SpectrumArgs::flags() {
   static const std::map<std::string, std::string> map = {
-      {"EigenOptions.top", "--eig-top"},
-      {"EigenOptions.bottom", "--eig-bottom"},
-      {"EigenOptions.tol", "--eig-tol"},
-      {"EigenOptions.max_hvps", "--eig-max-hvps"},
-      {"EigenOptions", "--eig-top/--eig-bottom"},
-      {"TraceOptions.matvecs", "--trace-hvps"},
-      {"DensityOptions.runs", "--slq-runs"},
-      {"DensityOptions.steps", "--slq-steps"},
-      {"DensityOptions.sigma", "--density-sigma"},
-      {"DensityOptions.grid", "--density-grid"},
+      {"EigenOptions.top", "--eig-top"},           {"EigenOptions.bottom", "--eig-bottom"},
+      {"EigenOptions.tol", "--eig-tol"},           {"EigenOptions.max_hvps", "--eig-max-hvps"},
+      {"EigenOptions", "--eig-top/--eig-bottom"},  {"TraceOptions.matvecs", "--trace-hvps"},
+      {"DensityOptions.runs", "--slq-runs"},       {"DensityOptions.steps", "--slq-steps"},
+      {"DensityOptions.sigma", "--density-sigma"}, {"DensityOptions.grid", "--density-grid"},
   };
   return map;
 }

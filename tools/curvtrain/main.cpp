@@ -156,8 +156,9 @@ int run(int argc, char** argv) {
   DataArgs data;
   InTrainingProbeArgs probe;
   tools::RuntimeArgs runtime;
-  CLI::App app{"curvtrain: train a built-in model with a libcurv optimizer on Zipf-PCFG data (or "
-               "a token file), saving checkpoints that ndsprobe reads."};
+  CLI::App app{
+      "curvtrain: train a built-in model with a libcurv optimizer on Zipf-PCFG data (or "
+      "a token file), saving checkpoints that ndsprobe reads."};
   train.add_to(app);
   data.add_to(app);
   probe.add_to(app);

@@ -47,9 +47,10 @@ ProbeJob to_job(const Args& a, int argc, char** argv) {
 
 int run(int argc, char** argv) {
   Args a;
-  CLI::App app{"ndsprobe: curvature along optimizer update directions, per layer and within "
-               "layers, on directories of training checkpoints. Writes HDF5 "
-               "(docs/hdf5-schema.md)."};
+  CLI::App app{
+      "ndsprobe: curvature along optimizer update directions, per layer and within "
+      "layers, on directories of training checkpoints. Writes HDF5 "
+      "(docs/hdf5-schema.md)."};
   a.checkpoints.add_to(app);
   a.model.add_to(app);
   a.data.add_to(app);

@@ -5,8 +5,8 @@
 #include <map>
 #include <mutex>
 
-#include "curv/core/error.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 #include "optim/optimizer_directions.h"
 
 namespace curv {
@@ -20,12 +20,15 @@ struct Entry {
 
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> entries = {
-      {"delta", {[](const std::string&) { return make_delta_direction(); },
-                 "θ_{t+1} − θ_t between consecutive checkpoints"}},
-      {"gradient", {[](const std::string&) { return make_gradient_direction(); },
-                    "−g, the negative probe-set gradient"}},
-      {"random", {[](const std::string&) { return make_random_direction({}); },
-                  "seeded Gaussian, per-block norms matched to the delta (or −g)"}},
+      {"delta",
+       {[](const std::string&) { return make_delta_direction(); },
+        "θ_{t+1} − θ_t between consecutive checkpoints"}},
+      {"gradient",
+       {[](const std::string&) { return make_gradient_direction(); },
+        "−g, the negative probe-set gradient"}},
+      {"random",
+       {[](const std::string&) { return make_random_direction({}); },
+        "seeded Gaussian, per-block norms matched to the delta (or −g)"}},
   };
   static const bool with_optimizers = [] {
     for (auto& [name, factory, help] : optimizer_direction_families()) {
@@ -44,7 +47,8 @@ std::mutex& registry_mutex() {
 
 }  // namespace
 
-void register_direction(const std::string& name, DirectionFactory factory, const std::string& help) {
+void register_direction(const std::string& name, DirectionFactory factory,
+                        const std::string& help) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry()[name] = Entry{std::move(factory), help};
 }

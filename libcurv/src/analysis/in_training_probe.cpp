@@ -5,28 +5,33 @@
 
 #include <cmath>
 
+#include "curv/analysis/report.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
-#include "curv/analysis/report.h"
 
 namespace curv {
 
 void InTrainingProbeOptions::validate() const {
-  if (every <= 0) throw InvalidArgument(fmt::format("in-training probe: every = {} must be > 0", every));
+  if (every <= 0)
+    throw InvalidArgument(fmt::format("in-training probe: every = {} must be > 0", every));
   taylor.validate();
 }
 
 InTrainingProbe::InTrainingProbe(ProbeReport& report, std::string run, BlockPartition blocks,
                                  InTrainingProbeOptions options, std::optional<ProbeSet> probe_set)
-    : report_(report), run_(std::move(run)), blocks_(std::move(blocks)),
-      options_(std::move(options)), probe_set_(std::move(probe_set)) {
+    : report_(report),
+      run_(std::move(run)),
+      blocks_(std::move(blocks)),
+      options_(std::move(options)),
+      probe_set_(std::move(probe_set)) {
   options_.validate();
 }
 
 bool InTrainingProbe::due(int64_t step) const { return step == 0 || step % options_.every == 0; }
 
-TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step, const ParamVector& theta_before,
-                                      const ParamVector& update, const Batch& training_batch) {
+TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step,
+                                      const ParamVector& theta_before, const ParamVector& update,
+                                      const Batch& training_batch) {
   load_parameters(objective, theta_before);
   TaylorResult on_batch;
   {
@@ -39,7 +44,8 @@ TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step, const 
   }
   if (probe_set_) {
     CurvatureEngine engine(objective, *probe_set_);
-    report_.add_taylor(run_, step, "update.probe", taylor_audit(engine, update, blocks_, options_.taylor));
+    report_.add_taylor(run_, step, "update.probe",
+                       taylor_audit(engine, update, blocks_, options_.taylor));
   }
   report_.commit();
   load_parameters(objective, add(theta_before, update));

@@ -26,8 +26,8 @@ void CheckpointSpectrumOptions::validate() const {
     // --overlap alone needs the top eigenvectors only.
     if (!eigenvalues) e.bottom = 0;
     if (overlap && e.top < 1) {
-      throw InvalidArgument(
-          fmt::format("overlap needs the top eigenspace: EigenOptions.top = {} must be >= 1", e.top));
+      throw InvalidArgument(fmt::format(
+          "overlap needs the top eigenspace: EigenOptions.top = {} must be >= 1", e.top));
     }
     e.validate();
   }
@@ -73,9 +73,9 @@ void append_pairs(Table& t, const std::string& block, const EigenResult& r) {
     const RitzPair* pair;
   };
   std::vector<Row> rows;
-  for (const auto& [which, pairs] : {std::pair{"largest", &r.largest},
-                                     std::pair{"smallest", &r.smallest},
-                                     std::pair{"dominant", &r.dominant}}) {
+  for (const auto& [which, pairs] :
+       {std::pair{"largest", &r.largest}, std::pair{"smallest", &r.smallest},
+        std::pair{"dominant", &r.dominant}}) {
     for (size_t i = 0; i < pairs->size(); ++i) {
       rows.push_back({which, static_cast<int64_t>(i), &(*pairs)[i]});
     }
@@ -243,7 +243,8 @@ void check_writable(const std::string& path) {
     throw InvalidArgument(
         fmt::format("output '{}': directory '{}' does not exist", path, parent.string()));
   }
-  if (fs::is_directory(path)) throw InvalidArgument(fmt::format("output '{}' is a directory", path));
+  if (fs::is_directory(path))
+    throw InvalidArgument(fmt::format("output '{}' is a directory", path));
   const fs::path probe = parent / fmt::format(".ndsprobe-write-test-{}", ::getpid());
   std::ofstream out(probe);
   if (!out) {
@@ -313,8 +314,8 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
 
 void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
                                 CurvatureEngine& engine, const BlockPartition& blocks,
-                                ProbeReport& report, const ProgressCallback& progress,
-                                size_t& done, ProbeRunSummary& summary) {
+                                ProbeReport& report, const ProgressCallback& progress, size_t& done,
+                                ProbeRunSummary& summary) {
   const auto& o = options_;
   const size_t total = summary.units;
   WithinOptions within_options = o.within_options;
@@ -365,8 +366,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
           overlap_needed || (o.spectrum.overlap && !report.done(run.name, info.step, d->name()));
     }
     if (!spectrum_done || overlap_needed) {
-      top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum, report.writer(),
-                                        run.name, !spectrum_done);
+      top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum, report.writer(), run.name,
+                                        !spectrum_done);
       if (!spectrum_done) report.commit();
     } else {
       ++summary.skipped;
@@ -397,8 +398,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       }
       const std::string unit = unit_path(run.name, info.step, d->name());
       if (o.spectrum.overlap) {
-        write_overlap(report.writer(), unit,
-                      direction_overlap(u, top_vectors, engine.gradient()));
+        write_overlap(report.writer(), unit, direction_overlap(u, top_vectors, engine.gradient()));
       }
       if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
       // Which rule each parameter got (aligned with the root attribute param_names).

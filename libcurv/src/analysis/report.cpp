@@ -7,11 +7,11 @@
 #include <limits>
 #include <variant>
 
+#include "curv/analysis/taylor.h"
+#include "curv/analysis/within.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
 #include "curv/io/h5_file.h"
-#include "curv/analysis/taylor.h"
-#include "curv/analysis/within.h"
 
 namespace curv {
 
@@ -44,8 +44,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Columns of the long table /taylor, in order. Kept in one place: the writer, the resume check
 // and docs/hdf5-schema.md follow it.
 const std::vector<std::string> kTaylorDoubles = {
-    "loss", "first_order", "curvature", "predicted", "realized", "nds", "update_norm",
-    "sq_norm", "row_sum", "within", "cross", "rho_within", "eta_star"};
+    "loss",    "first_order", "curvature", "predicted", "realized",   "nds",     "update_norm",
+    "sq_norm", "row_sum",     "within",    "cross",     "rho_within", "eta_star"};
 
 Table empty_taylor_table() {
   Table t;
@@ -73,8 +73,10 @@ std::string step_group(const std::string& run, int64_t step) {
 
 void check_name(const std::string& what, const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-    throw InvalidArgument(fmt::format("{} name '{}' cannot be an HDF5 group name (empty, '/', "
-                                      "'.' or '..')", what, name));
+    throw InvalidArgument(
+        fmt::format("{} name '{}' cannot be an HDF5 group name (empty, '/', "
+                    "'.' or '..')",
+                    what, name));
   }
 }
 
@@ -114,18 +116,20 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
       status_(std::make_unique<Table>(empty_status_table())) {
   const auto parent = std::filesystem::path(path_).parent_path();
   if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-    throw InvalidArgument(fmt::format("output '{}': directory '{}' does not exist", path_,
-                                      parent.string()));
+    throw InvalidArgument(
+        fmt::format("output '{}': directory '{}' does not exist", path_, parent.string()));
   }
   if (resume && std::filesystem::exists(path_)) {
     writer_ = std::make_unique<H5Writer>(H5Writer::load(path_));
     H5Reader reader(path_);
     auto check = [&](const char* key, const std::string& ours) {
-      const std::string theirs = reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
+      const std::string theirs =
+          reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
       if (theirs != ours) {
-        throw InvalidArgument(fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
-                                          "(write to a new file, or drop --resume to replace it)",
-                                          path_, key, theirs, ours));
+        throw InvalidArgument(
+            fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
+                        "(write to a new file, or drop --resume to replace it)",
+                        path_, key, theirs, ours));
       }
     };
     check("model", p.model);
@@ -186,7 +190,8 @@ void ProbeReport::drop_status(const std::string& run, int64_t step, const std::s
   *status_ = without_unit(*status_, run, step, direction);
 }
 
-void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm) {
+void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss,
+                                 double grad_norm) {
   check_name("run", run);
   const std::string g = step_group(run, step);
   writer_->group(g);
@@ -212,10 +217,10 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   drop_status(run, step, direction);
   *taylor_ = without_unit(*taylor_, run, step, direction);
   const std::pair<const char*, double> scalars[] = {
-      {"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
-      {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},
-      {"eta_star", r.eta_star}, {"update_norm", r.update_norm}, {"s_within", r.s_within},
-      {"s_cross", r.s_cross}, {"rho_within", r.rho_within}, {"seconds", r.seconds}};
+      {"loss", r.loss},           {"first_order", r.first_order}, {"curvature", r.curvature},
+      {"predicted", r.predicted}, {"realized", r.realized},       {"nds", r.nds},
+      {"eta_star", r.eta_star},   {"update_norm", r.update_norm}, {"s_within", r.s_within},
+      {"s_cross", r.s_cross},     {"rho_within", r.rho_within},   {"seconds", r.seconds}};
   for (const auto& [key, value] : scalars) w.attribute(g, key, value);
   w.attribute(g, "hvps", r.hvps);
   w.attribute(g, "coupling_mode", to_string(r.coupling_mode));
@@ -226,7 +231,8 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   blocks.add_column("sq_norm", r.blocks, [](const BlockTerms& b) { return b.sq_norm; });
   blocks.add_column("first_order", r.blocks, [](const BlockTerms& b) { return b.first_order; });
   blocks.add_column("curvature", r.blocks, [](const BlockTerms& b) { return b.curvature; });
-  blocks.add_column("curvature_stderr", r.blocks, [](const BlockTerms& b) { return b.curvature_stderr; });
+  blocks.add_column("curvature_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.curvature_stderr; });
   blocks.add_column("row_sum", r.blocks, [](const BlockTerms& b) { return b.row_sum; });
   blocks.add_column("nds", r.blocks, [](const BlockTerms& b) { return b.nds; });
   w.table(g + "/blocks", blocks);
@@ -287,17 +293,30 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
     block_col.push_back(block);
     for (const auto& c : kTaylorDoubles) cols[c].push_back(v.count(c) ? v[c] : kNaN);
   };
-  push("total", {{"loss", r.loss}, {"first_order", r.first_order}, {"curvature", r.curvature},
-                 {"predicted", r.predicted}, {"realized", r.realized}, {"nds", r.nds},
-                 {"update_norm", r.update_norm}, {"sq_norm", u_sq},
-                 {"row_sum", r.curvature}, {"within", r.s_within}, {"cross", r.s_cross},
-                 {"rho_within", r.rho_within}, {"eta_star", r.eta_star}});
+  push("total", {{"loss", r.loss},
+                 {"first_order", r.first_order},
+                 {"curvature", r.curvature},
+                 {"predicted", r.predicted},
+                 {"realized", r.realized},
+                 {"nds", r.nds},
+                 {"update_norm", r.update_norm},
+                 {"sq_norm", u_sq},
+                 {"row_sum", r.curvature},
+                 {"within", r.s_within},
+                 {"cross", r.s_cross},
+                 {"rho_within", r.rho_within},
+                 {"eta_star", r.eta_star}});
   for (const auto& b : r.blocks) {
     // A block's predicted share g_l·u_l + ½ u_lᵀ(Hu)_l: the shares add up to the total.
-    push(b.name, {{"loss", r.loss}, {"first_order", b.first_order}, {"curvature", b.curvature},
-                  {"predicted", b.first_order + 0.5 * b.row_sum}, {"nds", b.nds},
-                  {"update_norm", std::sqrt(b.sq_norm)}, {"sq_norm", b.sq_norm},
-                  {"row_sum", b.row_sum}, {"within", b.curvature / u_sq},
+    push(b.name, {{"loss", r.loss},
+                  {"first_order", b.first_order},
+                  {"curvature", b.curvature},
+                  {"predicted", b.first_order + 0.5 * b.row_sum},
+                  {"nds", b.nds},
+                  {"update_norm", std::sqrt(b.sq_norm)},
+                  {"sq_norm", b.sq_norm},
+                  {"row_sum", b.row_sum},
+                  {"within", b.curvature / u_sq},
                   {"cross", (b.row_sum - b.curvature) / u_sq}});
   }
   rows.add_column("run", run_col);

@@ -318,10 +318,9 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
   result.hvps = spent;
   result.status = converged ? EigenStatus::kConverged : EigenStatus::kNotConverging;
   result.message =
-      converged
-          ? fmt::format("relative change below {:g} for every pair ({} HVPs)", o.tol, spent)
-          : fmt::format("HVP budget {} spent before the relative change fell below {:g}",
-                        o.max_hvps, o.tol);
+      converged ? fmt::format("relative change below {:g} for every pair ({} HVPs)", o.tol, spent)
+                : fmt::format("HVP budget {} spent before the relative change fell below {:g}",
+                              o.max_hvps, o.tol);
   return result;
 }
 
@@ -388,10 +387,14 @@ void EigenOptions::validate() const {
 
 std::string to_string(EigenStatus status) {
   switch (status) {
-    case EigenStatus::kNotComputed: return "not_computed";
-    case EigenStatus::kConverged: return "converged";
-    case EigenStatus::kNotConverging: return "not_converging";
-    case EigenStatus::kNumericalIssue: return "numerical_issue";
+    case EigenStatus::kNotComputed:
+      return "not_computed";
+    case EigenStatus::kConverged:
+      return "converged";
+    case EigenStatus::kNotConverging:
+      return "not_converging";
+    case EigenStatus::kNumericalIssue:
+      return "numerical_issue";
   }
   return "unknown";
 }
@@ -402,8 +405,7 @@ std::string EigenResult::brief() const {
     for (const auto& p : pairs) parts.push_back(fmt::format("{:.8g}", p.value));
     return fmt::format("[{}]", fmt::join(parts, ", "));
   };
-  std::string out =
-      fmt::format("{} {}: ", to_string(method), to_string(status));
+  std::string out = fmt::format("{} {}: ", to_string(method), to_string(status));
   if (!largest.empty()) out += "largest " + values(largest) + " ";
   if (!smallest.empty()) out += "smallest " + values(smallest) + " ";
   if (!dominant.empty()) out += "dominant " + values(dominant) + " ";

@@ -26,17 +26,20 @@ CouplingMode parse_coupling_mode(const std::string& text) {
 
 std::string to_string(CouplingMode mode) {
   switch (mode) {
-    case CouplingMode::kFull: return "full";
-    case CouplingMode::kRandomized: return "random";
-    case CouplingMode::kNone: return "none";
+    case CouplingMode::kFull:
+      return "full";
+    case CouplingMode::kRandomized:
+      return "random";
+    case CouplingMode::kNone:
+      return "none";
   }
   return "?";
 }
 
 void TaylorOptions::validate() const {
   if (coupling == CouplingMode::kRandomized && coupling_samples < 2) {
-    throw InvalidArgument(fmt::format("TaylorOptions.coupling_samples = {} must be >= 2",
-                                      coupling_samples));
+    throw InvalidArgument(
+        fmt::format("TaylorOptions.coupling_samples = {} must be >= 2", coupling_samples));
   }
   for (double eta : step_multipliers) {
     if (!std::isfinite(eta)) {
@@ -46,19 +49,21 @@ void TaylorOptions::validate() const {
 }
 
 std::string TaylorResult::brief() const {
-  return fmt::format("loss {:.5g}, NDS {:.5g}, predicted {:.4g}, realized {:.4g}, ρ_within {:.3g}, "
-                     "{} HVPs, {:.2f} s", loss, nds, predicted, realized, rho_within, hvps, seconds);
+  return fmt::format(
+      "loss {:.5g}, NDS {:.5g}, predicted {:.4g}, realized {:.4g}, ρ_within {:.3g}, "
+      "{} HVPs, {:.2f} s",
+      loss, nds, predicted, realized, rho_within, hvps, seconds);
 }
 
-TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
-                          const TaylorOptions& options) {
+TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
+                          const BlockPartition& blocks, const TaylorOptions& options) {
   options.validate();
   const auto start = std::chrono::steady_clock::now();
   const int64_t hvps_before = engine.counters().hvps;
   const ParamVector& g = engine.gradient();
   if (u.size() != g.size()) {
-    throw InvalidArgument(fmt::format("taylor_audit: direction of {} tensors for {} parameters",
-                                      u.size(), g.size()));
+    throw InvalidArgument(
+        fmt::format("taylor_audit: direction of {} tensors for {} parameters", u.size(), g.size()));
   }
   TaylorResult r;
   r.coupling_mode = options.coupling;
@@ -113,7 +118,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u, const B
       }
       ParamVector hw = engine.hvp(w);
       for (size_t l = 0; l < L; ++l) {
-        samples(l, k) = static_cast<double>(signs[l].item<int64_t>()) * dot(u, hw, blocks[l].params);
+        samples(l, k) =
+            static_cast<double>(signs[l].item<int64_t>()) * dot(u, hw, blocks[l].params);
       }
     }
     for (size_t l = 0; l < L; ++l) {

@@ -48,8 +48,8 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
     zo.rules_per_symbol = o.zipf_rules;
     zo.emissions_per_symbol = o.zipf_emissions;
     ZipfPcfg grammar(zo);
-    *train = TokenData(grammar.sample_tokens(o.train_tokens, o.zipf_s, o.grammar_seed + 1),
-                       "zipf-pcfg");
+    *train =
+        TokenData(grammar.sample_tokens(o.train_tokens, o.zipf_s, o.grammar_seed + 1), "zipf-pcfg");
     auto [vx, vy] = grammar.sample_windows(o.eval_sequences, T, 0.0, o.grammar_seed + 2);
     d.validation = Batch{vx, vy};
     d.buckets = grammar.frequency_buckets(o.zipf_s);
@@ -71,9 +71,10 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
     meta = {{"kind", "tokens"}, {"path", o.source}};
   }
   if (train->max_token() >= lm.vocab_size) {
-    throw InvalidArgument(fmt::format("training data holds token id {} but the model's "
-                                      "vocabulary is {}",
-                                      train->max_token(), lm.vocab_size));
+    throw InvalidArgument(
+        fmt::format("training data holds token id {} but the model's "
+                    "vocabulary is {}",
+                    train->max_token(), lm.vocab_size));
   }
   d.batch = [train, T, batch_size = o.batch_size, seed = o.seed](int64_t step) {
     auto [x, y] = train->windows(batch_size, T, step_seed(seed, step));
@@ -105,8 +106,9 @@ TrainingData make_training_data(const TrainingDataOptions& o, const ModelConfig&
   const ModelData model_data = config.data();
   if (model_data.kind == ModelData::Kind::kTokens) return language_data(o, model_data);
   if (o.source != "zipf") {
-    throw InvalidArgument(fmt::format(
-        "--data {}: a {} model makes its own data (leave --data at zipf)", o.source, config.arch()));
+    throw InvalidArgument(
+        fmt::format("--data {}: a {} model makes its own data (leave --data at zipf)", o.source,
+                    config.arch()));
   }
   TrainingData d;
   if (model_data.kind == ModelData::Kind::kClasses) {
@@ -168,25 +170,25 @@ void TrainingRunOptions::validate() const {
   schedule.validate();
   if (out.empty()) throw InvalidArgument("TrainingRunOptions.out: no checkpoint directory");
   if (save_every < 1 || eval_every < 1) {
-    throw InvalidArgument(fmt::format(
-        "TrainingRunOptions.save_every = {} and eval_every = {} must be >= 1", save_every,
-        eval_every));
+    throw InvalidArgument(
+        fmt::format("TrainingRunOptions.save_every = {} and eval_every = {} must be >= 1",
+                    save_every, eval_every));
   }
-  if (!(clip >= 0)) throw InvalidArgument(fmt::format("TrainingRunOptions.clip = {} must be >= 0", clip));
+  if (!(clip >= 0))
+    throw InvalidArgument(fmt::format("TrainingRunOptions.clip = {} must be >= 0", clip));
   if (probe_every > 0 && probe_output.empty()) {
     throw InvalidArgument("--probe-every needs --probe-output FILE.h5");
   }
   if (probe_on != "train" && probe_on != "probe" && probe_on != "both") {
-    throw InvalidArgument(fmt::format(
-        "TrainingRunOptions.probe_on = '{}': expected train, probe or both", probe_on));
+    throw InvalidArgument(
+        fmt::format("TrainingRunOptions.probe_on = '{}': expected train, probe or both", probe_on));
   }
 }
 
 std::string TrainingRunResult::brief() const {
   return fmt::format(
       "{}, step {} of {}: train loss {:.4f}, validation loss {:.4f} (head {:.4f}, tail {:.4f})",
-      optimizer, step, total_steps, train_loss, validation.loss, validation.head,
-      validation.tail);
+      optimizer, step, total_steps, train_loss, validation.loss, validation.head, validation.tail);
 }
 
 TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallback& progress) {
@@ -226,10 +228,14 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     meta["model"] = nlohmann::json::parse(o.model.to_json());
     meta["optimizer"] = nlohmann::json::parse(optimizer->meta_json());
     meta["data"] = data_meta;
-    meta["train"] = {{"seed", o.data.seed},           {"batch_size", o.data.batch_size},
-                     {"steps", steps},                {"warmup", schedule.warmup_steps},
-                     {"min_lr_ratio", schedule.min_lr_ratio}, {"clip", o.clip},
-                     {"base_lr", base_lr},            {"dtype", dtype_name(o.init.dtype)}};
+    meta["train"] = {{"seed", o.data.seed},
+                     {"batch_size", o.data.batch_size},
+                     {"steps", steps},
+                     {"warmup", schedule.warmup_steps},
+                     {"min_lr_ratio", schedule.min_lr_ratio},
+                     {"clip", o.clip},
+                     {"base_lr", base_lr},
+                     {"dtype", dtype_name(o.init.dtype)}};
     return meta.dump();
   };
   auto save = [&](int64_t step) {
@@ -259,7 +265,8 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     po.every = o.probe_every;
     po.on_training_batch = o.probe_on != "probe";
     probe = std::make_unique<InTrainingProbe>(
-        *report, run, BlockPartition::by_rule(model->space(), model->structure(), BlockRule::kLayer), po,
+        *report, run,
+        BlockPartition::by_rule(model->space(), model->structure(), BlockRule::kLayer), po,
         fixed_probe);
   }
 

@@ -25,10 +25,14 @@ struct Group {
 
 const char* slice_label(ParamRole role) {
   switch (role) {
-    case ParamRole::kAttentionQuery: return "q";
-    case ParamRole::kAttentionKey: return "k";
-    case ParamRole::kAttentionValue: return "v";
-    default: return role_name(role);
+    case ParamRole::kAttentionQuery:
+      return "q";
+    case ParamRole::kAttentionKey:
+      return "k";
+    case ParamRole::kAttentionValue:
+      return "v";
+    default:
+      return role_name(role);
   }
 }
 
@@ -94,7 +98,8 @@ std::vector<Group> groups_for(const ParamStructure& p, int64_t rows, int64_t col
   if (o.row_chunks > 0) {
     const int64_t chunks = std::min(o.row_chunks, rows);
     for (int64_t k = 0; k < chunks; ++k) {
-      out.push_back({fmt::format("rows{}", k), k * rows / chunks, (k + 1) * rows / chunks, 0, cols});
+      out.push_back(
+          {fmt::format("rows{}", k), k * rows / chunks, (k + 1) * rows / chunks, 0, cols});
     }
   }
   return out;
@@ -110,8 +115,8 @@ void WithinOptions::validate() const {
   non_negative("n_head", n_head);
   non_negative("n_kv_head", n_kv_head);
   if (n_kv_head > 0 && (n_head == 0 || n_head % n_kv_head != 0)) {
-    throw InvalidArgument(fmt::format("WithinOptions.n_kv_head = {} must divide n_head = {}",
-                                      n_kv_head, n_head));
+    throw InvalidArgument(
+        fmt::format("WithinOptions.n_kv_head = {} must divide n_head = {}", n_kv_head, n_head));
   }
   non_negative("row_chunks", row_chunks);
   non_negative("max_hvps", max_hvps);
@@ -120,8 +125,8 @@ void WithinOptions::validate() const {
     try {
       std::regex check(param_regex);
     } catch (const std::regex_error& e) {
-      throw InvalidArgument(fmt::format("WithinOptions.param_regex '{}' is invalid: {}", param_regex,
-                                        e.what()));
+      throw InvalidArgument(
+          fmt::format("WithinOptions.param_regex '{}' is invalid: {}", param_regex, e.what()));
     }
   }
 }
@@ -146,7 +151,8 @@ std::vector<size_t> within_selection(const ParamSpace& space, const ModelStructu
   return out;
 }
 
-WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const WithinOptions& options) {
+WithinReport within_block(CurvatureEngine& engine, const ParamVector& u,
+                          const WithinOptions& options) {
   const auto& space = engine.space();
   const ModelStructure structure = engine.objective().structure();
   // Key/value heads: the options', else the structure's when its query heads are the ones asked
@@ -160,7 +166,8 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
   WithinReport report;
   const int64_t hvps_before = engine.counters().hvps;
   auto budget_left = [&](int64_t needed) {
-    return options.max_hvps == 0 || engine.counters().hvps - hvps_before + needed <= options.max_hvps;
+    return options.max_hvps == 0 ||
+           engine.counters().hvps - hvps_before + needed <= options.max_hvps;
   };
   // dᵀH d for a direction d that is `value` on parameter `index` and zero elsewhere: the HVP
   // starts from that parameter's gradient only, and nothing else of d is materialised.
@@ -221,7 +228,9 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u, const W
     }
     for (const auto& g : groups) {
       at::Tensor part = at::zeros_like(U);
-      part.slice(0, g.r0, g.r1).slice(1, g.c0, g.c1).copy_(U.slice(0, g.r0, g.r1).slice(1, g.c0, g.c1));
+      part.slice(0, g.r0, g.r1)
+          .slice(1, g.c0, g.c1)
+          .copy_(U.slice(0, g.r0, g.r1).slice(1, g.c0, g.c1));
       GroupTerms t;
       t.name = g.name;
       t.sq_norm = part.square().sum().item<double>();

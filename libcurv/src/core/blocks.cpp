@@ -2,12 +2,11 @@
 
 #include <fmt/format.h>
 
-#include "core/fmt_torch.h"
-
 #include <cctype>
 #include <map>
 #include <regex>
 
+#include "core/fmt_torch.h"
 #include "curv/core/error.h"
 #include "curv/core/structure.h"
 
@@ -23,7 +22,8 @@ BlockPartition::BlockPartition(std::vector<Block> blocks, size_t num_params)
 namespace {
 
 bool is_number(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 // "transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"; "" when no numeric component.
@@ -96,7 +96,9 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, const ModelStruc
   }
   // Embeddings first, layers in model order, head last: the order a reader expects in tables.
   std::stable_sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) {
-    auto rank = [](const Block& x) { return x.name == "embeddings" ? 0 : x.name == "head" ? 2 : 1; };
+    auto rank = [](const Block& x) {
+      return x.name == "embeddings" ? 0 : x.name == "head" ? 2 : 1;
+    };
     if (rank(a) != rank(b)) return rank(a) < rank(b);
     return a.params.front() < b.params.front();
   });
@@ -110,8 +112,8 @@ BlockPartition BlockPartition::by_regex(
     try {
       patterns.emplace_back(pattern);
     } catch (const std::regex_error& e) {
-      throw InvalidArgument(fmt::format("block group '{}': invalid regex '{}': {}", name, pattern,
-                                        e.what()));
+      throw InvalidArgument(
+          fmt::format("block group '{}': invalid regex '{}': {}", name, pattern, e.what()));
     }
   }
   std::vector<Block> blocks;

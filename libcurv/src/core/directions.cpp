@@ -4,10 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
-
+#include "core/strings.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
-#include "core/strings.h"
 
 namespace curv {
 
@@ -36,7 +35,8 @@ class RandomDirection : public Direction {
     const ParamVector reference =
         c.theta_next.empty() ? scaled(c.engine->gradient(), -1.0) : sub(c.theta_next, c.theta);
     // One stream per (seed, step): reruns and resumed runs draw the same direction.
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed * 1000003ULL + static_cast<uint64_t>(c.step));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed * 1000003ULL +
+                                                        static_cast<uint64_t>(c.step));
     ParamVector u;
     for (const auto& t : reference) {
       u.push_back(at::randn(t.sizes(), gen, at::TensorOptions().dtype(at::kDouble))
@@ -61,7 +61,9 @@ class RandomDirection : public Direction {
 }  // namespace
 
 std::unique_ptr<Direction> make_delta_direction() { return std::make_unique<DeltaDirection>(); }
-std::unique_ptr<Direction> make_gradient_direction() { return std::make_unique<GradientDirection>(); }
+std::unique_ptr<Direction> make_gradient_direction() {
+  return std::make_unique<GradientDirection>();
+}
 std::unique_ptr<Direction> make_random_direction(std::vector<std::vector<size_t>> blocks) {
   return std::make_unique<RandomDirection>(std::move(blocks));
 }

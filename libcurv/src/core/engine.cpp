@@ -2,18 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-
-#include "core/fmt_torch.h"
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 
-#include "curv/core/error.h"
+#include "core/fmt_torch.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 
 namespace curv {
 
@@ -25,17 +24,19 @@ HvpMethod parse_hvp_method(const std::string& text) {
 
 void EngineOptions::validate() const {
   if (max_kept_graphs < 0) {
-    throw InvalidArgument(fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0",
-                                      max_kept_graphs));
+    throw InvalidArgument(
+        fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0", max_kept_graphs));
   }
   if (!(fd_step >= 0.0) || !std::isfinite(fd_step)) {
-    throw InvalidArgument(fmt::format("EngineOptions.fd_step = {} must be finite and >= 0", fd_step));
+    throw InvalidArgument(
+        fmt::format("EngineOptions.fd_step = {} must be finite and >= 0", fd_step));
   }
 }
 
 std::string EngineCounters::brief() const {
-  return fmt::format("{} forwards, {} backwards, {} second backwards, {} gradients, {} HVPs, {:.3f} s",
-                     forwards, backwards, second_backwards, gradients, hvps, seconds);
+  return fmt::format(
+      "{} forwards, {} backwards, {} second backwards, {} gradients, {} HVPs, {:.3f} s", forwards,
+      backwards, second_backwards, gradients, hvps, seconds);
 }
 
 namespace {
@@ -66,30 +67,36 @@ ParamVector fill_undefined(ParamVector grads, const ParamVector& params) {
 
 double machine_epsilon(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kFloat: return std::numeric_limits<float>::epsilon();
-    default: return 1e-3;  // half precision types
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    case at::kFloat:
+      return std::numeric_limits<float>::epsilon();
+    default:
+      return 1e-3;  // half precision types
   }
 }
 
 }  // namespace
 
 struct CurvatureEngine::State {
-  ParamVector params;                // the objective's live leaf tensors
+  ParamVector params;  // the objective's live leaf tensors
   bool have_first_order = false;
   double loss = 0.0;
   ParamVector grad;
-  std::vector<ParamVector> kept;     // per batch: create_graph gradient, or empty
+  std::vector<ParamVector> kept;  // per batch: create_graph gradient, or empty
 };
 
 CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options)
-    : objective_(objective), probe_(std::move(probe)), options_(options),
+    : objective_(objective),
+      probe_(std::move(probe)),
+      options_(options),
       state_(std::make_unique<State>()) {
   options_.validate();
   if (probe_.empty()) throw InvalidArgument("CurvatureEngine: the probe set has no batches");
   state_->params = objective_.parameters();
   if (state_->params.empty()) {
-    throw InvalidArgument(fmt::format("CurvatureEngine: {} has no parameters", objective_.describe()));
+    throw InvalidArgument(
+        fmt::format("CurvatureEngine: {} has no parameters", objective_.describe()));
   }
   probe_ = probe_.to(state_->params.front().scalar_type(), state_->params.front().device());
   state_->kept.resize(probe_.size());
@@ -125,17 +132,22 @@ void CurvatureEngine::check(const ParamVector& x, const char* what) const {
       throw NumericalError(fmt::format(
           "{} holds NaN or Inf in parameter '{}' of {} (hint: check the checkpoint for NaN "
           "weights, lower the probe dtype's risk by using float64, or check that the loss is "
-          "finite on every probe batch)", what, space()[i].name, objective_.describe()));
+          "finite on every probe batch)",
+          what, space()[i].name, objective_.describe()));
     }
   }
 }
 
 const char* CurvatureEngine::pass_name(Pass pass) {
   switch (pass) {
-    case Pass::kFirstOrder: return "loss and gradient";
-    case Pass::kHvp: return "Hessian-vector product";
-    case Pass::kGradientAtOffset: return "gradient at a displaced θ";
-    case Pass::kLossAt: return "loss at θ + u";
+    case Pass::kFirstOrder:
+      return "loss and gradient";
+    case Pass::kHvp:
+      return "Hessian-vector product";
+    case Pass::kGradientAtOffset:
+      return "gradient at a displaced θ";
+    case Pass::kLossAt:
+      return "loss at θ + u";
   }
   return "probe pass";
 }
@@ -148,11 +160,10 @@ void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t,
       throw;
     } catch (const std::exception& e) {
       // Only the HVP needs a second derivative: the hint would mislead for the other passes.
-      throw ModelError(fmt::format("{}: {} failed on probe batch {}{}: {}", objective_.describe(),
-                                   pass_name(pass), b,
-                                   pass == Pass::kHvp ? fmt::format(" ({})", kTwiceDifferentiableHint)
-                                                      : std::string(),
-                                   brief_what(e)));
+      throw ModelError(fmt::format(
+          "{}: {} failed on probe batch {}{}: {}", objective_.describe(), pass_name(pass), b,
+          pass == Pass::kHvp ? fmt::format(" ({})", kTwiceDifferentiableHint) : std::string(),
+          brief_what(e)));
     }
   }
 }
@@ -169,13 +180,15 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
     ++counters_.forwards;
     const double value = loss_b.item<double>();
     if (options_.check_finite && !std::isfinite(value)) {
-      throw NumericalError(fmt::format("loss of {} is {} on probe batch {} (hint: check the "
-                                       "checkpoint and the batch for NaN, or token ids out of range)",
-                                       objective_.describe(), value, b));
+      throw NumericalError(
+          fmt::format("loss of {} is {} on probe batch {} (hint: check the "
+                      "checkpoint and the batch for NaN, or token ids out of range)",
+                      objective_.describe(), value, b));
     }
-    ParamVector g = fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, /*retain_graph=*/keep,
-                                                         /*create_graph=*/keep, /*allow_unused=*/true),
-                                   s.params);
+    ParamVector g =
+        fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, /*retain_graph=*/keep,
+                                             /*create_graph=*/keep, /*allow_unused=*/true),
+                       s.params);
     ++counters_.backwards;
     loss += w * value;
     {
@@ -237,8 +250,8 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
                                           const std::vector<size_t>* support) {
   auto& s = *state_;
   if (v_in.size() != s.params.size()) {
-    throw InvalidArgument(fmt::format("hvp: vector of {} tensors for {} parameters", v_in.size(),
-                                      s.params.size()));
+    throw InvalidArgument(
+        fmt::format("hvp: vector of {} tensors for {} parameters", v_in.size(), s.params.size()));
   }
   if (!s.have_first_order || (options_.reuse_graph && kept_graphs() == 0)) {
     compute_first_order(options_.reuse_graph);
@@ -267,8 +280,8 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     if (!kept) {
       at::Tensor loss_b = objective_.loss(probe_[b]);
       ++counters_.forwards;
-      fresh = fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, true, true, true),
-                             s.params);
+      fresh =
+          fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, true, true, true), s.params);
       ++counters_.backwards;
     }
     const ParamVector& g = kept ? s.kept[b] : fresh;
@@ -319,9 +332,10 @@ double CurvatureEngine::loss_at(const ParamVector& u) {
     for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
   }
   if (options_.check_finite && std::isnan(loss)) {
-    throw NumericalError(fmt::format("loss of {} at θ + u is NaN (‖u‖ = {:.4g}); hint: the step "
-                                     "leaves the region where the model is finite", objective_.describe(),
-                                     norm(u)));
+    throw NumericalError(
+        fmt::format("loss of {} at θ + u is NaN (‖u‖ = {:.4g}); hint: the step "
+                    "leaves the region where the model is finite",
+                    objective_.describe(), norm(u)));
   }
   return loss;
 }

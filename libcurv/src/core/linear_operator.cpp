@@ -2,12 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-
-#include "core/fmt_torch.h"
 #include <torch/csrc/autograd/autograd.h>
 
 #include <numeric>
 
+#include "core/fmt_torch.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
 
@@ -22,8 +21,8 @@ HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> pa
   }
   for (size_t i : params_) {
     if (i >= space.size()) {
-      throw InvalidArgument(fmt::format("HessianOperator: parameter index {} out of range [0, {})",
-                                        i, space.size()));
+      throw InvalidArgument(
+          fmt::format("HessianOperator: parameter index {} out of range [0, {})", i, space.size()));
     }
     rows_ += space[i].numel;
   }
@@ -85,8 +84,9 @@ Eigen::MatrixXd dense_hessian(CurvatureEngine& engine) {
     auto grads = torch::autograd::grad({loss}, params, {}, true, true, true);
     std::vector<at::Tensor> flat_parts;
     for (size_t i = 0; i < grads.size(); ++i) {
-      flat_parts.push_back(grads[i].defined() ? grads[i].reshape(-1)
-                                              : at::zeros({params[i].numel()}, params[i].options()));
+      flat_parts.push_back(grads[i].defined()
+                               ? grads[i].reshape(-1)
+                               : at::zeros({params[i].numel()}, params[i].options()));
     }
     at::Tensor flat = at::cat(flat_parts);
     const double w = probe.weight(b);

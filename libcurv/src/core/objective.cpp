@@ -4,9 +4,8 @@
 #include <fmt/format.h>
 
 #include "core/fmt_torch.h"
-
-#include "curv/core/error.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 
 namespace curv {
 

@@ -3,19 +3,18 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "core/fmt_torch.h"
-
 #include <algorithm>
 
-#include "curv/core/error.h"
+#include "core/fmt_torch.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 
 namespace curv {
 
 ParamSpace::ParamSpace(const std::vector<std::string>& names, const std::vector<at::Tensor>& like) {
   if (names.size() != like.size()) {
-    throw InvalidArgument(fmt::format("ParamSpace: {} names for {} tensors", names.size(),
-                                      like.size()));
+    throw InvalidArgument(
+        fmt::format("ParamSpace: {} names for {} tensors", names.size(), like.size()));
   }
   for (size_t i = 0; i < names.size(); ++i) {
     if (by_name_.count(names[i])) {
@@ -47,16 +46,16 @@ std::optional<size_t> ParamSpace::find(const std::string& name) const {
 
 size_t ParamSpace::index(const std::string& name) const {
   if (auto i = find(name)) return *i;
-  throw InvalidArgument(fmt::format("no parameter named '{}'{}", name,
-                                    did_you_mean(name, names())));
+  throw InvalidArgument(
+      fmt::format("no parameter named '{}'{}", name, did_you_mean(name, names())));
 }
 
 namespace {
 
 void check_aligned(const ParamVector& a, const ParamVector& b, const char* op) {
   if (a.size() != b.size()) {
-    throw InvalidArgument(fmt::format("{}: parameter vectors of {} and {} tensors", op, a.size(),
-                                      b.size()));
+    throw InvalidArgument(
+        fmt::format("{}: parameter vectors of {} and {} tensors", op, a.size(), b.size()));
   }
 }
 
@@ -160,8 +159,8 @@ void to_flat(const ParamVector& x, double* out) {
 
 ParamVector from_flat(const double* data, const ParamSpace& space, const ParamVector& like) {
   if (like.size() != space.size()) {
-    throw InvalidArgument(fmt::format("from_flat: {} template tensors for a space of {}",
-                                      like.size(), space.size()));
+    throw InvalidArgument(
+        fmt::format("from_flat: {} template tensors for a space of {}", like.size(), space.size()));
   }
   ParamVector out;
   out.reserve(space.size());
@@ -170,7 +169,7 @@ ParamVector from_flat(const double* data, const ParamSpace& space, const ParamVe
     auto cpu = at::from_blob(const_cast<double*>(data) + info.offset, info.shape,
                              at::TensorOptions().dtype(at::kDouble));
     out.push_back(cpu.to(like[i].device(), like[i].scalar_type(), /*non_blocking=*/false,
-                          /*copy=*/true));
+                         /*copy=*/true));
   }
   return out;
 }

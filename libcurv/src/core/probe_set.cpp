@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "core/fmt_torch.h"
-
 #include "curv/core/error.h"
 
 namespace curv {
@@ -16,9 +15,10 @@ ProbeSet::ProbeSet(std::vector<Batch> batches) : batches_(std::move(batches)) {
       throw InvalidArgument(fmt::format("probe set: batch {} has undefined inputs or targets", i));
     }
     if (b.inputs.dim() == 0 || b.targets.dim() == 0 || b.inputs.size(0) != b.targets.size(0)) {
-      throw InvalidArgument(fmt::format("probe set: batch {} has inputs of shape {} and targets of "
-                                        "shape {}; their first dimensions (examples) must agree",
-                                        i, b.inputs.sizes(), b.targets.sizes()));
+      throw InvalidArgument(
+          fmt::format("probe set: batch {} has inputs of shape {} and targets of "
+                      "shape {}; their first dimensions (examples) must agree",
+                      i, b.inputs.sizes(), b.targets.sizes()));
     }
     if (b.size() == 0) throw InvalidArgument(fmt::format("probe set: batch {} is empty", i));
     num_examples_ += b.size();
@@ -27,9 +27,10 @@ ProbeSet::ProbeSet(std::vector<Batch> batches) : batches_(std::move(batches)) {
 
 ProbeSet ProbeSet::split(const at::Tensor& inputs, const at::Tensor& targets, int64_t batch_size) {
   if (inputs.dim() == 0 || targets.dim() == 0 || inputs.size(0) != targets.size(0)) {
-    throw InvalidArgument(fmt::format("probe set: inputs of shape {} and targets of shape {} do not "
-                                      "share their first dimension", inputs.sizes(),
-                                      targets.sizes()));
+    throw InvalidArgument(
+        fmt::format("probe set: inputs of shape {} and targets of shape {} do not "
+                    "share their first dimension",
+                    inputs.sizes(), targets.sizes()));
   }
   const int64_t n = inputs.size(0);
   if (batch_size <= 0) batch_size = n;

@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-
-#include "core/fmt_torch.h"
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/version.h>
 
@@ -13,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+
+#include "core/fmt_torch.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -28,7 +28,7 @@ std::string g_allocator = "system malloc";
 
 #if defined(__GLIBC__)
 constexpr int kMmapThreshold = 32 << 20;  // glibc's upper bound for M_MMAP_THRESHOLD on 64-bit
-constexpr int kTrimThreshold = INT_MAX;  // mallopt takes an int: 2 GiB
+constexpr int kTrimThreshold = INT_MAX;   // mallopt takes an int: 2 GiB
 
 void tune_glibc_malloc(bool tune) {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
@@ -58,7 +58,8 @@ int hardware_threads() {
 
 void init_runtime(const RuntimeOptions& options) {
   if (options.threads < 0) {
-    throw InvalidArgument(fmt::format("threads = {} must be >= 0 (0 = all cores)", options.threads));
+    throw InvalidArgument(
+        fmt::format("threads = {} must be >= 0 (0 = all cores)", options.threads));
   }
   at::set_num_threads(options.threads == 0 ? hardware_threads() : options.threads);
 #if defined(__GLIBC__)
@@ -83,7 +84,8 @@ double matmul_gflops(int n, const std::string& dtype, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     auto start = std::chrono::steady_clock::now();
     auto c = at::mm(a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return 2.0 * n * double(n) * n / best / 1e9;
 }

@@ -5,10 +5,10 @@
 
 #include <filesystem>
 
+#include "core/fmt_torch.h"
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
 #include "curv/io/token_data.h"
-#include "core/fmt_torch.h"
 
 namespace curv {
 
@@ -26,15 +26,18 @@ ProbeSet load_probe_data(const std::string& path, const ProbeDataOptions& option
   SafetensorsReader reader(path);
   for (const char* key : {"inputs", "targets"}) {
     if (!reader.contains(key)) {
-      throw FormatError(fmt::format("probe data '{}' has no tensor '{}' (it needs 'inputs' and "
-                                    "'targets', first dimension = examples)", path, key));
+      throw FormatError(
+          fmt::format("probe data '{}' has no tensor '{}' (it needs 'inputs' and "
+                      "'targets', first dimension = examples)",
+                      path, key));
     }
   }
   at::Tensor inputs = reader.tensor("inputs"), targets = reader.tensor("targets");
   if (inputs.dim() == 0 || targets.dim() == 0 || inputs.size(0) != targets.size(0)) {
-    throw FormatError(fmt::format("probe data '{}': 'inputs' {} and 'targets' {} must share their "
-                                  "first dimension (examples)", path, inputs.sizes(),
-                                  targets.sizes()));
+    throw FormatError(
+        fmt::format("probe data '{}': 'inputs' {} and 'targets' {} must share their "
+                    "first dimension (examples)",
+                    path, inputs.sizes(), targets.sizes()));
   }
   if (inputs.size(0) == 0) throw FormatError(fmt::format("probe data '{}' has no examples", path));
   if (options.max_examples > 0 && options.max_examples < inputs.size(0)) {
@@ -50,8 +53,10 @@ ProbeSet load_probe_data(const std::string& path, const ProbeDataOptions& option
 ProbeSet load_token_probe_data(const std::string& path, int64_t block_size, int64_t examples,
                                int64_t batch_size, uint64_t seed) {
   if (block_size <= 0 || examples <= 0) {
-    throw InvalidArgument(fmt::format("token probe data '{}': block size {} and examples {} must "
-                                      "be > 0", path, block_size, examples));
+    throw InvalidArgument(
+        fmt::format("token probe data '{}': block size {} and examples {} must "
+                    "be > 0",
+                    path, block_size, examples));
   }
   const TokenData tokens = TokenData::from_uint16_file(path);
   auto [inputs, targets] = tokens.windows(examples, block_size, seed);
@@ -63,7 +68,8 @@ bool ProbeDataSource::token_file() const {
 }
 
 void ProbeDataSource::validate() const {
-  if (path.empty()) throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
+  if (path.empty())
+    throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
   if (token_file() && (block_size == 0 || options.max_examples == 0)) {
     throw InvalidArgument(fmt::format(
         "probe data {}: a uint16 token file needs the window length "
@@ -72,9 +78,10 @@ void ProbeDataSource::validate() const {
         path, block_size, options.max_examples));
   }
   if (!token_file() && block_size != 0) {
-    throw InvalidArgument(fmt::format("probe data {}: ProbeDataSource.block_size = {} applies to "
-                                      "uint16 token files (.bin) only",
-                                      path, block_size));
+    throw InvalidArgument(
+        fmt::format("probe data {}: ProbeDataSource.block_size = {} applies to "
+                    "uint16 token files (.bin) only",
+                    path, block_size));
   }
   options.validate();
 }

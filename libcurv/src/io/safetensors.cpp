@@ -19,8 +19,8 @@
 #include <set>
 #include <tuple>
 
-#include "curv/core/error.h"
 #include "core/fmt_torch.h"
+#include "curv/core/error.h"
 
 // Tensor bytes are copied verbatim between memory and file, which is only right on a
 // little-endian host (the format is little-endian).

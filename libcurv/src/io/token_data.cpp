@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <fstream>
 
-#include "curv/core/error.h"
 #include "core/splitmix.h"
+#include "curv/core/error.h"
 
 namespace curv {
 
@@ -24,8 +24,10 @@ TokenData TokenData::from_uint16_file(const std::string& path) {
   if (!in) throw FormatError(fmt::format("cannot open token file '{}'", path));
   const std::streamsize bytes = in.tellg();
   if (bytes % 2 != 0) {
-    throw FormatError(fmt::format("token file '{}' has {} bytes, not a whole number of uint16 "
-                                  "tokens", path, bytes));
+    throw FormatError(
+        fmt::format("token file '{}' has {} bytes, not a whole number of uint16 "
+                    "tokens",
+                    path, bytes));
   }
   if (bytes == 0) throw FormatError(fmt::format("token file '{}' is empty", path));
   in.seekg(0);
@@ -36,12 +38,14 @@ TokenData TokenData::from_uint16_file(const std::string& path) {
   return TokenData(std::move(tokens), path);
 }
 
-std::pair<at::Tensor, at::Tensor> TokenData::windows(int64_t count, int64_t t, uint64_t seed) const {
+std::pair<at::Tensor, at::Tensor> TokenData::windows(int64_t count, int64_t t,
+                                                     uint64_t seed) const {
   if (t <= 0 || count <= 0) {
     throw InvalidArgument(fmt::format("windows: count {} and length {} must be > 0", count, t));
   }
   if (size() < t + 1) {
-    throw InvalidArgument(fmt::format("{}: {} tokens cannot hold a window of {} + 1", source_, size(), t));
+    throw InvalidArgument(
+        fmt::format("{}: {} tokens cannot hold a window of {} + 1", source_, size(), t));
   }
   at::Tensor x = at::empty({count, t}, at::kLong), y = at::empty({count, t}, at::kLong);
   int64_t* xp = x.data_ptr<int64_t>();
@@ -58,11 +62,13 @@ std::pair<at::Tensor, at::Tensor> TokenData::windows(int64_t count, int64_t t, u
 
 std::pair<at::Tensor, at::Tensor> TokenData::consecutive_windows(int64_t count, int64_t t) const {
   if (size() < count * t + 1) {
-    throw InvalidArgument(fmt::format("{}: {} tokens cannot hold {} windows of {}", source_, size(),
-                                      count, t));
+    throw InvalidArgument(
+        fmt::format("{}: {} tokens cannot hold {} windows of {}", source_, size(), count, t));
   }
-  at::Tensor all = at::from_blob(const_cast<int64_t*>(tokens_.data()), {count * t + 1}, at::kLong).clone();
-  return {all.narrow(0, 0, count * t).view({count, t}), all.narrow(0, 1, count * t).view({count, t})};
+  at::Tensor all =
+      at::from_blob(const_cast<int64_t*>(tokens_.data()), {count * t + 1}, at::kLong).clone();
+  return {all.narrow(0, 0, count * t).view({count, t}),
+          all.narrow(0, 1, count * t).view({count, t})};
 }
 
 }  // namespace curv

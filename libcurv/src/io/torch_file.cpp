@@ -9,8 +9,8 @@
 #include <map>
 #include <unordered_map>
 
-#include "curv/core/error.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 
 namespace curv {
 
@@ -27,11 +27,11 @@ Ref make(Kind kind) {
 
 const std::map<std::string, at::ScalarType>& storage_types() {
   static const std::map<std::string, at::ScalarType> types = {
-      {"torch.FloatStorage", at::kFloat},     {"torch.DoubleStorage", at::kDouble},
-      {"torch.HalfStorage", at::kHalf},       {"torch.BFloat16Storage", at::kBFloat16},
-      {"torch.LongStorage", at::kLong},       {"torch.IntStorage", at::kInt},
-      {"torch.ShortStorage", at::kShort},     {"torch.CharStorage", at::kChar},
-      {"torch.ByteStorage", at::kByte},       {"torch.BoolStorage", at::kBool},
+      {"torch.FloatStorage", at::kFloat}, {"torch.DoubleStorage", at::kDouble},
+      {"torch.HalfStorage", at::kHalf},   {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.LongStorage", at::kLong},   {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort}, {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},   {"torch.BoolStorage", at::kBool},
   };
   return types;
 }
@@ -57,62 +57,95 @@ class Unpickler {
       const size_t at = pos_;
       const uint8_t op = byte();
       switch (op) {
-        case 0x80: byte(); break;                      // PROTO
-        case 0x95: bytes(8); break;                    // FRAME: framing is irrelevant in memory
-        case '.': {                                    // STOP
+        case 0x80:
+          byte();
+          break;  // PROTO
+        case 0x95:
+          bytes(8);
+          break;     // FRAME: framing is irrelevant in memory
+        case '.': {  // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail("STOP with an unbalanced stack");
           return stack_.back();
         }
-        case '(': marks_.push_back(stack_.size()); break;  // MARK
-        case '}': push(make(Kind::kDict)); break;
-        case ']': push(make(Kind::kList)); break;
-        case ')': push(make(Kind::kTuple)); break;
-        case 0x8f: push(make(Kind::kList)); break;     // EMPTY_SET, kept as a list
-        case 't': push(sequence(Kind::kTuple, pop_mark())); break;
-        case 'l': push(sequence(Kind::kList, pop_mark())); break;
-        case 0x91: push(sequence(Kind::kList, pop_mark())); break;  // FROZENSET
-        case 0x85: case 0x86: case 0x87: {             // TUPLE1..3
+        case '(':
+          marks_.push_back(stack_.size());
+          break;  // MARK
+        case '}':
+          push(make(Kind::kDict));
+          break;
+        case ']':
+          push(make(Kind::kList));
+          break;
+        case ')':
+          push(make(Kind::kTuple));
+          break;
+        case 0x8f:
+          push(make(Kind::kList));
+          break;  // EMPTY_SET, kept as a list
+        case 't':
+          push(sequence(Kind::kTuple, pop_mark()));
+          break;
+        case 'l':
+          push(sequence(Kind::kList, pop_mark()));
+          break;
+        case 0x91:
+          push(sequence(Kind::kList, pop_mark()));
+          break;  // FROZENSET
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const size_t n = op - 0x84;
           std::vector<Ref> items(n);
           for (size_t i = n; i-- > 0;) items[i] = pop();
           push(sequence(Kind::kTuple, std::move(items)));
           break;
         }
-        case 'd': {                                    // DICT
+        case 'd': {  // DICT
           auto items = pop_mark();
           auto dict = make(Kind::kDict);
           set_items(*dict, items);
           push(dict);
           break;
         }
-        case 'a': {                                    // APPEND
+        case 'a': {  // APPEND
           auto v = pop();
           expect(top(), Kind::kList, "APPEND").items.push_back(v);
           break;
         }
-        case 'e': case 0x90: {                         // APPENDS, ADDITEMS
+        case 'e':
+        case 0x90: {  // APPENDS, ADDITEMS
           auto items = pop_mark();
           auto& list = expect(top(), Kind::kList, "APPENDS");
           list.items.insert(list.items.end(), items.begin(), items.end());
           break;
         }
-        case 's': {                                    // SETITEM
+        case 's': {  // SETITEM
           auto value = pop();
           auto key = pop();
           set_items(expect(top(), Kind::kDict, "SETITEM"), {key, value});
           break;
         }
-        case 'u': {                                    // SETITEMS
+        case 'u': {  // SETITEMS
           auto items = pop_mark();
           set_items(expect(top(), Kind::kDict, "SETITEMS"), items);
           break;
         }
-        case 'J': push(integer(static_cast<int32_t>(unsigned_le(4)))); break;  // BININT
-        case 'K': push(integer(unsigned_le(1))); break;                         // BININT1
-        case 'M': push(integer(unsigned_le(2))); break;                         // BININT2
-        case 0x8a: push(integer(long_le(byte()))); break;                      // LONG1
-        case 0x8b: push(integer(long_le(unsigned_le(4)))); break;              // LONG4
-        case 'G': {                                    // BINFLOAT, big-endian IEEE double
+        case 'J':
+          push(integer(static_cast<int32_t>(unsigned_le(4))));
+          break;  // BININT
+        case 'K':
+          push(integer(unsigned_le(1)));
+          break;  // BININT1
+        case 'M':
+          push(integer(unsigned_le(2)));
+          break;  // BININT2
+        case 0x8a:
+          push(integer(long_le(byte())));
+          break;  // LONG1
+        case 0x8b:
+          push(integer(long_le(unsigned_le(4))));
+          break;     // LONG4
+        case 'G': {  // BINFLOAT, big-endian IEEE double
           uint64_t bits = 0;
           for (int i = 0; i < 8; ++i) bits = (bits << 8) | byte();
           auto v = make(Kind::kFloat);
@@ -120,27 +153,46 @@ class Unpickler {
           push(v);
           break;
         }
-        case 'X': push(text(Kind::kString, unsigned_le(4))); break;   // BINUNICODE
-        case 0x8c: push(text(Kind::kString, byte())); break;          // SHORT_BINUNICODE
-        case 0x8d: push(text(Kind::kString, unsigned_le(8))); break;  // BINUNICODE8
-        case 'T': push(text(Kind::kString, unsigned_le(4))); break;   // BINSTRING
-        case 'U': push(text(Kind::kString, byte())); break;           // SHORT_BINSTRING
-        case 'B': push(text(Kind::kBytes, unsigned_le(4))); break;    // BINBYTES
-        case 'C': push(text(Kind::kBytes, byte())); break;            // SHORT_BINBYTES
-        case 0x8e: push(text(Kind::kBytes, unsigned_le(8))); break;   // BINBYTES8
-        case 'N': push(make(Kind::kNone)); break;
-        case 0x88: case 0x89: {                        // NEWTRUE, NEWFALSE
+        case 'X':
+          push(text(Kind::kString, unsigned_le(4)));
+          break;  // BINUNICODE
+        case 0x8c:
+          push(text(Kind::kString, byte()));
+          break;  // SHORT_BINUNICODE
+        case 0x8d:
+          push(text(Kind::kString, unsigned_le(8)));
+          break;  // BINUNICODE8
+        case 'T':
+          push(text(Kind::kString, unsigned_le(4)));
+          break;  // BINSTRING
+        case 'U':
+          push(text(Kind::kString, byte()));
+          break;  // SHORT_BINSTRING
+        case 'B':
+          push(text(Kind::kBytes, unsigned_le(4)));
+          break;  // BINBYTES
+        case 'C':
+          push(text(Kind::kBytes, byte()));
+          break;  // SHORT_BINBYTES
+        case 0x8e:
+          push(text(Kind::kBytes, unsigned_le(8)));
+          break;  // BINBYTES8
+        case 'N':
+          push(make(Kind::kNone));
+          break;
+        case 0x88:
+        case 0x89: {  // NEWTRUE, NEWFALSE
           auto v = make(Kind::kBool);
           v->boolean = op == 0x88;
           push(v);
           break;
         }
-        case 'c': {                                    // GLOBAL "module\nname\n"
+        case 'c': {  // GLOBAL "module\nname\n"
           const std::string module = line(), name = line();
           push(global(module + "." + name));
           break;
         }
-        case 0x93: {                                   // STACK_GLOBAL
+        case 0x93: {  // STACK_GLOBAL
           auto name = pop();
           auto module = pop();
           if (!module->is(Kind::kString) || !name->is(Kind::kString)) {
@@ -149,24 +201,46 @@ class Unpickler {
           push(global(module->text + "." + name->text));
           break;
         }
-        case 'q': memo_[unsigned_le(1)] = top(); break;  // BINPUT
-        case 'r': memo_[unsigned_le(4)] = top(); break;  // LONG_BINPUT
-        case 0x94: memo_[memo_.size()] = top(); break;   // MEMOIZE
-        case 'p': memo_[text_index()] = top(); break;    // PUT
-        case 'h': push(memo(unsigned_le(1))); break;     // BINGET
-        case 'j': push(memo(unsigned_le(4))); break;     // LONG_BINGET
-        case 'g': push(memo(text_index())); break;       // GET
-        case '0': pop(); break;                          // POP
-        case '1': pop_mark(); break;                     // POP_MARK
-        case '2': push(top()); break;                    // DUP
-        case 'Q': push(persistent(pop())); break;        // BINPERSID
-        case 'R': {                                      // REDUCE
+        case 'q':
+          memo_[unsigned_le(1)] = top();
+          break;  // BINPUT
+        case 'r':
+          memo_[unsigned_le(4)] = top();
+          break;  // LONG_BINPUT
+        case 0x94:
+          memo_[memo_.size()] = top();
+          break;  // MEMOIZE
+        case 'p':
+          memo_[text_index()] = top();
+          break;  // PUT
+        case 'h':
+          push(memo(unsigned_le(1)));
+          break;  // BINGET
+        case 'j':
+          push(memo(unsigned_le(4)));
+          break;  // LONG_BINGET
+        case 'g':
+          push(memo(text_index()));
+          break;  // GET
+        case '0':
+          pop();
+          break;  // POP
+        case '1':
+          pop_mark();
+          break;  // POP_MARK
+        case '2':
+          push(top());
+          break;  // DUP
+        case 'Q':
+          push(persistent(pop()));
+          break;     // BINPERSID
+        case 'R': {  // REDUCE
           auto args = pop();
           auto callable = pop();
           push(reduce(*callable, *args));
           break;
         }
-        case 'b': {                                      // BUILD
+        case 'b': {  // BUILD
           auto state = pop();
           // OrderedDict state dicts carry `_metadata` (module versions) as instance state; it
           // has no bearing on the tensors, so it is dropped.
@@ -293,9 +367,10 @@ class Unpickler {
     const auto& callables = callable_globals();
     if (std::find(callables.begin(), callables.end(), name) == callables.end() &&
         !storage_types().count(name)) {
-      fail(fmt::format("the pickle names the global '{}', which is not allowed (only plain data, "
-                       "tensors and state dicts are read; allowed: {})",
-                       name, join(allowed_torch_globals(), ", ")));
+      fail(
+          fmt::format("the pickle names the global '{}', which is not allowed (only plain data, "
+                      "tensors and state dicts are read; allowed: {})",
+                      name, join(allowed_torch_globals(), ", ")));
     }
     auto v = make(Kind::kGlobal);
     v->text = name;
@@ -312,8 +387,8 @@ class Unpickler {
     const auto& type = *pid->items[1];
     const auto& key = *pid->items[2];
     const auto& numel = *pid->items[4];
-    if (!type.is(Kind::kGlobal) || !storage_types().count(type.text) ||
-        !key.is(Kind::kString) || !numel.is(Kind::kInt) || numel.integer < 0) {
+    if (!type.is(Kind::kGlobal) || !storage_types().count(type.text) || !key.is(Kind::kString) ||
+        !numel.is(Kind::kInt) || numel.integer < 0) {
       fail(fmt::format("malformed storage reference {}", pid->brief()));
     }
     auto cached = storages_.find(key.text);
@@ -328,17 +403,19 @@ class Unpickler {
       size_t size = 0;
       at::DataPtr bytes;
       try {
-        if (!archive_->hasRecord(record)) fail(fmt::format("storage record '{}' is missing", record));
+        if (!archive_->hasRecord(record))
+          fail(fmt::format("storage record '{}' is missing", record));
         std::tie(bytes, size) = archive_->getRecord(record);
       } catch (const c10::Error& e) {
-        throw FormatError(fmt::format("{}: cannot read storage record '{}': {}", path_, record,
-                                      brief_what(e)));
+        throw FormatError(
+            fmt::format("{}: cannot read storage record '{}': {}", path_, record, brief_what(e)));
       }
       // Compared by division: a forged element count must not overflow the byte count.
       if (static_cast<uint64_t>(numel.integer) > size / element) {
-        fail(fmt::format("storage record '{}' holds {} bytes, too few for its {} of {} elements "
-                         "of {} bytes (truncated file?)", record, size, type.text, numel.integer,
-                         element));
+        fail(
+            fmt::format("storage record '{}' holds {} bytes, too few for its {} of {} elements "
+                        "of {} bytes (truncated file?)",
+                        record, size, type.text, numel.integer, element));
       }
       // The tensor owns the record's buffer: no second copy of a checkpoint's largest part.
       const auto options = at::TensorOptions().dtype(storage->dtype);
@@ -346,7 +423,8 @@ class Unpickler {
         storage->tensor = at::empty({0}, options);
       } else {
         auto holder = std::make_shared<at::DataPtr>(std::move(bytes));
-        storage->tensor = at::from_blob(holder->get(), {numel.integer}, [holder](void*) {}, options);
+        storage->tensor = at::from_blob(
+            holder->get(), {numel.integer}, [holder](void*) {}, options);
       }
     }
     storages_.emplace(key.text, storage);
@@ -380,15 +458,15 @@ class Unpickler {
     bool bad = offset < 0;
     for (size_t i = 0; i < size.size() && !bad; ++i) {
       int64_t reach = 0;
-      bad = size[i] < 0 || stride[i] < 0 ||
-            __builtin_mul_overflow(numel, size[i], &numel) ||
+      bad = size[i] < 0 || stride[i] < 0 || __builtin_mul_overflow(numel, size[i], &numel) ||
             (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &reach) ||
                              __builtin_add_overflow(last, reach, &last)));
     }
     if (bad || (numel > 0 && last >= storage.shape[0])) {
-      fail(fmt::format("tensor view (offset {}, size {}, stride {}) lies outside storage '{}' of {} "
-                       "elements", offset, shape_string(size), shape_string(stride), storage.text,
-                       storage.shape[0]));
+      fail(fmt::format(
+          "tensor view (offset {}, size {}, stride {}) lies outside storage '{}' of {} "
+          "elements",
+          offset, shape_string(size), shape_string(stride), storage.text, storage.shape[0]));
     }
     auto v = make(Kind::kTensor);
     v->dtype = storage.dtype;
@@ -414,7 +492,8 @@ class Unpickler {
         const auto& pairs = *args.items[0];
         if (!pairs.is(Kind::kList) && !pairs.is(Kind::kTuple)) fail("OrderedDict of a non-list");
         for (const auto& pair : pairs.items) {
-          if (!pair->is(Kind::kTuple) || pair->items.size() != 2) fail("OrderedDict item not a pair");
+          if (!pair->is(Kind::kTuple) || pair->items.size() != 2)
+            fail("OrderedDict item not a pair");
           set_items(*dict, pair->items);
         }
       }
@@ -463,18 +542,30 @@ const PyValue* PyValue::find(const std::string& key) const {
 
 std::string PyValue::type_name() const {
   switch (kind) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kBytes: return "bytes";
-    case Kind::kTuple: return "tuple";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kTensor: return "tensor";
-    case Kind::kGlobal: return "global";
-    case Kind::kStorage: return "storage";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kBytes:
+      return "bytes";
+    case Kind::kTuple:
+      return "tuple";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kTensor:
+      return "tensor";
+    case Kind::kGlobal:
+      return "global";
+    case Kind::kStorage:
+      return "storage";
   }
   return "?";
 }
@@ -501,12 +592,18 @@ PyValue::~PyValue() {
 
 std::string PyValue::brief_at(int level) const {
   switch (kind) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return boolean ? "True" : "False";
-    case Kind::kInt: return std::to_string(integer);
-    case Kind::kFloat: return fmt::format("{}", real);
-    case Kind::kString: return "'" + text + "'";
-    case Kind::kBytes: return fmt::format("bytes({})", text.size());
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return boolean ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(integer);
+    case Kind::kFloat:
+      return fmt::format("{}", real);
+    case Kind::kString:
+      return "'" + text + "'";
+    case Kind::kBytes:
+      return fmt::format("bytes({})", text.size());
     case Kind::kTuple:
     case Kind::kList: {
       const bool tuple = kind == Kind::kTuple;
@@ -518,10 +615,14 @@ std::string PyValue::brief_at(int level) const {
       if (items.size() > 5) parts.push_back("...");
       return (tuple ? "(" : "[") + join(parts, ", ") + (tuple ? ")" : "]");
     }
-    case Kind::kDict: return fmt::format("dict({} entries)", entries.size());
-    case Kind::kTensor: return fmt::format("tensor({}, {})", c10::toString(dtype), shape_string(shape));
-    case Kind::kGlobal: return text;
-    case Kind::kStorage: return fmt::format("storage('{}')", text);
+    case Kind::kDict:
+      return fmt::format("dict({} entries)", entries.size());
+    case Kind::kTensor:
+      return fmt::format("tensor({}, {})", c10::toString(dtype), shape_string(shape));
+    case Kind::kGlobal:
+      return text;
+    case Kind::kStorage:
+      return fmt::format("storage('{}')", text);
   }
   return "?";
 }
@@ -555,8 +656,10 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
       auto [bytes, size] = archive->getRecord("byteorder");
       const std::string order(static_cast<const char*>(bytes.get()), size);
       if (order != "little") {
-        throw FormatError(fmt::format("{}: byteorder is '{}'; only little-endian checkpoints are "
-                                      "read (re-save it on a little-endian machine)", path, order));
+        throw FormatError(
+            fmt::format("{}: byteorder is '{}'; only little-endian checkpoints are "
+                        "read (re-save it on a little-endian machine)",
+                        path, order));
       }
     }
     auto [bytes, size] = archive->getRecord("data.pkl");

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <set>
 
-#include "curv/core/error.h"
 #include "core/splitmix.h"
+#include "curv/core/error.h"
 
 namespace curv {
 

@@ -27,8 +27,9 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
       source.path.empty() || std::filesystem::path(source.path).extension() == ".json";
   if (json) {
     if (source.path.empty() && recorded_config_json.empty()) {
-      throw InvalidArgument("no model: pass --model (a .json built-in config or a TorchScript "
-                            "file); the checkpoints' meta.json carries no \"model\" config");
+      throw InvalidArgument(
+          "no model: pass --model (a .json built-in config or a TorchScript "
+          "file); the checkpoints' meta.json carries no \"model\" config");
     }
     if (!source.structure_mapping.empty()) {
       throw InvalidArgument(fmt::format(

@@ -6,9 +6,9 @@
 
 #include <cmath>
 
+#include "core/fmt_torch.h"
 #include "curv/core/error.h"
 #include "curv/core/frequency_buckets.h"
-#include "core/fmt_torch.h"
 #include "models/architecture.h"
 
 namespace curv {
@@ -84,8 +84,10 @@ class MemoryObjective : public SingleMatrixObjective {
   MemoryObjective(const MemoryConfig& c, const ModelInit& init) : config_(c) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(c.embedding_seed);
     auto embeddings = [&] {
-      if (c.embeddings == "orthonormal") return random_orthogonal(c.dim, gen).narrow(0, 0, c.classes);
-      return at::normal(0.0, 1.0, {c.classes, c.dim}, gen, f64()) / std::sqrt(static_cast<double>(c.dim));
+      if (c.embeddings == "orthonormal")
+        return random_orthogonal(c.dim, gen).narrow(0, 0, c.classes);
+      return at::normal(0.0, 1.0, {c.classes, c.dim}, gen, f64()) /
+             std::sqrt(static_cast<double>(c.dim));
     };
     const c10::Device device(init.device);
     keys_ = embeddings().to(device, init.dtype);
@@ -145,45 +147,53 @@ int64_t QuadraticConfig::high_modes() const {
 
 void validate_quadratic(const QuadraticConfig& c) {
   if (c.rows <= 0 || c.cols <= 0) {
-    throw InvalidArgument(fmt::format("model config: quadratic rows = {}, cols = {} must be > 0",
-                                      c.rows, c.cols));
+    throw InvalidArgument(
+        fmt::format("model config: quadratic rows = {}, cols = {} must be > 0", c.rows, c.cols));
   }
   const double r = static_cast<double>(std::min(c.rows, c.cols));
   if (!(c.alpha > 0 && c.alpha <= 1) || std::abs(c.alpha * r - std::round(c.alpha * r)) > 1e-9) {
-    throw InvalidArgument(fmt::format("model config: quadratic alpha = {} must be in (0, 1] and "
-                                      "alpha·min(rows, cols) = {} a whole number of modes",
-                                      c.alpha, c.alpha * r));
+    throw InvalidArgument(
+        fmt::format("model config: quadratic alpha = {} must be in (0, 1] and "
+                    "alpha·min(rows, cols) = {} a whole number of modes",
+                    c.alpha, c.alpha * r));
   }
   if (!std::isfinite(c.w_high) || !std::isfinite(c.w_low)) {
-    throw InvalidArgument(fmt::format("model config: quadratic w_high = {}, w_low = {} must be finite",
-                                      c.w_high, c.w_low));
+    throw InvalidArgument(fmt::format(
+        "model config: quadratic w_high = {}, w_low = {} must be finite", c.w_high, c.w_low));
   }
   if (!std::isfinite(c.d_high) || !std::isfinite(c.d_low) || c.d_high == 0 || c.d_low == 0) {
-    throw InvalidArgument(fmt::format("model config: quadratic d_high = {}, d_low = {} must be "
-                                      "finite and non-zero", c.d_high, c.d_low));
+    throw InvalidArgument(
+        fmt::format("model config: quadratic d_high = {}, d_low = {} must be "
+                    "finite and non-zero",
+                    c.d_high, c.d_low));
   }
   if (c.basis != "random" && c.basis != "identity") {
-    throw InvalidArgument(fmt::format("model config: quadratic basis '{}': expected random or identity",
-                                      c.basis));
+    throw InvalidArgument(
+        fmt::format("model config: quadratic basis '{}': expected random or identity", c.basis));
   }
 }
 
 void validate_memory(const MemoryConfig& c) {
   if (c.classes < 2 || c.dim <= 0) {
-    throw InvalidArgument(fmt::format("model config: memory classes = {} must be >= 2 and dim = {} > 0",
-                                      c.classes, c.dim));
+    throw InvalidArgument(fmt::format(
+        "model config: memory classes = {} must be >= 2 and dim = {} > 0", c.classes, c.dim));
   }
   if (c.embeddings != "orthonormal" && c.embeddings != "gaussian") {
-    throw InvalidArgument(fmt::format("model config: memory embeddings '{}': expected orthonormal or "
-                                      "gaussian", c.embeddings));
+    throw InvalidArgument(
+        fmt::format("model config: memory embeddings '{}': expected orthonormal or "
+                    "gaussian",
+                    c.embeddings));
   }
   if (c.embeddings == "orthonormal" && c.dim < c.classes) {
-    throw InvalidArgument(fmt::format("model config: memory embeddings orthonormal need dim >= classes; "
-                                      "got dim = {}, classes = {} (use \"gaussian\")", c.dim, c.classes));
+    throw InvalidArgument(
+        fmt::format("model config: memory embeddings orthonormal need dim >= classes; "
+                    "got dim = {}, classes = {} (use \"gaussian\")",
+                    c.dim, c.classes));
   }
 }
 
-std::unique_ptr<Objective> make_quadratic_problem(const QuadraticConfig& config, const ModelInit& init) {
+std::unique_ptr<Objective> make_quadratic_problem(const QuadraticConfig& config,
+                                                  const ModelInit& init) {
   validate_quadratic(config);
   return std::make_unique<QuadraticObjective>(config, init);
 }
@@ -208,9 +218,10 @@ class QuadraticArchitecture : public TypedArchitecture<QuadraticConfig> {
   nlohmann::json to_json_object(const QuadraticConfig& c) const override { return c; }
   void validate_config(const QuadraticConfig& c) const override { validate_quadratic(c); }
   std::string describe_config(const QuadraticConfig& q) const override {
-    return fmt::format("quadratic(rows={}, cols={}, alpha={}, w_high={}, w_low={}, d_high={}, "
-                       "d_low={}, basis={}, basis_seed={})", q.rows, q.cols, q.alpha, q.w_high,
-                       q.w_low, q.d_high, q.d_low, q.basis, q.basis_seed);
+    return fmt::format(
+        "quadratic(rows={}, cols={}, alpha={}, w_high={}, w_low={}, d_high={}, "
+        "d_low={}, basis={}, basis_seed={})",
+        q.rows, q.cols, q.alpha, q.w_high, q.w_low, q.d_high, q.d_low, q.basis, q.basis_seed);
   }
   std::unique_ptr<Objective> build(const QuadraticConfig& c, const ModelInit& init) const override {
     return make_quadratic_problem(c, init);
@@ -316,8 +327,10 @@ double QuadraticProblem::gradient_step_nds() const {
 
 at::Tensor memory_class_probabilities(int64_t classes, double s) {
   if (classes < 1 || !(s >= 0) || !std::isfinite(s)) {
-    throw InvalidArgument(fmt::format("memory class frequencies: classes = {} must be >= 1 and "
-                                      "s = {} finite and >= 0", classes, s));
+    throw InvalidArgument(
+        fmt::format("memory class frequencies: classes = {} must be >= 1 and "
+                    "s = {} finite and >= 0",
+                    classes, s));
   }
   at::Tensor p = at::pow(at::arange(1, classes + 1, f64()), -s);
   return p / p.sum();
@@ -326,7 +339,8 @@ at::Tensor memory_class_probabilities(int64_t classes, double s) {
 Batch sample_memory_batch(int64_t classes, double s, int64_t n, uint64_t seed) {
   if (n < 1) throw InvalidArgument(fmt::format("memory batch: {} examples requested", n));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Tensor ids = at::multinomial(memory_class_probabilities(classes, s), n, true, gen).reshape({n, 1});
+  at::Tensor ids =
+      at::multinomial(memory_class_probabilities(classes, s), n, true, gen).reshape({n, 1});
   return Batch{ids, ids.clone()};
 }
 
@@ -337,8 +351,9 @@ Batch memory_all_classes(int64_t classes) {
 
 at::Tensor memory_class_buckets(int64_t classes, double s, double head_mass) {
   at::Tensor p = memory_class_probabilities(classes, s);
-  return head_tail_buckets(std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + classes),
-                           head_mass, "memory buckets");
+  return head_tail_buckets(
+      std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + classes), head_mass,
+      "memory buckets");
 }
 
 namespace {
@@ -347,8 +362,10 @@ at::Tensor checked_shares(const at::Tensor& freq, const char* what) {
   at::Tensor p = freq.to(at::kCPU, at::kDouble);
   if (p.dim() != 1 || p.size(0) < 2 || !(p.min().item<double>() > 0) ||
       std::abs(p.sum().item<double>() - 1) > 1e-9) {
-    throw InvalidArgument(fmt::format("{}: class shares must be a vector of >= 2 positive values "
-                                      "summing to 1; got shape {}", what, freq.sizes()));
+    throw InvalidArgument(
+        fmt::format("{}: class shares must be a vector of >= 2 positive values "
+                    "summing to 1; got shape {}",
+                    what, freq.sizes()));
   }
   return p;
 }

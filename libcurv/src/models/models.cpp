@@ -42,7 +42,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(fmt::format("{}: model config is not valid JSON: {}", origin, e.what()));
   }
-  if (!j.is_object()) throw FormatError(fmt::format("{}: model config must be a JSON object", origin));
+  if (!j.is_object())
+    throw FormatError(fmt::format("{}: model config must be a JSON object", origin));
   ModelConfig c;
   try {
     c.arch_ = j.value("arch", std::string("gpt"));
@@ -57,8 +58,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
     }
     c.config_ = architecture.parse(text, origin);
   } catch (const nlohmann::json::type_error& e) {
-    throw FormatError(fmt::format("{}: model config has a value of the wrong type: {}", origin,
-                                  e.what()));
+    throw FormatError(
+        fmt::format("{}: model config has a value of the wrong type: {}", origin, e.what()));
   }
   c.validate();
   return c;

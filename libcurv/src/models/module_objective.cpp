@@ -1,12 +1,10 @@
 // The one translation unit that needs torch::nn (and so <torch/torch.h>).
+#include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <fmt/format.h>
-
 #include "core/fmt_torch.h"
-
-#include "curv/core/error.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 #include "curv/core/objective.h"
 
 namespace curv {
@@ -16,7 +14,9 @@ class ModuleObjective : public Objective {
  public:
   ModuleObjective(std::shared_ptr<torch::nn::Module> module, ModuleLossFn loss_fn,
                   std::string description)
-      : module_(std::move(module)), loss_fn_(std::move(loss_fn)), description_(std::move(description)) {
+      : module_(std::move(module)),
+        loss_fn_(std::move(loss_fn)),
+        description_(std::move(description)) {
     std::vector<std::string> names;
     for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
       if (!item.value().requires_grad()) continue;

@@ -2,16 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-
-#include "core/fmt_torch.h"
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <filesystem>
 
-#include "curv/core/error.h"
+#include "core/fmt_torch.h"
 #include "core/strings.h"
+#include "curv/core/error.h"
 
 namespace curv {
 namespace {
@@ -28,7 +27,8 @@ class ScriptObjective : public Objective {
       params_.push_back(item.value);
     }
     if (params_.empty()) {
-      throw ModelError(fmt::format("{}: the TorchScript module has no trainable parameters", path_));
+      throw ModelError(
+          fmt::format("{}: the TorchScript module has no trainable parameters", path_));
     }
     space_ = ParamSpace(names, params_);
     // Loaded here so a bad mapping fails when the model is loaded, not mid-analysis.
@@ -50,8 +50,10 @@ class ScriptObjective : public Objective {
         if (targets.is_floating_point()) targets = targets.to(params_.front().scalar_type());
         auto out = module_.forward({inputs, targets}).toTensor();
         if (out.numel() != 1) {
-          throw ModelError(fmt::format("{}: forward(x, y) returned shape {}, expected the scalar "
-                                       "mean loss", path_, out.sizes()));
+          throw ModelError(
+              fmt::format("{}: forward(x, y) returned shape {}, expected the scalar "
+                          "mean loss",
+                          path_, out.sizes()));
         }
         return out.reshape({});
       }
@@ -62,10 +64,11 @@ class ScriptObjective : public Objective {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw ModelError(fmt::format("{}: forward failed on inputs of shape {} ({}) and targets of "
-                                   "shape {} ({}): {}", path_, inputs.sizes(),
-                                   inputs.scalar_type(), targets.sizes(), targets.scalar_type(),
-                                   brief_what(e)));
+      throw ModelError(
+          fmt::format("{}: forward failed on inputs of shape {} ({}) and targets of "
+                      "shape {} ({}): {}",
+                      path_, inputs.sizes(), inputs.scalar_type(), targets.sizes(),
+                      targets.scalar_type(), brief_what(e)));
     }
   }
 
@@ -94,11 +97,12 @@ std::unique_ptr<Objective> load_script_objective(const std::string& path,
   try {
     module = torch::jit::load(path, c10::Device(options.device));
   } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-    throw FormatError(fmt::format("model file '{}' is not a TorchScript archive (save it with "
-                                  "torch.jit.save(torch.jit.script(model), path)): {}",
-                                  path, brief_what(e)));
+    throw;
+  } catch (const std::exception& e) {
+    throw FormatError(
+        fmt::format("model file '{}' is not a TorchScript archive (save it with "
+                    "torch.jit.save(torch.jit.script(model), path)): {}",
+                    path, brief_what(e)));
   }
   module.eval();
   if (options.dtype != at::ScalarType::Undefined) module.to(options.dtype);
@@ -114,8 +118,10 @@ std::unique_ptr<Objective> load_script_objective(const std::string& path,
     } else if (arity == 1) {
       mode = ScriptMode::kLogits;
     } else {
-      throw ModelError(fmt::format("model file '{}': forward takes {} arguments; expected "
-                                   "forward(x, y) -> loss or forward(x) -> logits", path, arity));
+      throw ModelError(
+          fmt::format("model file '{}': forward takes {} arguments; expected "
+                      "forward(x, y) -> loss or forward(x) -> logits",
+                      path, arity));
     }
   }
   const size_t wanted = mode == ScriptMode::kLoss ? 2 : 1;

@@ -427,9 +427,10 @@ class MuonFamily : public Optimizer {
     structure.validate(space_);
     std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
     for (size_t i = 0; i < space_.size(); ++i) {
-      const bool muon = config_.muon_params.empty()
-                            ? structure.is_hidden_matrix(i, space_)
-                            : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
+      const bool muon =
+          config_.muon_params.empty()
+              ? structure.is_hidden_matrix(i, space_)
+              : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
       muon_.push_back(muon);
     }
   }

@@ -9,10 +9,13 @@
 namespace curv {
 
 void ScheduleOptions::validate() const {
-  if (total_steps <= 0) throw InvalidArgument(fmt::format("schedule: total_steps = {} must be > 0", total_steps));
-  if (warmup_steps < 0) throw InvalidArgument(fmt::format("schedule: warmup_steps = {} must be >= 0", warmup_steps));
+  if (total_steps <= 0)
+    throw InvalidArgument(fmt::format("schedule: total_steps = {} must be > 0", total_steps));
+  if (warmup_steps < 0)
+    throw InvalidArgument(fmt::format("schedule: warmup_steps = {} must be >= 0", warmup_steps));
   if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1)) {
-    throw InvalidArgument(fmt::format("schedule: min_lr_ratio = {} must be in [0, 1]", min_lr_ratio));
+    throw InvalidArgument(
+        fmt::format("schedule: min_lr_ratio = {} must be in [0, 1]", min_lr_ratio));
   }
 }
 

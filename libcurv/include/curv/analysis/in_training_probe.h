@@ -1,24 +1,24 @@
-// The in-training probe shared by curvtrain and custom trainers: it measures the step just taken (Taylor audit, NDS,
-// per-block breakdown) every N steps and appends it to a ProbeReport.
+// The in-training probe shared by curvtrain and custom trainers: it measures the step just taken
+// (Taylor audit, NDS, per-block breakdown) every N steps and appends it to a ProbeReport.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "curv/analysis/taylor.h"
 #include "curv/core/blocks.h"
 #include "curv/core/objective.h"
 #include "curv/core/probe_set.h"
-#include "curv/analysis/taylor.h"
 
 namespace curv {
 
 class ProbeReport;
 
 struct InTrainingProbeOptions {
-  int64_t every = 100;          // measure update t (0-based) when t % every == 0
+  int64_t every = 100;            // measure update t (0-based) when t % every == 0
   bool on_training_batch = true;  // direction "update": the batch the step was computed on
-  TaylorOptions taylor;         // coupling, realized change, multipliers
+  TaylorOptions taylor;           // coupling, realized change, multipliers
   void validate() const;
 };
 

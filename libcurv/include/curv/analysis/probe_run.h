@@ -31,16 +31,14 @@ struct CheckpointSpectrumOptions {
   bool eigenvalues = false;        // extreme eigenpairs of H (`eigen`)
   bool per_block = false;          // also eigenpairs and traces of each block's H_ll
   bool trace = false;              // trace of H (`trace_options`)
-  bool density = false;           // spectral density by SLQ (`density_options`)
+  bool density = false;            // spectral density by SLQ (`density_options`)
   bool precond_sharpness = false;  // λ_max of Adam's preconditioned H, from the saved state
   bool overlap = false;            // per direction: share of ‖u‖² in the top eigenspace
   EigenOptions eigen;              // eigen.top also sets the eigenspace of `overlap`
   TraceOptions trace_options;
   DensityOptions density_options;
 
-  bool any() const {
-    return eigenvalues || trace || density || precond_sharpness || overlap;
-  }
+  bool any() const { return eigenvalues || trace || density || precond_sharpness || overlap; }
   // The option structs of what is switched on; `overlap` needs eigen.top >= 1.
   void validate() const;
 };
@@ -70,7 +68,7 @@ struct ProbeRunOptions {
 
 // One run as the loop sees it: its name in the output and its checkpoints.
 struct ProbeRunSource {
-  std::string name;                    // the directory's name, made unique ("run", "run.2")
+  std::string name;  // the directory's name, made unique ("run", "run.2")
   std::string dir;
   std::vector<CheckpointInfo> all;     // every checkpoint (the delta goes to the next one)
   std::vector<CheckpointInfo> chosen;  // the selection to probe
@@ -102,9 +100,8 @@ class ProbeRun {
 
  private:
   void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
-                        CurvatureEngine& engine, const BlockPartition& blocks,
-                        ProbeReport& report, const ProgressCallback& progress, size_t& done,
-                        ProbeRunSummary& summary);
+                        CurvatureEngine& engine, const BlockPartition& blocks, ProbeReport& report,
+                        const ProgressCallback& progress, size_t& done, ProbeRunSummary& summary);
 
   ProbeRunOptions options_;
   std::vector<std::unique_ptr<Direction>> directions_;

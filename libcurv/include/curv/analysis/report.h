@@ -19,19 +19,19 @@ class Table;
 // Root attributes that identify a results file. Resuming requires the identifying ones (model,
 // dtype, probe_hash, blocks, seed) to match the file's.
 struct Provenance {
-  std::string tool;          // "ndsprobe", "curvtrain", or the embedding program
-  std::string version;       // libcurv version
+  std::string tool;     // "ndsprobe", "curvtrain", or the embedding program
+  std::string version;  // libcurv version
   std::string command_line;
-  std::string model;         // model description
-  std::string dtype;         // "float32" | "float64"
+  std::string model;  // model description
+  std::string dtype;  // "float32" | "float64"
   int64_t seed = 0;
   int64_t probe_examples = 0;
   int64_t probe_batches = 0;
   std::string probe_hash;
   int64_t threads = 0;
-  std::string runtime;       // LibTorch version and threads
-  std::string blocks;        // block rule, e.g. "layer"
-  std::string hvp_method;    // "exact" | "fd"
+  std::string runtime;                       // LibTorch version and threads
+  std::string blocks;                        // block rule, e.g. "layer"
+  std::string hvp_method;                    // "exact" | "fd"
   std::map<std::string, std::string> extra;  // free-form key/values written as attributes
 };
 

@@ -38,12 +38,12 @@ struct TaylorOptions {
 
 struct BlockTerms {
   std::string name;
-  double sq_norm = 0;          // ‖u_l‖²
-  double first_order = 0;      // g_l·u_l
-  double curvature = 0;        // C_ll = u_lᵀ H_ll u_l (NaN with CouplingMode::kNone)
-  double curvature_stderr = 0; // standard error of C_ll under kRandomized, else 0
-  double row_sum = 0;          // u_lᵀ (Hu)_l = Σ_m C_lm
-  double nds = 0;              // C_ll / ‖u_l‖² (NaN when u_l = 0 or C_ll unknown)
+  double sq_norm = 0;           // ‖u_l‖²
+  double first_order = 0;       // g_l·u_l
+  double curvature = 0;         // C_ll = u_lᵀ H_ll u_l (NaN with CouplingMode::kNone)
+  double curvature_stderr = 0;  // standard error of C_ll under kRandomized, else 0
+  double row_sum = 0;           // u_lᵀ (Hu)_l = Σ_m C_lm
+  double nds = 0;               // C_ll / ‖u_l‖² (NaN when u_l = 0 or C_ll unknown)
 };
 
 struct MultiplierTerms {
@@ -76,7 +76,7 @@ struct TaylorResult {
 
 // Runs the audit at the engine's current parameters. Throws InvalidArgument for a zero or
 // wrongly shaped u.
-TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
-                          const TaylorOptions& options = {});
+TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
+                          const BlockPartition& blocks, const TaylorOptions& options = {});
 
 }  // namespace curv

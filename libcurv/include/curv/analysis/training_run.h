@@ -72,9 +72,9 @@ struct TrainingRunOptions {
   int64_t probe_every = 0;
   std::string probe_output;
   std::string probe_on = "train";
-  std::string run_name;  // in the probe output; default: the optimizer's name
-  bool resume = false;   // continue from the last checkpoint in `out`, exactly
-  int64_t stop_at = 0;   // stop after this step (the schedule still spans total_steps); 0 = end
+  std::string run_name;   // in the probe output; default: the optimizer's name
+  bool resume = false;    // continue from the last checkpoint in `out`, exactly
+  int64_t stop_at = 0;    // stop after this step (the schedule still spans total_steps); 0 = end
   Provenance provenance;  // of the probe output: tool, command line, dtype, threads
 
   void validate() const;  // InvalidArgument naming the field and value
@@ -82,10 +82,10 @@ struct TrainingRunOptions {
 
 struct TrainingRunResult {
   std::string optimizer;
-  int64_t step = 0;         // the step it stopped at
+  int64_t step = 0;  // the step it stopped at
   int64_t total_steps = 0;
-  double train_loss = 0;    // running mean (EMA 0.9) of the training loss
-  Evaluation validation;    // at `step`
+  double train_loss = 0;      // running mean (EMA 0.9) of the training loss
+  Evaluation validation;      // at `step`
   std::string brief() const;  // "adamw, step 200 of 200: train loss …, validation loss … (…)"
 };
 

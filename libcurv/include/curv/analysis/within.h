@@ -48,10 +48,10 @@ struct ModeTerms {
 };
 
 struct GroupTerms {
-  std::string name;        // "q.head0", "k", "head3", "rows0" ...
-  double sq_norm = 0;      // ‖u_g‖²
-  double curvature = 0;    // u_gᵀ H u_g
-  double nds = 0;          // u_gᵀ H u_g / ‖u_g‖² (NaN when u_g = 0)
+  std::string name;      // "q.head0", "k", "head3", "rows0" ...
+  double sq_norm = 0;    // ‖u_g‖²
+  double curvature = 0;  // u_gᵀ H u_g
+  double nds = 0;        // u_gᵀ H u_g / ‖u_g‖² (NaN when u_g = 0)
 };
 
 struct WithinParam {

@@ -65,8 +65,8 @@ class CurvatureEngine {
   // Moves the model to θ: copies values in and drops every cached quantity.
   void set_parameters(const ParamVector& theta);
 
-  double loss();                   // L(θ), cached until the parameters change
-  const ParamVector& gradient();   // ∇L(θ), cached likewise
+  double loss();                         // L(θ), cached until the parameters change
+  const ParamVector& gradient();         // ∇L(θ), cached likewise
   double loss_at(const ParamVector& u);  // L(θ + u) on the same probe set; θ is restored exactly
 
   ParamVector hvp(const ParamVector& v);  // H v by options().hvp_method

@@ -50,9 +50,9 @@ double norm(const ParamVector& a);
 // Dot product restricted to the parameters listed in `indices`.
 double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices);
 void axpy(double alpha, const ParamVector& x, ParamVector& y);  // y += alpha * x (in place)
-ParamVector scaled(const ParamVector& x, double alpha);        // alpha * x (new tensors)
-ParamVector add(const ParamVector& a, const ParamVector& b);   // a + b (new tensors)
-ParamVector sub(const ParamVector& a, const ParamVector& b);   // a - b (new tensors)
+ParamVector scaled(const ParamVector& x, double alpha);         // alpha * x (new tensors)
+ParamVector add(const ParamVector& a, const ParamVector& b);    // a + b (new tensors)
+ParamVector sub(const ParamVector& a, const ParamVector& b);    // a - b (new tensors)
 ParamVector zeros_like(const ParamVector& x);
 ParamVector clone(const ParamVector& x);  // detached copies
 ParamVector detached(const ParamVector& x);

@@ -10,7 +10,6 @@ namespace curv {
 
 // Called after each unit of work: `done` of `total` units are finished, `label` names the last
 // one (e.g. "adamw step 200 delta"). An empty callback is allowed and does nothing.
-using ProgressCallback =
-    std::function<void(size_t done, size_t total, const std::string& label)>;
+using ProgressCallback = std::function<void(size_t done, size_t total, const std::string& label)>;
 
 }  // namespace curv

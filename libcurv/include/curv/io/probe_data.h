@@ -10,8 +10,8 @@
 namespace curv {
 
 struct ProbeDataOptions {
-  int64_t batch_size = 32;  // examples per batch; the last batch may be smaller
-  int64_t max_examples = 0; // use the first N examples (0 = all)
+  int64_t batch_size = 32;   // examples per batch; the last batch may be smaller
+  int64_t max_examples = 0;  // use the first N examples (0 = all)
   void validate() const;
 };
 

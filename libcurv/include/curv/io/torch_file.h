@@ -15,8 +15,20 @@ namespace curv {
 // One value of an unpickled object tree. Lists, tuples and dicts hold shared references, so two
 // keys that pickled the same object (a tied weight) refer to one PyValue.
 struct PyValue {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kTensor,
-                    kGlobal, kStorage };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kBytes,
+    kTuple,
+    kList,
+    kDict,
+    kTensor,
+    kGlobal,
+    kStorage
+  };
   using Ref = std::shared_ptr<PyValue>;
 
   PyValue() = default;
@@ -29,9 +41,9 @@ struct PyValue {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;                           // string, bytes, "module.name" of a global
-  std::vector<Ref> items;                     // tuple, list
-  std::vector<std::pair<Ref, Ref>> entries;   // dict, in insertion order
+  std::string text;                          // string, bytes, "module.name" of a global
+  std::vector<Ref> items;                    // tuple, list
+  std::vector<std::pair<Ref, Ref>> entries;  // dict, in insertion order
   // Tensor: a contiguous CPU copy. Storage: its elements as a flat tensor. Undefined when the file
   // was read without tensors (then `shape` still holds the tensor's size).
   at::Tensor tensor;

@@ -19,7 +19,7 @@ struct ModelSource {
   // parameters' roles and head counts; empty: the name rules. Built-in architectures know their
   // structure, so a mapping with one is an InvalidArgument.
   std::string structure_mapping;
-  ModelInit init;                              // seed, dtype and device
+  ModelInit init;  // seed, dtype and device
 };
 ScriptMode parse_script_mode(const std::string& text);  // "auto" | "loss" | "logits"
 at::ScalarType parse_dtype(const std::string& text);    // "float32" | "float64"

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "curv/models/models.h"
 #include "curv/core/objective.h"
+#include "curv/models/models.h"
 
 namespace curv {
 

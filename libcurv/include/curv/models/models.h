@@ -41,14 +41,14 @@ struct MlpConfig {
 struct QuadraticConfig {
   int64_t rows = 32;
   int64_t cols = 32;
-  double alpha = 0.25;    // fraction of the min(rows, cols) diagonal modes with curvature w_high
+  double alpha = 0.25;  // fraction of the min(rows, cols) diagonal modes with curvature w_high
   double w_high = 10.0;
   double w_low = 1.0;
-  double d_high = 1.0;    // initial singular values on the high- and low-curvature modes
+  double d_high = 1.0;  // initial singular values on the high- and low-curvature modes
   double d_low = 1.0;
   std::string basis = "random";  // random | identity
   uint64_t basis_seed = 0;
-  int64_t high_modes() const;    // k
+  int64_t high_modes() const;  // k
 };
 
 // The one-layer linear associative memory with softmax retrieval: class c's key e_in(c) is
