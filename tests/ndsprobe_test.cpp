@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "curv/analysis/probe_run.h"
 #include "curv/core/engine.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
@@ -279,4 +280,57 @@ TEST_CASE("a killed ndsprobe run leaves a readable file or none", "[ndsprobe]") 
     ++readable;
   }
   INFO("files written before the kill: " << readable);
+}
+
+TEST_CASE("a custom driver running ProbeRun on its own engine writes ndsprobe's /taylor",
+          "[ndsprobe]") {
+  Fixture f;
+  const std::string tool_out = f.dir.file("tool.h5");
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --within --directions delta,gradient --quiet -o " + tool_out);
+
+  ProbeRunOptions options;
+  options.runs = {f.run};
+  options.directions = {"delta", "gradient"};
+  options.within = true;
+  ProbeRun run(options);
+  REQUIRE(run.runs().size() == 1);
+  CHECK(run.units() == 8);  // four checkpoints × two directions
+  auto model = make_model(tiny_gpt_config(), ModelInit{9, at::kDouble});
+  ProbeDataSource data;
+  data.path = f.data;
+  CurvatureEngine engine(*model, data.load());
+  const BlockPartition blocks = BlockOptions{}.partition(model->space(), model->structure());
+  const std::string lib_out = f.dir.file("library.h5");
+  Provenance provenance = make_provenance("custom driver", "", "float64", 0, 0);
+  provenance.model = model->describe();
+  ProbeReport report(lib_out, provenance, /*resume=*/false);
+  std::vector<std::string> labels;
+  const ProbeRunSummary summary =
+      run.execute(engine, blocks, report, [&](size_t done, size_t total, const std::string& label) {
+        CHECK(total == 8);
+        CHECK(done == labels.size() + 1);
+        labels.push_back(label);
+      });
+  CHECK(labels.size() == 8);
+  CHECK(summary.skipped == 0);
+
+  const Table tool = H5Reader(tool_out).table("/taylor");
+  const Table library = H5Reader(lib_out).table("/taylor");
+  REQUIRE(library.num_rows() == tool.num_rows());
+  REQUIRE(library.num_rows() > 0);
+  CHECK(library.strings("direction") == tool.strings("direction"));
+  CHECK(library.strings("block") == tool.strings("block"));
+  for (const std::string column : {"curvature", "nds", "first_order", "predicted", "realized"}) {
+    const auto& a = library.doubles(column);
+    const auto& b = tool.doubles(column);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(column << " row " << i);
+      if (std::isnan(b[i])) {
+        CHECK(std::isnan(a[i]));
+      } else {
+        CHECK(a[i] == Approx(b[i]).epsilon(1e-10).margin(1e-300));
+      }
+    }
+  }
 }
