@@ -113,6 +113,13 @@ TEST_CASE("save_checkpoint, list, load and parameters_from round-trip a model", 
   }
   CHECK(parameters_from(ckpt, space, {})[0].scalar_type() == at::kFloat);
 
+  // Model only: the same parameters and metadata, no optimizer state.
+  const auto model_only = load_checkpoint(infos[1], CheckpointParts::kModelOnly);
+  CHECK(model_only.optimizer.empty());
+  CHECK(model_only.step_count() == std::optional<int64_t>(40));
+  const auto loaded_only = parameters_from(model_only, space, like);
+  for (size_t i = 0; i < space.size(); ++i) CHECK(at::equal(loaded_only[i], loaded[i]));
+
   // Without optimizer.safetensors and meta.json content: empty state, defaults.
   const auto bare = load_checkpoint(infos[0]);
   CHECK(bare.optimizer.empty());

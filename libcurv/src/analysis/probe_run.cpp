@@ -336,7 +336,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     return;
   }
   const ParamSpace& space = engine.space();
-  Checkpoint ckpt = load_checkpoint(info);
+  // Adam-type state is twice the parameters: read it only when something here uses it.
+  bool needs_state = o.spectrum.precond_sharpness;
+  for (const auto& d : directions_) needs_state = needs_state || d->reads_saved_state();
+  Checkpoint ckpt =
+      load_checkpoint(info, needs_state ? CheckpointParts::kAll : CheckpointParts::kModelOnly);
   resolve_optimizer_state(ckpt, space, o.param_order);
   const SavedOptimizer saved = saved_optimizer(ckpt);
   DirectionContext context;
@@ -348,11 +352,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   for (const auto& b : blocks.blocks()) context.blocks.push_back(b.params);
   const ParamVector like = engine.objective().parameters();
   context.theta = parameters_from(ckpt, space, like, o.allow_extra);
+  ckpt.model.clear();  // θ holds the parameters now; the tensors as stored are not read again
   engine.set_parameters(context.theta);
   // The delta goes to the next saved checkpoint, whatever the selection's stride.
   for (size_t k = 0; k + 1 < run.all.size(); ++k) {
     if (run.all[k].step == info.step) {
-      Checkpoint next = load_checkpoint(run.all[k + 1]);
+      // Only its parameters: the successor's optimizer state plays no part here.
+      Checkpoint next = load_checkpoint(run.all[k + 1], CheckpointParts::kModelOnly);
       context.theta_next = parameters_from(next, space, like, o.allow_extra);
       break;
     }
@@ -437,7 +443,8 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   ProbeRun run(std::move(run_options));  // lists and checks every run's checkpoints
   check_writable(job.output);
 
-  const Checkpoint first = load_checkpoint(run.runs().front().chosen.front());
+  const Checkpoint first =
+      load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
   LoadedModel model = load_model(job.model, first.model_config_json());
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();

@@ -15,6 +15,7 @@ namespace {
 class DeltaDirection : public Direction {
  public:
   std::string name() const override { return "delta"; }
+  bool reads_saved_state() const override { return false; }
   std::string unavailable(const DirectionContext& c) const override {
     return c.theta_next.empty() ? "no next checkpoint to take a delta to" : "";
   }
@@ -24,6 +25,7 @@ class DeltaDirection : public Direction {
 class GradientDirection : public Direction {
  public:
   std::string name() const override { return "gradient"; }
+  bool reads_saved_state() const override { return false; }
   ParamVector compute(DirectionContext& c) override { return scaled(c.engine->gradient(), -1.0); }
 };
 
@@ -31,6 +33,7 @@ class RandomDirection : public Direction {
  public:
   explicit RandomDirection(std::vector<std::vector<size_t>> blocks) : blocks_(std::move(blocks)) {}
   std::string name() const override { return "random"; }
+  bool reads_saved_state() const override { return false; }
   ParamVector compute(DirectionContext& c) override {
     const ParamVector reference =
         c.theta_next.empty() ? scaled(c.engine->gradient(), -1.0) : sub(c.theta_next, c.theta);

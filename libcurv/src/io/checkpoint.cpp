@@ -406,9 +406,16 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
   return saved;
 }
 
-Checkpoint load_checkpoint(const CheckpointInfo& info) {
+Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
   // The PyTorch layouts build their meta from the file's records and parse it there, once.
-  if (info.layout != CheckpointLayout::kNative) return load_torch_checkpoint(info);
+  if (info.layout != CheckpointLayout::kNative) {
+    Checkpoint ckpt = load_torch_checkpoint(info);
+    if (parts == CheckpointParts::kModelOnly) {
+      ckpt.optimizer.clear();
+      ckpt.indexed_optimizer.reset();
+    }
+    return ckpt;
+  }
   Checkpoint ckpt;
   ckpt.step = info.step;
   ckpt.path = info.path;
@@ -417,7 +424,9 @@ Checkpoint load_checkpoint(const CheckpointInfo& info) {
   ckpt.meta_file = file_in(info.path, kMetaFile);
   ckpt.model = SafetensorsReader(ckpt.model_file).tensors();
   const std::string optimizer_path = ckpt.optimizer_file;
-  if (fs::exists(optimizer_path)) ckpt.optimizer = SafetensorsReader(optimizer_path).tensors();
+  if (parts == CheckpointParts::kAll && fs::exists(optimizer_path)) {
+    ckpt.optimizer = SafetensorsReader(optimizer_path).tensors();
+  }
   const std::string meta_path = ckpt.meta_file;
   if (fs::exists(meta_path)) {
     ckpt.meta = parse_checkpoint_meta(read_text(meta_path), meta_path);

@@ -46,6 +46,10 @@ class Direction {
   virtual std::string unavailable(const DirectionContext&) const { return ""; }
   // The displacement u (θ_t + u is where the step lands).
   virtual ParamVector compute(DirectionContext& context) = 0;
+  // Whether compute() or unavailable() reads context.saved: a loop that runs only directions
+  // that do not skips loading the checkpoint's optimizer state. True unless a direction says
+  // otherwise, so that a registered direction is never starved of it.
+  virtual bool reads_saved_state() const { return true; }
 };
 
 // Builds a direction from its spec ("adamw", "muon.whatif:match=1"): what a family registers.

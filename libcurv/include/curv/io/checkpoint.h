@@ -124,7 +124,11 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt);
 // "optimizer.step_count", "model"), or a "step" that differs from the folder's N.
 // The PyTorch layouts are read with load_torch_file's allow-list, so a checkpoint never runs code;
 // FormatError names the file and key of anything malformed.
-Checkpoint load_checkpoint(const CheckpointInfo& info);
+// kModelOnly leaves `optimizer` empty (Adam's state is twice the parameters): the native layout
+// does not read optimizer.safetensors, the PyTorch layouts drop the state after reading.
+enum class CheckpointParts { kAll, kModelOnly };
+Checkpoint load_checkpoint(const CheckpointInfo& info,
+                           CheckpointParts parts = CheckpointParts::kAll);
 
 // Names a torch optimizer's index-keyed state after the model's parameters: fills
 // `ckpt.optimizer` ("<param>.<key>") and meta's optimizer.param_groups and param_order, and clears

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# ndsprobe against the same audit in plain Python torch, side by side in one invocation.
+#
+# Trains a nanoGPT-shaped built-in GPT for a few steps (curvtrain; the built-in GPT is nanoGPT's
+# model), then runs ndsprobe --directions delta (layer blocks, full coupling, realized change)
+# and bench/python/plain_torch_audit.py on the same checkpoints and probe set, one after the
+# other, with the same threads and each in its default environment; checks that their numbers
+# agree and prints wall time, peak RSS and page faults of each, with the ratios, as Markdown.
+#
+# usage: bench/audit_vs_python.sh [BUILD_DIR] [WORK_DIR]
+#   BEFORE=/path/to/other/ndsprobe  also runs that binary (e.g. a build of an older commit)
+#   THREADS (2), LAYERS (6), WIDTH (256), HEADS (8), CONTEXT (128), VOCAB (1024),
+#   PROBE (64 sequences), BATCH (16), DTYPE (float32) size the run.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-$here/../build}" && pwd)
+work=${2:-/tmp/curv_audit_bench}
+threads=${THREADS:-2}
+layers=${LAYERS:-6} width=${WIDTH:-256} heads=${HEADS:-8} context=${CONTEXT:-128}
+vocab=${VOCAB:-1024} probe=${PROBE:-64} batch=${BATCH:-16} dtype=${DTYPE:-float32}
+python=/usr/bin/python3
+mkdir -p "$work"
+
+cat > "$work/model.json" <<EOF
+{"arch": "gpt", "vocab_size": $vocab, "block_size": $context, "n_layer": $layers,
+ "n_head": $heads, "n_embd": $width, "bias": true, "tied": true}
+EOF
+run="$work/run"
+if [ ! -f "$run/step_20/model.safetensors" ]; then
+  rm -rf "$run"
+  "$build/tools/curvtrain/curvtrain" --model "$work/model.json" -o "$run" --steps 20 \
+    --save-every 10 --eval-every 20 --eval-sequences 16 --batch-size 8 --warmup 2 \
+    --optimizer adamw:lr=3e-3 --probe-sequences "$probe" --train-tokens 262144 \
+    --dtype "$dtype" --threads "$threads" --quiet > "$work/curvtrain.log"
+fi
+
+# Runs a command under /usr/bin/time -v; prints "seconds rss_kib minor_faults".
+measure() {
+  local log=$1
+  shift
+  /usr/bin/time -v "$@" > "$log.out" 2> "$log.time"
+  awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0;
+                for (i = 1; i <= n; i++) s = s * 60 + t[i]; wall = s}
+              /Maximum resident set size/ {rss = $2}
+              /Minor \(reclaiming a frame\) page faults/ {faults = $2}
+              END {print wall, rss, faults}' "$log.time"
+}
+
+probe_args=("$run" --data "$run/probe.safetensors" --directions delta --batch-size "$batch"
+            --dtype "$dtype" --threads "$threads" --quiet)
+read -r ours_s ours_rss ours_faults < <(measure "$work/ndsprobe" \
+  "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" -o "$work/ndsprobe.h5")
+read -r py_s py_rss py_faults < <(measure "$work/python" \
+  $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
+  --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python.json")
+before=""
+if [ -n "${BEFORE:-}" ]; then
+  read -r before_s before_rss before_faults < <(measure "$work/before" \
+    "$BEFORE" "${probe_args[@]}" -o "$work/before.h5")
+  before="$before_s $before_rss $before_faults"
+fi
+
+$python - "$work" "$ours_s $ours_rss $ours_faults" "$py_s $py_rss $py_faults" "$before" \
+  "$threads" "$dtype" <<'EOF'
+import json, sys
+import h5py
+work, ours, py, before, threads, dtype = sys.argv[1:7]
+ref = json.load(open(f"{work}/python.json"))
+t = h5py.File(f"{work}/ndsprobe.h5")["taylor"]
+dec = lambda xs: [x.decode() if isinstance(x, bytes) else x for x in xs]
+rows = {(int(s), b): i for i, (s, b) in enumerate(zip(t["step"][:], dec(t["block"][:])))}
+worst = 0.0
+for c in ref["checkpoints"]:
+    i = rows[(c["step"], "total")]
+    for key in ("loss", "first_order", "curvature", "realized"):
+        ours_v, ref_v = float(t[key][i]), c[key]
+        worst = max(worst, abs(ours_v - ref_v) / max(abs(ref_v), 1e-30))
+    for block, value in c["blocks"].items():
+        ours_v = float(t["curvature"][rows[(c["step"], block)]])
+        worst = max(worst, abs(ours_v - value) / max(abs(c["curvature"]), 1e-30))
+tol = 1e-4 if dtype == "float32" else 1e-9
+print(f"Numbers agree: worst relative difference {worst:.2e} (tolerance {tol:g}; block "
+      f"curvatures relative to the total)")
+if worst > tol:
+    sys.exit("ndsprobe and the Python audit disagree")
+print()
+print("| program | wall time (s) | peak RSS (GiB) | minor page faults | time vs Python | RSS vs Python |")
+print("|---|---|---|---|---|---|")
+ps, prss, _ = (float(x) for x in py.split())
+entries = [("ndsprobe", ours)] + ([("ndsprobe before", before)] if before else []) + \
+          [("plain Python torch", py)]
+for name, values in entries:
+    s, rss, faults = (float(x) for x in values.split())
+    print(f"| {name} | {s:.1f} | {rss / 2**20:.2f} | {faults / 1e6:.2f}M | {s / ps:.2f}x | "
+          f"{rss / prss:.2f}x |")
+print()
+print(f"{threads} threads, {dtype}; Python's own timer: {ref['seconds']:.1f} s")
+EOF

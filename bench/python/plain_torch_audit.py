@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""The Taylor audit of ndsprobe's `--directions delta` (layer blocks, full coupling, realized
+change), written the plain way in Python torch: the yardstick of bench/audit_vs_python.sh.
+
+For each saved checkpoint θ_k with a successor, u = θ_{k+1} − θ_k. Each probe batch's
+create_graph gradient is kept; the HVP of each block's part of u is one second backward per
+batch through all the gradient outputs, with u zero-padded outside the block (how a torch user
+writes H v); the coupling matrix C[l, m] = u_lᵀ (H u_m)_l and the realized change
+L(θ + u) − L(θ) follow. The model is nanoGPT's GPT (the built-in GPT of libcurv is the same
+function), read from the checkpoints' model.safetensors and meta.json.
+
+Writes a JSON file: per checkpoint the loss, g·u, uᵀHu, the block curvatures and the realized
+change, plus the seconds spent.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
+          "U16": np.uint16, "F16": np.float16}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        array = np.frombuffer(data[begin:end], dtype=DTYPES[entry["dtype"]])
+        out[name] = torch.from_numpy(array.reshape(entry["shape"]).copy())
+    return out
+
+
+def gpt_loss(p, cfg, x, y):
+    B, T = x.shape
+    C, H = cfg["n_embd"], cfg["n_head"]
+    bias = cfg.get("bias", True)
+
+    def lin(h, name):
+        return F.linear(h, p[name + ".weight"], p[name + ".bias"] if bias else None)
+
+    def ln(h, name):
+        return F.layer_norm(h, (C,), p[name + ".weight"], p[name + ".bias"] if bias else None,
+                            1e-5)
+
+    h = F.embedding(x, p["transformer.wte.weight"]) + \
+        F.embedding(torch.arange(T), p["transformer.wpe.weight"])
+    mask = torch.full((T, T), -math.inf, dtype=h.dtype).triu(1)
+    for layer in range(cfg["n_layer"]):
+        pre = f"transformer.h.{layer}."
+        q, k, v = lin(ln(h, pre + "ln_1"), pre + "attn.c_attn").split(C, -1)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(C // H) + mask, -1)
+        y_att = (att @ v).transpose(1, 2).reshape(B, T, C)
+        h = h + lin(y_att, pre + "attn.c_proj")
+        h = h + lin(F.gelu(lin(ln(h, pre + "ln_2"), pre + "mlp.c_fc")), pre + "mlp.c_proj")
+    h = ln(h, "transformer.ln_f")
+    head = p["transformer.wte.weight"] if cfg.get("tied", True) else p["lm_head.weight"]
+    logits = F.linear(h, head)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+def layer_block(name):
+    # libcurv's layer rule: the first numeric path component names the layer.
+    m = re.match(r"^(.*?\.\d+)(\.|$)", name)
+    if m:
+        return m.group(1)
+    return "embeddings" if re.search(r"(^|\.)(wte|wpe|embed)", name) else "head"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    dtype = torch.float32 if a.dtype == "float32" else torch.float64
+    start = time.perf_counter()
+
+    steps = sorted(int(d[5:]) for d in os.listdir(a.run) if re.fullmatch(r"step_\d+", d))
+    with open(os.path.join(a.run, f"step_{steps[0]}", "meta.json")) as f:
+        cfg = json.load(f)["model"]
+    probe = read_safetensors(a.data)
+    xs, ys = probe["inputs"].long(), probe["targets"].long()
+    batches = [(xs[i:i + a.batch_size], ys[i:i + a.batch_size])
+               for i in range(0, xs.shape[0], a.batch_size)]
+    weights = [b[0].shape[0] / xs.shape[0] for b in batches]
+
+    def load(step):
+        t = read_safetensors(os.path.join(a.run, f"step_{step}", "model.safetensors"))
+        return {k: v.to(dtype) for k, v in t.items()}
+
+    results = []
+    for k in range(len(steps) - 1):
+        theta, nxt = load(steps[k]), load(steps[k + 1])
+        names = list(theta.keys())
+        params = [theta[n].clone().requires_grad_(True) for n in names]
+        p = dict(zip(names, params))
+        u = [nxt[n] - theta[n] for n in names]
+        blocks = {}
+        for i, n in enumerate(names):
+            blocks.setdefault(layer_block(n), []).append(i)
+        block_names = list(blocks)
+
+        loss, grad, kept = 0.0, [torch.zeros_like(t) for t in params], []
+        for (x, y), w in zip(batches, weights):
+            lb = gpt_loss(p, cfg, x, y)
+            g = torch.autograd.grad(lb, params, create_graph=True)
+            kept.append(g)
+            loss += w * lb.item()
+            for acc, gi in zip(grad, g):
+                acc.add_(gi.detach(), alpha=w)
+        first_order = sum(float((g.double() * ui.double()).sum()) for g, ui in zip(grad, u))
+
+        L = len(block_names)
+        coupling = np.zeros((L, L))
+        for m, bm in enumerate(block_names):
+            v = [u[i] if i in blocks[bm] else torch.zeros_like(u[i]) for i in range(len(u))]
+            hv = [torch.zeros_like(t) for t in params]
+            for g, w in zip(kept, weights):
+                parts = torch.autograd.grad(g, params, grad_outputs=v, retain_graph=True)
+                for acc, h in zip(hv, parts):
+                    acc.add_(h, alpha=w)
+            for l, bl in enumerate(block_names):
+                coupling[l, m] = sum(float((u[i].double() * hv[i].double()).sum())
+                                     for i in blocks[bl])
+        del kept
+
+        with torch.no_grad():
+            shifted = {n: theta[n] + ui for n, ui in zip(names, u)}
+            loss_after = sum(w * gpt_loss(shifted, cfg, x, y).item()
+                             for (x, y), w in zip(batches, weights))
+        results.append({
+            "step": steps[k], "loss": loss, "first_order": first_order,
+            "curvature": float(coupling.sum()),
+            "blocks": dict(zip(block_names, np.diag(coupling).tolist())),
+            "realized": loss_after - loss,
+        })
+
+    with open(a.out, "w") as f:
+        json.dump({"seconds": time.perf_counter() - start, "checkpoints": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
