@@ -334,3 +334,23 @@ TEST_CASE("a custom driver running ProbeRun on its own engine writes ndsprobe's 
     }
   }
 }
+
+TEST_CASE("ndsprobe reads optimizer state only for directions that use it", "[ndsprobe]") {
+  Fixture f;
+  // Damage one checkpoint's optimizer state: delta and gradient never read it, adamw must.
+  std::ofstream(f.run + "/step_10/optimizer.safetensors", std::ios::binary) << "not safetensors";
+  const std::string out = f.dir.file("out.h5");
+  int rc = 0;
+  const std::string text = f.ndsprobe(
+      f.run + " --data " + f.data + " --directions delta,gradient --quiet -o " + out, &rc);
+  INFO(text);
+  CHECK(rc == 0);
+  H5Reader reader(out);
+  CHECK(reader.attribute_double("/runs/run_a/step_10/delta", "update_norm") > 0);
+  const std::string failed =
+      f.ndsprobe(f.run + " --data " + f.data +
+                     " --steps 10:10 --directions adamw.whatif --quiet -o " + f.dir.file("x.h5"),
+                 &rc);
+  CHECK(rc != 0);
+  CHECK_THAT(failed, Catch::Matchers::Contains("step_10/optimizer.safetensors"));
+}

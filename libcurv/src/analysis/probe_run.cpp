@@ -337,12 +337,21 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   }
   const ParamSpace& space = engine.space();
   // Adam-type state is twice the parameters: read it only when something here uses it.
-  bool needs_state = o.spectrum.precond_sharpness;
-  for (const auto& d : directions_) needs_state = needs_state || d->reads_saved_state();
+  // The last direction that reads it releases it. Likewise the next checkpoint.
+  bool needs_state = o.spectrum.precond_sharpness, needs_next = false;
+  size_t last_state_reader = directions_.size();
+  for (size_t k = 0; k < directions_.size(); ++k) {
+    if (report.done(run.name, info.step, directions_[k]->name())) continue;
+    if (directions_[k]->reads_saved_state()) {
+      needs_state = true;
+      last_state_reader = k;
+    }
+    needs_next = needs_next || directions_[k]->reads_next_checkpoint();
+  }
   Checkpoint ckpt =
       load_checkpoint(info, needs_state ? CheckpointParts::kAll : CheckpointParts::kModelOnly);
   resolve_optimizer_state(ckpt, space, o.param_order);
-  const SavedOptimizer saved = saved_optimizer(ckpt);
+  SavedOptimizer saved = saved_optimizer(ckpt);
   DirectionContext context;
   context.engine = &engine;
   context.saved = &saved;
@@ -351,11 +360,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   context.whatif_fallback = o.whatif_fallback;
   for (const auto& b : blocks.blocks()) context.blocks.push_back(b.params);
   const ParamVector like = engine.objective().parameters();
-  context.theta = parameters_from(ckpt, space, like, o.allow_extra);
-  ckpt.model.clear();  // θ holds the parameters now; the tensors as stored are not read again
-  engine.set_parameters(context.theta);
+  engine.set_parameters(parameters_from(ckpt, space, like, o.allow_extra));
+  ckpt.model.clear();
+  // θ is the engine's own parameters (views, no copy): nothing here writes to them, and the
+  // engine's excursions to θ + u restore them exactly.
+  context.theta = detached(engine.objective().parameters());
   // The delta goes to the next saved checkpoint, whatever the selection's stride.
-  for (size_t k = 0; k + 1 < run.all.size(); ++k) {
+  for (size_t k = 0; needs_next && k + 1 < run.all.size(); ++k) {
     if (run.all[k].step == info.step) {
       // Only its parameters: the successor's optimizer state plays no part here.
       Checkpoint next = load_checkpoint(run.all[k + 1], CheckpointParts::kModelOnly);
@@ -381,7 +392,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     report_progress(progress, ++done, total,
                     fmt::format("{} step {} spectrum", run.name, info.step));
   }
-  for (const auto& d : directions_) {
+  // Once the last direction that reads the optimizer state has its u, the audits run without it.
+  auto release_state = [&] {
+    saved.tensors.clear();
+    ckpt.optimizer.clear();
+  };
+  for (size_t k = 0; k < directions_.size(); ++k) {
+    const auto& d = directions_[k];
     const std::string label = fmt::format("{} step {} {}", run.name, info.step, d->name());
     if (report.done(run.name, info.step, d->name())) {
       ++summary.skipped;
@@ -390,11 +407,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     }
     const std::string why = d->unavailable(context);
     if (!why.empty()) {
+      if (k == last_state_reader) release_state();
       report.add_status(run.name, info.step, d->name(), "unavailable", why);
     } else {
       context.note.clear();
       context.partition.clear();
       ParamVector u = d->compute(context);
+      if (k == last_state_reader) release_state();
       TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
       if (o.within) {
         WithinReport within = within_block(engine, u, within_options);

@@ -26,6 +26,7 @@ class GradientDirection : public Direction {
  public:
   std::string name() const override { return "gradient"; }
   bool reads_saved_state() const override { return false; }
+  bool reads_next_checkpoint() const override { return false; }
   ParamVector compute(DirectionContext& c) override { return scaled(c.engine->gradient(), -1.0); }
 };
 

@@ -65,6 +65,27 @@ ParamVector fill_undefined(ParamVector grads, const ParamVector& params) {
   return grads;
 }
 
+// Adds w·t to the accumulator `acc`, where t is a fresh result that the caller may give away.
+// The first term becomes the accumulator itself (scaled in place when nothing else holds t), so a
+// sum over batches holds one parameter-sized buffer beside the current term, and a single batch
+// none; 0 + w·t rounds as w·t, so the sum is the same to the bit.
+void accumulate(at::Tensor& acc, at::Tensor t, double w) {
+  if (acc.defined()) {
+    acc.add_(t, w);
+  } else if (t.use_count() == 1 && t.storage().use_count() == 1) {
+    acc = w == 1.0 ? std::move(t) : t.mul_(w);
+  } else {
+    acc = t * w;
+  }
+}
+
+// Parameters no batch's term reached get zeros.
+void fill_zeros(ParamVector& acc, const ParamVector& params) {
+  for (size_t i = 0; i < acc.size(); ++i) {
+    if (!acc[i].defined()) acc[i] = at::zeros_like(params[i], at::MemoryFormat::Contiguous);
+  }
+}
+
 double machine_epsilon(at::ScalarType dtype) {
   switch (dtype) {
     case at::kDouble:
@@ -172,7 +193,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   double loss = 0.0;
-  ParamVector grad = zeros_like(s.params);
+  ParamVector grad(s.params.size());
   for_each_batch(Pass::kFirstOrder, [&](size_t b, double w) {
     const bool keep = keep_graphs && (options_.max_kept_graphs == 0 ||
                                       static_cast<int64_t>(b) < options_.max_kept_graphs);
@@ -193,10 +214,21 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
     loss += w * value;
     {
       at::NoGradGuard no_grad;
-      for (size_t i = 0; i < g.size(); ++i) grad[i].add_(g[i].detach(), w);
+      // A kept gradient stays as it is (its graph is reused); the sum shares it only when it is
+      // the whole sum (one batch, w = 1).
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (!keep) {
+          accumulate(grad[i], std::move(g[i]), w);
+        } else if (grad[i].defined()) {
+          grad[i].add_(g[i].detach(), w);
+        } else {
+          grad[i] = w == 1.0 ? g[i].detach() : g[i].detach() * w;
+        }
+      }
     }
     s.kept[b] = keep ? std::move(g) : ParamVector{};
   });
+  fill_zeros(grad, s.params);
   check(grad, "the gradient");
   s.loss = loss;
   s.grad = std::move(grad);
@@ -273,7 +305,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     }
     v[i] = v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
   }
-  ParamVector result = zeros_like(s.params);
+  ParamVector result(s.params.size());
   for_each_batch(Pass::kHvp, [&](size_t b, double w) {
     ParamVector fresh;
     const bool kept = !s.kept[b].empty();
@@ -300,9 +332,10 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     ++counters_.second_backwards;
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < hv.size(); ++i) {
-      if (hv[i].defined()) result[i].add_(hv[i], w);
+      if (hv[i].defined()) accumulate(result[i], std::move(hv[i]), w);
     }
   });
+  fill_zeros(result, s.params);
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
   return result;

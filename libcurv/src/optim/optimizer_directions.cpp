@@ -61,6 +61,7 @@ class OptimizerDirection : public Direction {
   }
 
   std::string name() const override { return name_; }
+  bool reads_next_checkpoint() const override { return match_; }
 
   std::string unavailable(const DirectionContext& c) const override {
     if (match_ && c.theta_next.empty()) return "no next checkpoint whose delta norm to match";
@@ -169,19 +170,21 @@ class OptimizerDirection : public Direction {
   // Step 3: the rebuilt optimizer's next step. Parameter groups with their own hyper-parameters
   // (nanoGPT: no weight decay on gains and biases) take their step from an optimizer configured
   // like the group.
-  ParamVector rebuilt_step(DirectionContext& c, const Optimizer& optimizer) const {
+  // The optimizers here are built for this one step, so they take it in place: peek() would
+  // copy their state (twice the parameters for Adam) only to throw the copy away.
+  ParamVector rebuilt_step(DirectionContext& c, Optimizer& optimizer) const {
     const SavedOptimizer& saved = *c.saved;
     const ParamSpace& space = c.engine->space();
     const ParamVector& g = c.engine->gradient();
     c.note =
         fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
     c.partition = optimizer.partition();
-    ParamVector u = optimizer.peek(c.theta, g);
+    ParamVector u = optimizer.step(c.theta, g);
     const auto& groups = saved.record.param_groups;
     for (size_t k = 0; k < groups.size(); ++k) {
       auto group_optimizer = optimizer_from_record(saved, space, &groups[k]);
       group_optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
-      const ParamVector group_u = group_optimizer->peek(c.theta, g);
+      const ParamVector group_u = group_optimizer->step(c.theta, g);
       for (const auto& name : groups[k].params) {
         const auto index = space.find(name);
         if (!index) {
@@ -205,7 +208,7 @@ class OptimizerDirection : public Direction {
     for (const auto& [k, v] : overrides_) config.set(k, v);
     auto optimizer = make_optimizer(config, c.engine->space());
     c.partition = optimizer->partition();
-    return optimizer->peek(c.theta, c.engine->gradient());
+    return optimizer->step(c.theta, c.engine->gradient());
   }
 
   // Step 4 of match=1: rescales u to the norm of the delta to the next checkpoint.

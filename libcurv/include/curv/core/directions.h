@@ -50,6 +50,8 @@ class Direction {
   // that do not skips loading the checkpoint's optimizer state. True unless a direction says
   // otherwise, so that a registered direction is never starved of it.
   virtual bool reads_saved_state() const { return true; }
+  // Whether it reads context.theta_next: otherwise the loop does not load the next checkpoint.
+  virtual bool reads_next_checkpoint() const { return true; }
 };
 
 // Builds a direction from its spec ("adamw", "muon.whatif:match=1"): what a family registers.
