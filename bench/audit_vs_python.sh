@@ -6,6 +6,8 @@
 # and bench/python/plain_torch_audit.py on the same checkpoints and probe set, one after the
 # other, with the same threads and each in its default environment; checks that their numbers
 # agree and prints wall time, peak RSS and page faults of each, with the ratios, as Markdown.
+# When ndsprobe chose OpenBLAS kernels itself, the Python script runs a second time with the same
+# kernels forced, so the table shows what the kernels account for and what the engine does.
 #
 # usage: bench/audit_vs_python.sh [BUILD_DIR] [WORK_DIR]
 #   BEFORE=/path/to/other/ndsprobe  also runs that binary (e.g. a build of an older commit)
@@ -53,6 +55,18 @@ read -r ours_s ours_rss ours_faults < <(measure "$work/ndsprobe" \
 read -r py_s py_rss py_faults < <(measure "$work/python" \
   $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
   --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python.json")
+# ndsprobe picks OpenBLAS's vector kernels itself where OpenBLAS falls back to generic ones
+# (curv::reexec_for_blas_kernels); Python torch does not. The same script with that core forced
+# separates the kernels from the rest.
+core=$($python -c "import h5py, sys; r = h5py.File(sys.argv[1]).attrs['runtime']
+print(r.split('OpenBLAS ')[1] if 'OpenBLAS ' in r else '')" "$work/ndsprobe.h5")
+forced=""
+if [ -n "$core" ]; then
+  read -r forced_s forced_rss forced_faults < <(OPENBLAS_CORETYPE=$core measure "$work/python_forced" \
+    $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
+    --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python_forced.json")
+  forced="$forced_s $forced_rss $forced_faults"
+fi
 before=""
 if [ -n "${BEFORE:-}" ]; then
   read -r before_s before_rss before_faults < <(measure "$work/before" \
@@ -61,10 +75,10 @@ if [ -n "${BEFORE:-}" ]; then
 fi
 
 $python - "$work" "$ours_s $ours_rss $ours_faults" "$py_s $py_rss $py_faults" "$before" \
-  "$threads" "$dtype" <<'EOF'
+  "$threads" "$dtype" "$forced" "$core" <<'EOF'
 import json, sys
 import h5py
-work, ours, py, before, threads, dtype = sys.argv[1:7]
+work, ours, py, before, threads, dtype, forced, core = sys.argv[1:9]
 ref = json.load(open(f"{work}/python.json"))
 t = h5py.File(f"{work}/ndsprobe.h5")["taylor"]
 dec = lambda xs: [x.decode() if isinstance(x, bytes) else x for x in xs]
@@ -88,11 +102,13 @@ print("| program | wall time (s) | peak RSS (GiB) | minor page faults | time vs 
 print("|---|---|---|---|---|---|")
 ps, prss, _ = (float(x) for x in py.split())
 entries = [("ndsprobe", ours)] + ([("ndsprobe before", before)] if before else []) + \
-          [("plain Python torch", py)]
+          [("plain Python torch", py)] + \
+          ([(f"plain Python torch, OPENBLAS_CORETYPE={core}", forced)] if forced else [])
 for name, values in entries:
     s, rss, faults = (float(x) for x in values.split())
     print(f"| {name} | {s:.1f} | {rss / 2**20:.2f} | {faults / 1e6:.2f}M | {s / ps:.2f}x | "
           f"{rss / prss:.2f}x |")
 print()
-print(f"{threads} threads, {dtype}; Python's own timer: {ref['seconds']:.1f} s")
+print(f"{threads} threads, {dtype}; ndsprobe's BLAS: OpenBLAS {core or '(as loaded)'}; "
+      f"Python's own timer: {ref['seconds']:.1f} s")
 EOF

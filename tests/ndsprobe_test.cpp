@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "curv/analysis/probe_run.h"
 #include "curv/core/engine.h"
+#include "curv/core/runtime.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
@@ -353,4 +355,26 @@ TEST_CASE("ndsprobe reads optimizer state only for directions that use it", "[nd
                  &rc);
   CHECK(rc != 0);
   CHECK_THAT(failed, Catch::Matchers::Contains("step_10/optimizer.safetensors"));
+}
+
+TEST_CASE("the tools run OpenBLAS's vector kernels where OpenBLAS fell back to generic ones",
+          "[ndsprobe]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  f.ndsprobe(f.run + " --data " + f.data + " --steps 0:0 --directions gradient --quiet -o " + out);
+  const std::string runtime = H5Reader(out).attribute_string("/", "runtime");
+  INFO("tool: " << runtime << "; this process: OpenBLAS " << openblas_core());
+  if (openblas_core().empty()) {
+    CHECK_THAT(runtime, !Catch::Matchers::Contains("OpenBLAS"));
+    return;
+  }
+  // This process loaded OpenBLAS as the environment says; the tool re-executes itself with the
+  // better core when there is one.
+  const std::string better = better_openblas_core();
+  CHECK_THAT(runtime,
+             Catch::Matchers::Contains("OpenBLAS " + (better.empty() ? openblas_core() : better)));
+  // A core the user chose is left alone.
+  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  CHECK(better_openblas_core().empty());
+  ::unsetenv("OPENBLAS_CORETYPE");
 }

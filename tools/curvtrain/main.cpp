@@ -6,6 +6,7 @@
 
 #include "cli_common.h"
 #include "curv/analysis/training_run.h"
+#include "curv/core/runtime.h"
 
 using namespace curv;
 
@@ -187,5 +188,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  reexec_for_blas_kernels(argv);
   return tools::run_tool("curvtrain", [&] { return run(argc, argv); });
 }

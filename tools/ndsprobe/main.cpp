@@ -7,6 +7,7 @@
 #include "cli_common.h"
 #include "curv/analysis/direction_registry.h"
 #include "curv/analysis/probe_run.h"
+#include "curv/core/runtime.h"
 #include "curv/io/h5_file.h"
 #include "probe_args.h"
 
@@ -97,5 +98,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  reexec_for_blas_kernels(argv);
   return tools::run_tool("ndsprobe", [&] { return run(argc, argv); });
 }

@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <climits>
@@ -51,6 +53,46 @@ void tune_glibc_malloc(bool tune) {
 
 }  // namespace
 
+std::string openblas_core() {
+  using CoreName = char* (*)();
+  auto core_name = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (core_name == nullptr) return "";
+  const char* name = core_name();
+  return name == nullptr ? "" : name;
+}
+
+std::string better_openblas_core() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
+  const std::string core = openblas_core();
+  // OpenBLAS's cores without AVX kernels: where it lands on a CPU model it does not know.
+  static const char* const kGeneric[] = {"Prescott",  "Core2", "Penryn", "Dunnington",
+                                         "Nehalem",   "Atom",  "Katmai", "Coppermine",
+                                         "Northwood", "Banias"};
+  bool generic = false;
+  for (const char* name : kGeneric) generic = generic || core == name;
+  if (!generic) return "";
+  // __builtin_cpu_supports also checks that the OS saves the vector registers.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  if (__builtin_cpu_supports("avx")) return "SandyBridge";
+#endif
+  return "";
+}
+
+void reexec_for_blas_kernels(char** argv) {
+  const std::string core = better_openblas_core();
+  if (core.empty() || std::getenv("CURV_BLAS_REEXEC") != nullptr) return;
+  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  ::setenv("CURV_BLAS_REEXEC", "1", 1);
+  ::execv("/proc/self/exe", argv);
+  // Still here: the kernels stay as they are, and so must the environment a child would see.
+  ::unsetenv("OPENBLAS_CORETYPE");
+}
+
 int hardware_threads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
@@ -71,8 +113,10 @@ void init_runtime(const RuntimeOptions& options) {
 }
 
 std::string runtime_summary() {
-  return fmt::format("LibTorch {}.{}.{}, {} threads", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
-                     TORCH_VERSION_PATCH, at::get_num_threads());
+  const std::string core = openblas_core();
+  return fmt::format("LibTorch {}.{}.{}, {} threads{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+                     TORCH_VERSION_PATCH, at::get_num_threads(),
+                     core.empty() ? "" : ", OpenBLAS " + core);
 }
 
 double matmul_gflops(int n, const std::string& dtype, int repeats) {

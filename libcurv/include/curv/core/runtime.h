@@ -22,6 +22,20 @@ void init_runtime(const RuntimeOptions& options = {});
 int hardware_threads();
 // libcurv's version, "MAJOR.MINOR.PATCH" (provenance of every results file).
 std::string library_version();
+// OpenBLAS chooses its kernels by the CPU model when it is loaded, and on a model it does not
+// know (virtual CPUs often report none) falls back to its generic Prescott (SSE3) kernels, which
+// run matrix products several times slower than the AVX2 / AVX-512 kernels the CPU has (measured
+// on a 2-core virtual Xeon: 66 against 299 GFLOP/s float32). The core to request with
+// OPENBLAS_CORETYPE ("SkylakeX", "Haswell" or "SandyBridge"), or "" when BLAS is not OpenBLAS,
+// already runs vector kernels, or OPENBLAS_CORETYPE is set.
+std::string better_openblas_core();
+// For programs, first thing in main(): when better_openblas_core() names a core, sets
+// OPENBLAS_CORETYPE and re-executes the program with the same arguments, so that OpenBLAS loads
+// with it (it reads the variable only at load). Returns when there is nothing to do or the
+// re-execution failed; tries once per process tree.
+void reexec_for_blas_kernels(char** argv);
+// OpenBLAS's core name ("SkylakeX", "Prescott", ...), "" when BLAS is not OpenBLAS.
+std::string openblas_core();
 // "libtorch 1.13.1, 2 threads, BLAS: ..." for logs and provenance.
 std::string runtime_summary();
 // "glibc malloc, mmap threshold 32 MiB, trim threshold 2 GiB" (or "glibc malloc, defaults",
