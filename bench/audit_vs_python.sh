@@ -55,6 +55,11 @@ read -r ours_s ours_rss ours_faults < <(measure "$work/ndsprobe" \
 read -r py_s py_rss py_faults < <(measure "$work/python" \
   $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
   --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python.json")
+# The same with glibc malloc's defaults: a malloc tunable in GLIBC_TUNABLES (here tcache_count at
+# its default value) makes init_runtime leave the allocator alone.
+read -r plain_s plain_rss plain_faults < <(GLIBC_TUNABLES=glibc.malloc.tcache_count=7 \
+  measure "$work/ndsprobe_malloc_defaults" "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" \
+  -o "$work/ndsprobe_malloc_defaults.h5")
 # ndsprobe picks OpenBLAS's vector kernels itself where OpenBLAS falls back to generic ones
 # (curv::reexec_for_blas_kernels); Python torch does not. The same script with that core forced
 # separates the kernels from the rest.
@@ -75,10 +80,10 @@ if [ -n "${BEFORE:-}" ]; then
 fi
 
 $python - "$work" "$ours_s $ours_rss $ours_faults" "$py_s $py_rss $py_faults" "$before" \
-  "$threads" "$dtype" "$forced" "$core" <<'EOF'
+  "$threads" "$dtype" "$forced" "$core" "$plain_s $plain_rss $plain_faults" <<'EOF'
 import json, sys
 import h5py
-work, ours, py, before, threads, dtype, forced, core = sys.argv[1:9]
+work, ours, py, before, threads, dtype, forced, core, plain = sys.argv[1:10]
 ref = json.load(open(f"{work}/python.json"))
 t = h5py.File(f"{work}/ndsprobe.h5")["taylor"]
 dec = lambda xs: [x.decode() if isinstance(x, bytes) else x for x in xs]
@@ -101,7 +106,8 @@ print()
 print("| program | wall time (s) | peak RSS (GiB) | minor page faults | time vs Python | RSS vs Python |")
 print("|---|---|---|---|---|---|")
 ps, prss, _ = (float(x) for x in py.split())
-entries = [("ndsprobe", ours)] + ([("ndsprobe before", before)] if before else []) + \
+entries = [("ndsprobe", ours), ("ndsprobe, glibc malloc defaults", plain)] + \
+          ([("ndsprobe before", before)] if before else []) + \
           [("plain Python torch", py)] + \
           ([(f"plain Python torch, OPENBLAS_CORETYPE={core}", forced)] if forced else [])
 for name, values in entries:

@@ -114,9 +114,9 @@ void init_runtime(const RuntimeOptions& options) {
 
 std::string runtime_summary() {
   const std::string core = openblas_core();
-  return fmt::format("LibTorch {}.{}.{}, {} threads{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
-                     TORCH_VERSION_PATCH, at::get_num_threads(),
-                     core.empty() ? "" : ", OpenBLAS " + core);
+  return fmt::format("LibTorch {}.{}.{}, {} threads{}, {}", TORCH_VERSION_MAJOR,
+                     TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, at::get_num_threads(),
+                     core.empty() ? "" : ", OpenBLAS " + core, g_allocator);
 }
 
 double matmul_gflops(int n, const std::string& dtype, int repeats) {

@@ -36,7 +36,7 @@ std::string better_openblas_core();
 void reexec_for_blas_kernels(char** argv);
 // OpenBLAS's core name ("SkylakeX", "Prescott", ...), "" when BLAS is not OpenBLAS.
 std::string openblas_core();
-// "libtorch 1.13.1, 2 threads, BLAS: ..." for logs and provenance.
+// "LibTorch 1.13.0, 2 threads, OpenBLAS SkylakeX, glibc malloc, ..." for logs and provenance.
 std::string runtime_summary();
 // "glibc malloc, mmap threshold 32 MiB, trim threshold 2 GiB" (or "glibc malloc, defaults",
 // "glibc malloc, GLIBC_TUNABLES", "system malloc"): what init_runtime set.
