@@ -64,7 +64,7 @@ read -r plain_s plain_rss plain_faults < <(GLIBC_TUNABLES=glibc.malloc.tcache_co
 # (curv::reexec_for_blas_kernels); Python torch does not. The same script with that core forced
 # separates the kernels from the rest.
 core=$($python -c "import h5py, sys; r = h5py.File(sys.argv[1]).attrs['runtime']
-print(r.split('OpenBLAS ')[1] if 'OpenBLAS ' in r else '')" "$work/ndsprobe.h5")
+print(r.split('OpenBLAS ')[1].split(',')[0] if 'OpenBLAS ' in r else '')" "$work/ndsprobe.h5")
 forced=""
 if [ -n "$core" ]; then
   read -r forced_s forced_rss forced_faults < <(OPENBLAS_CORETYPE=$core measure "$work/python_forced" \

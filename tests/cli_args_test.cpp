@@ -115,3 +115,21 @@ TEST_CASE("a token file without window length or count names both flags", "[cli]
                                                tools::ProbeDataArgs::flags()),
                     InvalidArgument, Contains("--block-size 0") && Contains("--examples 0"));
 }
+
+TEST_CASE("--max-memory takes bytes with binary suffixes", "[cli]") {
+  using curv::tools::parse_bytes;
+  CHECK(parse_bytes("0", "--max-memory") == 0);
+  CHECK(parse_bytes("4000000000", "--max-memory") == 4000000000);
+  CHECK(parse_bytes("5G", "--max-memory") == int64_t{5} << 30);
+  CHECK(parse_bytes("1.5g", "--max-memory") == int64_t{3} << 29);
+  CHECK(parse_bytes("512MiB", "--max-memory") == int64_t{512} << 20);
+  CHECK(parse_bytes("2T", "--max-memory") == int64_t{2} << 40);
+  for (const char* bad : {"", "-1G", "5X", "1e9", "G", "5 G B x"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_bytes(bad, "--max-memory"),
+                      Catch::Contains("--max-memory") && Catch::Contains("K, M, G or T"));
+  }
+  curv::tools::EngineArgs args;
+  args.max_memory = "6G";
+  CHECK(args.to_options().max_memory == int64_t{6} << 30);
+}

@@ -263,3 +263,34 @@ TEST_CASE("an HVP restricted to a block's support equals the zero-padded HVP", "
   ParamVector missing(u.size());
   CHECK_THROWS_WITH(engine.hvp(missing, first.params), Catch::Contains("undefined"));
 }
+
+TEST_CASE("a memory budget keeps graphs while resident memory allows and recomputes the rest",
+          "[engine]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{6, at::kDouble});
+  const ProbeSet probe = gpt_probe(3, 6, 4);
+  const ParamVector v = random_direction(*model, 41);
+  CurvatureEngine unbounded(*model, probe);
+  const ParamVector expected = unbounded.hvp(v);
+  REQUIRE(unbounded.kept_graphs() == probe.size());
+
+  EngineOptions tight;
+  tight.max_memory = 1;  // below any process: no graph is kept
+  CurvatureEngine engine(*model, probe, tight);
+  CHECK(relative_error(engine.hvp(v), expected) <= 1e-12);
+  CHECK(relative_error(engine.hvp(v), expected) <= 1e-12);
+  CHECK(engine.kept_graphs() == 0);
+  CHECK(engine.counters().graphs_over_budget == 1);  // the first graph; later batches try none
+  CHECK(engine.counters().gradients == 1);           // the gradient is not recomputed per HVP
+  CHECK(engine.counters().forwards == static_cast<int64_t>(3 * probe.size()));
+  CHECK_THAT(engine.counters().brief(), Catch::Contains("1 graphs not kept (memory budget)"));
+
+  EngineOptions roomy;
+  roomy.max_memory = int64_t{1} << 50;
+  CurvatureEngine all(*model, probe, roomy);
+  CHECK(relative_error(all.hvp(v), expected) <= 1e-12);
+  CHECK(all.kept_graphs() == probe.size());
+
+  EngineOptions negative;
+  negative.max_memory = -1;
+  CHECK_THROWS_WITH(CurvatureEngine(*model, probe, negative), Catch::Contains("max_memory"));
+}

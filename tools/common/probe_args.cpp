@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <cmath>
+#include <regex>
+
 #include "curv/core/error.h"
 #include "curv/io/checkpoint.h"
 
@@ -280,12 +284,34 @@ void EngineArgs::add_to(CLI::App& app) {
                  "Keep gradient graphs of at most N probe batches between HVPs (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-memory", max_memory,
+                 "Keep gradient graphs only while the process's resident memory stays under this "
+                 "many bytes (suffix K, M, G, T: powers of 1024; 0 = no bound)")
+      ->capture_default_str();
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& flag) {
+  static const std::regex pattern(R"(\s*([0-9]+(\.[0-9]*)?)\s*([KMGT]?)i?B?\s*)",
+                                  std::regex::icase);
+  std::smatch m;
+  if (!std::regex_match(text, m, pattern)) {
+    throw InvalidArgument(fmt::format(
+        "{} '{}': expected a number of bytes, optionally with a K, M, G or T suffix (e.g. 5G)",
+        flag, text));
+  }
+  const std::string suffix = m[3].str();
+  const int shift =
+      suffix.empty() ? 0 : 10 * (1 + std::string("KMGT").find(std::toupper(suffix[0])));
+  const double bytes = std::stod(m[1].str()) * std::ldexp(1.0, shift);
+  if (!(bytes < 9.2e18)) throw InvalidArgument(fmt::format("{} '{}': too large", flag, text));
+  return static_cast<int64_t>(bytes);
 }
 
 EngineOptions EngineArgs::to_options() const {
   EngineOptions options;
   options.hvp_method = parse_hvp_method(hvp);
   options.max_kept_graphs = max_kept_graphs;
+  options.max_memory = parse_bytes(max_memory, "--max-memory");
   return options;
 }
 

@@ -100,10 +100,15 @@ struct SpectrumArgs {
   static const std::map<std::string, std::string>& flags();
 };
 
-// --hvp, --max-kept-graphs.
+// "5G", "1.5G", "512M", "4000000000": digits with an optional fraction, then K, M, G or T (powers
+// of 1024, with or without "iB"). InvalidArgument naming `flag` and the text otherwise.
+int64_t parse_bytes(const std::string& text, const std::string& flag);
+
+// --hvp, --max-kept-graphs, --max-memory.
 struct EngineArgs {
   std::string hvp = "exact";
   int64_t max_kept_graphs = 0;
+  std::string max_memory = "0";  // bytes, or with a K, M, G or T suffix (powers of 1024)
 
   void add_to(CLI::App& app);
   EngineOptions to_options() const;

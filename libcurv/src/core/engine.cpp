@@ -13,6 +13,7 @@
 #include "core/fmt_torch.h"
 #include "core/strings.h"
 #include "curv/core/error.h"
+#include "curv/core/runtime.h"
 
 namespace curv {
 
@@ -27,6 +28,10 @@ void EngineOptions::validate() const {
     throw InvalidArgument(
         fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0", max_kept_graphs));
   }
+  if (max_memory < 0) {
+    throw InvalidArgument(
+        fmt::format("EngineOptions.max_memory = {} must be >= 0 (0 = no bound)", max_memory));
+  }
   if (!(fd_step >= 0.0) || !std::isfinite(fd_step)) {
     throw InvalidArgument(
         fmt::format("EngineOptions.fd_step = {} must be finite and >= 0", fd_step));
@@ -35,8 +40,11 @@ void EngineOptions::validate() const {
 
 std::string EngineCounters::brief() const {
   return fmt::format(
-      "{} forwards, {} backwards, {} second backwards, {} gradients, {} HVPs, {:.3f} s", forwards,
-      backwards, second_backwards, gradients, hvps, seconds);
+      "{} forwards, {} backwards, {} second backwards, {} gradients, {} HVPs, {:.3f} s{}", forwards,
+      backwards, second_backwards, gradients, hvps, seconds,
+      graphs_over_budget > 0
+          ? fmt::format(", {} graphs not kept (memory budget)", graphs_over_budget)
+          : std::string());
 }
 
 namespace {
@@ -105,6 +113,8 @@ struct CurvatureEngine::State {
   double loss = 0.0;
   ParamVector grad;
   std::vector<ParamVector> kept;  // per batch: create_graph gradient, or empty
+  // The kept graphs belong to the current parameters (even when the budget kept none).
+  bool graphs_current = false;
 };
 
 CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options)
@@ -138,6 +148,7 @@ void CurvatureEngine::set_parameters(const ParamVector& theta) {
 
 void CurvatureEngine::release_graphs() {
   for (auto& k : state_->kept) k.clear();
+  state_->graphs_current = false;
 }
 
 size_t CurvatureEngine::kept_graphs() const {
@@ -194,9 +205,11 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   auto& s = *state_;
   double loss = 0.0;
   ParamVector grad(s.params.size());
+  bool over_budget = false;
   for_each_batch(Pass::kFirstOrder, [&](size_t b, double w) {
-    const bool keep = keep_graphs && (options_.max_kept_graphs == 0 ||
-                                      static_cast<int64_t>(b) < options_.max_kept_graphs);
+    bool keep =
+        keep_graphs && !over_budget &&
+        (options_.max_kept_graphs == 0 || static_cast<int64_t>(b) < options_.max_kept_graphs);
     at::Tensor loss_b = objective_.loss(probe_[b]);
     ++counters_.forwards;
     const double value = loss_b.item<double>();
@@ -211,6 +224,13 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                                              /*create_graph=*/keep, /*allow_unused=*/true),
                        s.params);
     ++counters_.backwards;
+    if (keep && options_.max_memory > 0 && resident_bytes() > options_.max_memory) {
+      // Dropping the only references to the create_graph gradients frees their graph.
+      for (auto& t : g) t = t.detach();
+      keep = false;
+      over_budget = true;
+      ++counters_.graphs_over_budget;
+    }
     loss += w * value;
     {
       at::NoGradGuard no_grad;
@@ -233,6 +253,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   s.loss = loss;
   s.grad = std::move(grad);
   s.have_first_order = true;
+  s.graphs_current = keep_graphs;
   ++counters_.gradients;
 }
 
@@ -285,7 +306,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     throw InvalidArgument(
         fmt::format("hvp: vector of {} tensors for {} parameters", v_in.size(), s.params.size()));
   }
-  if (!s.have_first_order || (options_.reuse_graph && kept_graphs() == 0)) {
+  if (!s.have_first_order || (options_.reuse_graph && !s.graphs_current)) {
     compute_first_order(options_.reuse_graph);
   }
   Stopwatch timer(counters_.seconds);

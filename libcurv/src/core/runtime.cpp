@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -91,6 +92,16 @@ void reexec_for_blas_kernels(char** argv) {
   ::execv("/proc/self/exe", argv);
   // Still here: the kernels stay as they are, and so must the environment a child would see.
   ::unsetenv("OPENBLAS_CORETYPE");
+}
+
+int64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  if (read != 2) return 0;
+  return static_cast<int64_t>(resident) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 int hardware_threads() {

@@ -28,6 +28,12 @@ struct EngineOptions {
   // Keep the graphs of at most this many batches (the first ones); 0 keeps all. Bounds memory on
   // large probe sets: the remaining batches are recomputed on every HVP.
   int64_t max_kept_graphs = 0;
+  // Keep a batch's graph only while the process's resident memory (host RAM, as the kernel
+  // counts it) stays at or below this many bytes; 0 = no bound. Checked as each graph is built:
+  // the graph that crosses the budget is released at once and no later batch keeps one, so
+  // those batches are recomputed on every HVP. A bound on what the graphs add, not on the
+  // memory an HVP needs for itself.
+  int64_t max_memory = 0;
   HvpMethod hvp_method = HvpMethod::kExact;
   // Finite-difference step as the norm of the parameter perturbation ‖h v‖; 0 picks
   // cbrt(machine epsilon) * max(1, RMS(θ)), which balances truncation against rounding error.
@@ -39,12 +45,13 @@ struct EngineOptions {
 };
 
 struct EngineCounters {
-  int64_t forwards = 0;          // batch forward passes
-  int64_t backwards = 0;         // first-order backward passes (with or without create_graph)
-  int64_t second_backwards = 0;  // backward passes through a gradient graph (one per batch-HVP)
-  int64_t hvps = 0;              // Hessian-vector products over the whole probe set
-  int64_t gradients = 0;         // gradients over the whole probe set
-  double seconds = 0.0;          // wall time inside the engine
+  int64_t forwards = 0;            // batch forward passes
+  int64_t backwards = 0;           // first-order backward passes (with or without create_graph)
+  int64_t second_backwards = 0;    // backward passes through a gradient graph (one per batch-HVP)
+  int64_t hvps = 0;                // Hessian-vector products over the whole probe set
+  int64_t gradients = 0;           // gradients over the whole probe set
+  int64_t graphs_over_budget = 0;  // graphs released because of EngineOptions::max_memory
+  double seconds = 0.0;            // wall time inside the engine
   std::string brief() const;
 };
 

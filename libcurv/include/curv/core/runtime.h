@@ -3,6 +3,7 @@
 // backward correct, and the C allocator's thresholds.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace curv {
@@ -20,6 +21,8 @@ struct RuntimeOptions {
 // Idempotent; call once at start-up.
 void init_runtime(const RuntimeOptions& options = {});
 int hardware_threads();
+// The process's resident memory in bytes (Linux: /proc/self/statm), 0 where it is not known.
+int64_t resident_bytes();
 // libcurv's version, "MAJOR.MINOR.PATCH" (provenance of every results file).
 std::string library_version();
 // OpenBLAS chooses its kernels by the CPU model when it is loaded, and on a model it does not
