@@ -115,6 +115,7 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
 }  // namespace
 
 int main(int argc, char** argv) {
+  curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
   std::string op, dtype = "float32";
   int threads = 2, repeats = 5;
   bool memory_mode = false;
@@ -142,7 +143,9 @@ int main(int argc, char** argv) {
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     mallopt(M_TRIM_THRESHOLD, 128 * 1024);
   }
-  curv::init_runtime(curv::RuntimeOptions{threads});
+  curv::RuntimeOptions runtime{threads};
+  runtime.tune_allocator = !memory_mode;  // the memory runs keep the thresholds set above
+  curv::init_runtime(runtime);
   if (!op.empty()) return measure(op, dtype, repeats, memory_mode);
 
   std::printf("%s; reference GPT %s, batch 32 x 64 tokens\n", curv::runtime_summary().c_str(),

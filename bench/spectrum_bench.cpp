@@ -39,6 +39,7 @@ std::string count(int64_t n) { return n < 0 ? "not reached" : std::to_string(n);
 }  // namespace
 
 int main(int argc, char** argv) {
+  curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
   int threads = 1, seeds = 3;
   int64_t reference_hvps = 200;
   std::string dtype_name = "float64";
