@@ -18,6 +18,8 @@
 #include "curv/optim/schedule.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS's vector kernels where it fell back to generic ones (docs/library.md, Runtime).
+  curv::reexec_for_blas_kernels(argv);
   int steps = 100, probe_every = 25;
   std::string output = "custom_trainer.h5";
   for (int i = 1; i + 1 < argc; i += 2) {
