@@ -116,7 +116,7 @@ TEST_CASE("a token file without window length or count names both flags", "[cli]
                     InvalidArgument, Contains("--block-size 0") && Contains("--examples 0"));
 }
 
-TEST_CASE("--max-memory takes bytes with binary suffixes", "[cli]") {
+TEST_CASE("the memory budget flag takes bytes with binary suffixes", "[cli]") {
   using curv::tools::parse_bytes;
   CHECK(parse_bytes("0", "--max-memory") == 0);
   CHECK(parse_bytes("4000000000", "--max-memory") == 4000000000);
