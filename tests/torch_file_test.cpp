@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "curv/core/error.h"
@@ -143,4 +145,32 @@ TEST_CASE("torch.save files: deep and cyclic pickles neither overflow the stack 
   }  // released here, level by level
   CURV_CHECK_THROWS(load_torch_file(dir + "/cyclic.pt"), FormatError,
                     Contains("cyclic.pt") && Contains("[[[[...]]]]"));
+}
+
+TEST_CASE("torch.save files: a changed byte inside a record fails its CRC-32 check",
+          "[torch_file]") {
+  namespace fs = std::filesystem;
+  const std::string dir = curv_test::torch_fixtures() + "/reader";
+  std::ifstream in(dir + "/values.pt", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The local header of the first storage record: name, then the extra field, then the data.
+  const size_t name = bytes.find("/data/0");
+  REQUIRE(name != std::string::npos);
+  const size_t header = bytes.rfind("PK\x03\x04", name);
+  REQUIRE(header != std::string::npos);
+  auto u16 = [&](size_t at) {
+    return static_cast<size_t>(static_cast<uint8_t>(bytes[at])) |
+           static_cast<size_t>(static_cast<uint8_t>(bytes[at + 1])) << 8;
+  };
+  const size_t data = header + 30 + u16(header + 26) + u16(header + 28);
+  REQUIRE(data < bytes.size());
+  bytes[data] = static_cast<char>(bytes[data] ^ 0x10);  // one bit of the first element
+  curv_test::TempDir out;
+  const std::string damaged = out.file("flipped.pt");
+  std::ofstream(damaged, std::ios::binary) << bytes;
+  CURV_CHECK_THROWS(load_torch_file(damaged), FormatError,
+                    Contains("flipped.pt") && Contains("'data/0'") && Contains("CRC-32"));
+  // Without tensors the damaged record is not read, and the rest checks out.
+  CHECK_NOTHROW(load_torch_file(damaged, TorchFileOptions{false}));
+  CHECK_NOTHROW(load_torch_file(dir + "/values.pt"));
 }

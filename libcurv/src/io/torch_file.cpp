@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <fstream>
@@ -43,13 +44,122 @@ const std::vector<std::string>& callable_globals() {
   return names;
 }
 
+// The CRC-32 of every record of a zip archive, from its central directory, by the name below the
+// archive's top folder ("data.pkl", "data/0"). torch.save writes a CRC-32 for every record and
+// LibTorch's reader does not check it, so a flipped bit inside a tensor would load silently.
+class ZipChecksums {
+ public:
+  explicit ZipChecksums(const std::string& path) : path_(path) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) fail("cannot open");
+    const uint64_t size = static_cast<uint64_t>(in.tellg());
+    // The end-of-central-directory record: 22 bytes and a comment of up to 65535.
+    const uint64_t tail_size = std::min<uint64_t>(size, 22 + 65535 + 20);
+    const std::string tail = read(in, size - tail_size, tail_size);
+    size_t eocd = std::string::npos;
+    for (size_t i = tail.size() >= 22 ? tail.size() - 22 + 1 : 0; i-- > 0;) {
+      if (u32(tail, i) == 0x06054b50) {
+        eocd = i;
+        break;
+      }
+    }
+    if (eocd == std::string::npos) fail("no end-of-central-directory record (truncated file?)");
+    uint64_t entries = u16(tail, eocd + 10), cd_size = u32(tail, eocd + 12);
+    uint64_t cd_offset = u32(tail, eocd + 16);
+    if (entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) {
+      // ZIP64: a locator just before the record points at the ZIP64 end record.
+      if (eocd < 20 || u32(tail, eocd - 20) != 0x07064b50) fail("no ZIP64 end-record locator");
+      const std::string end64 = read(in, u64(tail, eocd - 20 + 8), 56);
+      if (u32(end64, 0) != 0x06064b50) fail("no ZIP64 end-of-central-directory record");
+      entries = u64(end64, 32);
+      cd_size = u64(end64, 40);
+      cd_offset = u64(end64, 48);
+    }
+    if (cd_offset > size || cd_size > size - cd_offset) fail("central directory out of the file");
+    const std::string cd = read(in, cd_offset, cd_size);
+    size_t at = 0;
+    for (uint64_t k = 0; k < entries; ++k) {
+      if (at + 46 > cd.size() || u32(cd, at) != 0x02014b50) fail("damaged central directory");
+      const uint32_t crc = u32(cd, at + 16);
+      const size_t name_size = u16(cd, at + 28);
+      const size_t extra = u16(cd, at + 30), comment = u16(cd, at + 32);
+      if (at + 46 + name_size > cd.size()) fail("damaged central directory");
+      const std::string name = cd.substr(at + 46, name_size);
+      const size_t slash = name.find('/');
+      crcs_[slash == std::string::npos ? name : name.substr(slash + 1)] = crc;
+      at += 46 + name_size + extra + comment;
+    }
+  }
+
+  // FormatError naming the file and the record when `bytes` are not what was written.
+  void check(const std::string& record, const void* bytes, size_t size) const {
+    const auto it = crcs_.find(record);
+    if (it == crcs_.end()) {
+      throw FormatError(
+          fmt::format("{}: record '{}' is not in the zip central directory "
+                      "(the file is damaged)",
+                      path_, record));
+    }
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const auto* p = static_cast<const Bytef*>(bytes);
+    for (size_t done = 0; done < size;) {  // crc32 takes a 32-bit length
+      const auto n = static_cast<uInt>(std::min<size_t>(size - done, 1u << 30));
+      crc = crc32(crc, p + done, n);
+      done += n;
+    }
+    if (static_cast<uint32_t>(crc) != it->second) {
+      throw FormatError(fmt::format(
+          "{}: record '{}' fails its CRC-32 check (written {:08x}, read {:08x}): the file is "
+          "damaged; re-copy or re-save it",
+          path_, record, it->second, static_cast<uint32_t>(crc)));
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw FormatError(fmt::format("{}: zip archive: {}", path_, why));
+  }
+  std::string read(std::ifstream& in, uint64_t offset, uint64_t n) const {
+    std::string out(n, '\0');
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(out.data(), static_cast<std::streamsize>(n));
+    if (static_cast<uint64_t>(in.gcount()) != n) fail("cannot read the central directory");
+    return out;
+  }
+  static uint64_t le(const std::string& s, size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(s[at + i]);
+    return v;
+  }
+  uint32_t u16(const std::string& s, size_t at) const {
+    if (at + 2 > s.size()) fail("damaged central directory");
+    return static_cast<uint32_t>(le(s, at, 2));
+  }
+  uint32_t u32(const std::string& s, size_t at) const {
+    if (at + 4 > s.size()) fail("damaged central directory");
+    return static_cast<uint32_t>(le(s, at, 4));
+  }
+  uint64_t u64(const std::string& s, size_t at) const {
+    if (at + 8 > s.size()) fail("damaged central directory");
+    return le(s, at, 8);
+  }
+
+  std::string path_;
+  std::map<std::string, uint32_t> crcs_;
+};
+
 // The pickle virtual machine. Only data-building opcodes exist here; a REDUCE is accepted only on
 // an allowed global and is carried out by C++ code, so no Python-level code can run.
 class Unpickler {
  public:
   Unpickler(const std::string& path, const std::string& data,
-            caffe2::serialize::PyTorchStreamReader* archive, bool load_tensors)
-      : path_(path), data_(data), archive_(archive), load_tensors_(load_tensors) {}
+            caffe2::serialize::PyTorchStreamReader* archive, const ZipChecksums* checksums,
+            bool load_tensors)
+      : path_(path),
+        data_(data),
+        archive_(archive),
+        checksums_(checksums),
+        load_tensors_(load_tensors) {}
 
   Ref run() {
     while (true) {
@@ -410,6 +520,7 @@ class Unpickler {
         throw FormatError(
             fmt::format("{}: cannot read storage record '{}': {}", path_, record, brief_what(e)));
       }
+      checksums_->check(record, bytes.get(), size);
       // Compared by division: a forged element count must not overflow the byte count.
       if (static_cast<uint64_t>(numel.integer) > size / element) {
         fail(
@@ -513,6 +624,7 @@ class Unpickler {
   std::string path_;
   const std::string& data_;
   caffe2::serialize::PyTorchStreamReader* archive_;
+  const ZipChecksums* checksums_;
   bool load_tensors_;
   size_t pos_ = 0;
   std::vector<Ref> stack_;
@@ -646,14 +758,17 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
                : " (corrupt or not a PyTorch checkpoint)"));
   }
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> archive;
+  std::unique_ptr<ZipChecksums> checksums;
   std::string pickle;
   try {
     archive = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    checksums = std::make_unique<ZipChecksums>(path);
     if (!archive->hasRecord("data.pkl")) {
       throw FormatError(fmt::format("{}: the archive has no data.pkl record", path));
     }
     if (archive->hasRecord("byteorder")) {
       auto [bytes, size] = archive->getRecord("byteorder");
+      checksums->check("byteorder", bytes.get(), size);
       const std::string order(static_cast<const char*>(bytes.get()), size);
       if (order != "little") {
         throw FormatError(
@@ -663,11 +778,12 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
       }
     }
     auto [bytes, size] = archive->getRecord("data.pkl");
+    checksums->check("data.pkl", bytes.get(), size);
     pickle.assign(static_cast<const char*>(bytes.get()), size);
   } catch (const c10::Error& e) {
     throw FormatError(fmt::format("{}: corrupt torch.save archive: {}", path, brief_what(e)));
   }
-  return Unpickler(path, pickle, archive.get(), options.load_tensors).run();
+  return Unpickler(path, pickle, archive.get(), checksums.get(), options.load_tensors).run();
 }
 
 }  // namespace curv
