@@ -516,3 +516,33 @@ TEST_CASE("write_safetensors onto a directory fails without leaving a temp file"
   CHECK(std::filesystem::is_directory(path));
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
 }
+
+TEST_CASE("bytes quoted from a damaged file reach the message escaped as valid UTF-8",
+          "[safetensors]") {
+  TempDir dir;
+  // A tensor name with an invalid UTF-8 byte and a control character, in an otherwise valid file.
+  const std::string name = std::string("w\xff") + "\x01" + "ß";
+  const std::string message = format_error_of([&] {
+    curv::SafetensorsReader(make_file(dir,
+                                      R"({")" + name +
+                                          R"(": {"dtype": "XX", "shape": [1], )"
+                                          R"("data_offsets": [0, 4]}})",
+                                      std::string(4, '\0')));
+  });
+  INFO(message);
+  CHECK(message.find('\xff') == std::string::npos);
+  CHECK(message.find('\x01') == std::string::npos);
+  CHECK(curv::printable_message(message) == message);  // valid UTF-8, nothing left to escape
+  CHECK_THAT(message, Catch::Matchers::Contains("crafted.safetensors"));
+}
+
+TEST_CASE("printable_message escapes invalid UTF-8 and control bytes only", "[safetensors]") {
+  CHECK(curv::printable_message("plain ascii, ü, λ, 😀\nand a tab\t") ==
+        "plain ascii, ü, λ, 😀\nand a tab\t");
+  CHECK(curv::printable_message(std::string("a\xff") + "b") == "a\\xffb");
+  CHECK(curv::printable_message(std::string("\x01\x7f")) == "\\x01\\x7f");
+  CHECK(curv::printable_message(std::string("\xc3")) == "\\xc3");                    // cut sequence
+  CHECK(curv::printable_message(std::string("\xc0\xaf")) == "\\xc0\\xaf");           // overlong '/'
+  CHECK(curv::printable_message(std::string("\xed\xa0\x80")) == "\\xed\\xa0\\x80");  // surrogate
+  CHECK(std::string(curv::FormatError(std::string("key \xfe")).what()) == "key \\xfe");
+}

@@ -7,10 +7,18 @@
 
 namespace curv {
 
+// Messages often quote bytes read from a file (a key, a name, a parser's excerpt): they are kept
+// valid UTF-8 for terminals and HDF5 attributes, each invalid byte and control character other
+// than newline and tab written as \xNN (printable_message).
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message);
+  explicit Error(const char* message);
 };
+
+// `text` with every byte that is not part of a valid UTF-8 sequence, and every control character
+// but '\n' and '\t', written as \xNN; valid UTF-8 passes unchanged.
+std::string printable_message(const std::string& text);
 
 // A user-supplied option, argument or shape is out of range or inconsistent.
 class InvalidArgument : public Error {
