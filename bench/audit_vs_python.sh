@@ -36,17 +36,7 @@ if [ ! -f "$run/step_20/model.safetensors" ]; then
     --dtype "$dtype" --threads "$threads" --quiet > "$work/curvtrain.log"
 fi
 
-# Runs a command under /usr/bin/time -v; prints "seconds rss_kib minor_faults".
-measure() {
-  local log=$1
-  shift
-  /usr/bin/time -v "$@" > "$log.out" 2> "$log.time"
-  awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0;
-                for (i = 1; i <= n; i++) s = s * 60 + t[i]; wall = s}
-              /Maximum resident set size/ {rss = $2}
-              /Minor \(reclaiming a frame\) page faults/ {faults = $2}
-              END {print wall, rss, faults}' "$log.time"
-}
+source "$here/measure.sh"
 
 probe_args=("$run" --data "$run/probe.safetensors" --directions delta --batch-size "$batch"
             --dtype "$dtype" --threads "$threads" --quiet)

@@ -29,25 +29,18 @@ if [ ! -f "$run/step_1/model.safetensors" ]; then
     --quiet > "$work/curvtrain.log"
 fi
 
-measure() {  # prints "seconds peak_rss_kib"
-  local log=$1
-  shift
-  /usr/bin/time -v "$@" > "$log.out" 2> "$log.time"
-  awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0;
-                for (i = 1; i <= n; i++) s = s * 60 + t[i]; wall = s}
-              /Maximum resident set size/ {rss = $2} END {print wall, rss}' "$log.time"
-}
+source "$here/measure.sh"
 row() { awk -v n="$1" -v s="$2" -v r="$3" 'BEGIN {printf "| %s | %.1f | %.2f |\n", n, s, r / 1048576}'; }
 args=("$run" --steps 0:0 --data "$run/probe.safetensors" --directions update --coupling none
       --batch-size 4 --dtype "$dtype" --threads "$threads" --quiet)
 
 echo "| program | wall time (s) | peak RSS (GiB) |"
 echo "|---|---|---|"
-read -r s rss < <(measure "$work/ndsprobe" "$build/tools/ndsprobe/ndsprobe" "${args[@]}" \
+read -r s rss _ < <(measure "$work/ndsprobe" "$build/tools/ndsprobe/ndsprobe" "${args[@]}" \
   -o "$work/ndsprobe.h5")
 row "ndsprobe" "$s" "$rss"
 if [ -n "${BEFORE:-}" ]; then
-  read -r s rss < <(measure "$work/before" "$BEFORE" "${args[@]}" -o "$work/before.h5")
+  read -r s rss _ < <(measure "$work/before" "$BEFORE" "${args[@]}" -o "$work/before.h5")
   row "ndsprobe before" "$s" "$rss"
 fi
 echo

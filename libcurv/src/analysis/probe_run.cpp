@@ -364,7 +364,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   ckpt.model.clear();
   // θ is the engine's own parameters (views, no copy): nothing here writes to them, and the
   // engine's excursions to θ + u restore them exactly.
-  context.theta = detached(engine.objective().parameters());
+  context.theta = detached(like);
   // The delta goes to the next saved checkpoint, whatever the selection's stride.
   for (size_t k = 0; needs_next && k + 1 < run.all.size(); ++k) {
     if (run.all[k].step == info.step) {
