@@ -1,6 +1,7 @@
 // The demo's pipeline at test size (curvtrain with AdamW and Muon, then ndsprobe with the demo's
 // directions and within-block flags) against reference numbers committed in tests/data, written
-// by the release before the library was split into areas: restructuring must change no number.
+// by the release before the library was split into areas (restructuring changed no number) and
+// extended with the standard errors and per-batch terms when they were added.
 #include <catch2/catch.hpp>
 
 #include "test_support.h"

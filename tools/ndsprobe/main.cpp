@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
   tools::Progress progress(a.runtime.quiet);
   const ProbeJobResult result = run_probe_job(job, progress.callback());
   progress.finish();
-  std::fputs(summarize_taylor(*result.taylor).c_str(), stdout);
+  std::fputs(summarize_probe_file(result.output).c_str(), stdout);
   std::fprintf(stderr, "ndsprobe: wrote %s (%s)\n", result.output.c_str(),
                result.summary.counters.brief().c_str());
   return 0;

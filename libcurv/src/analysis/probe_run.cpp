@@ -14,6 +14,7 @@
 #include "curv/core/directions.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
+#include "curv/core/statistics.h"
 #include "curv/io/h5_file.h"
 
 namespace fs = std::filesystem;
@@ -489,47 +490,70 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   return result;
 }
 
-std::string summarize_taylor(const Table& taylor) {
-  // Per (run, direction): mean over checkpoints of the whole-model rows.
+std::string summarize_probe_file(const std::string& path) {
+  // Per (run, direction): the mean over checkpoints of the whole-model values. Its standard error
+  // comes from the per-batch terms: the checkpoints share the probe set, so batch b's mean over
+  // checkpoints is one replicate of the whole mean, and the SE over batches counts the
+  // checkpoints' shared noise once.
+  H5Reader reader(path);
+  const Table taylor = reader.table("/taylor");
   struct Acc {
     int n = 0, n_rho = 0, n_real = 0;
-    double nds = 0, rho = 0, predicted = 0, realized = 0;
+    double rho = 0;
+    std::vector<double> weight, nds, predicted, realized;  // per batch, summed over checkpoints
   };
   std::map<std::pair<std::string, std::string>, Acc> acc;
   const auto& run = taylor.strings("run");
+  const auto& step = taylor.int64s("step");
   const auto& dir = taylor.strings("direction");
   const auto& block = taylor.strings("block");
-  const auto& nds = taylor.doubles("nds");
   const auto& rho = taylor.doubles("rho_within");
-  const auto& predicted = taylor.doubles("predicted");
-  const auto& realized = taylor.doubles("realized");
+  const auto& update_norm = taylor.doubles("update_norm");
+  auto add = [](std::vector<double>& sum, const std::vector<double>& x, double scale) {
+    if (sum.empty()) sum.assign(x.size(), 0.0);
+    for (size_t b = 0; b < x.size() && b < sum.size(); ++b) sum[b] += scale * x[b];
+  };
   for (size_t i = 0; i < taylor.num_rows(); ++i) {
     if (block[i] != "total") continue;
     auto& a = acc[{run[i], dir[i]}];
+    const Table batches = reader.table(unit_path(run[i], step[i], dir[i]) + "/batches");
+    const auto& first = batches.doubles("first_order");
+    const auto& curvature = batches.doubles("curvature");
+    const auto& realized = batches.doubles("realized");
+    std::vector<double> predicted(first.size());
+    for (size_t b = 0; b < first.size(); ++b) predicted[b] = first[b] + 0.5 * curvature[b];
+    a.weight = batches.doubles("weight");
     ++a.n;
-    a.nds += nds[i];
-    a.predicted += predicted[i];
+    add(a.nds, curvature, 1.0 / (update_norm[i] * update_norm[i]));
+    add(a.predicted, predicted, 1.0);
     if (std::isfinite(rho[i])) {
       a.rho += rho[i];
       ++a.n_rho;
     }
-    if (std::isfinite(realized[i])) {
-      a.realized += realized[i];
+    if (std::isfinite(batch_mean(realized, a.weight))) {
+      add(a.realized, realized, 1.0);
       ++a.n_real;
     }
   }
-  // printf's byte-counted widths, as the summary has always been printed.
-  char line[256];
-  std::snprintf(line, sizeof line, "%-20s %-16s %5s %12s %10s %13s %13s\n", "run", "direction",
-                "ckpts", "mean NDS", "ρ_within", "predicted ΔL", "realized ΔL");
+  auto mean_pm = [](const std::vector<double>& sum, const std::vector<double>& w, int n) {
+    if (n == 0 || sum.empty()) return std::string("n/a");
+    const double mean = batch_mean(sum, w) / n, se = batch_stderr(sum, w) / n;
+    return fmt::format("{:.4g} ± {:.2g}", mean, se);
+  };
+  // printf's byte-counted widths; "±" and "ρ" take two bytes each.
+  char line[320];
+  std::snprintf(line, sizeof line, "%-20s %-16s %5s %22s %10s %23s %23s\n", "run", "direction",
+                "ckpts", "mean NDS ± SE", "ρ_within", "predicted ΔL ± SE", "realized ΔL ± SE");
   std::string out = line;
   for (const auto& [key, a] : acc) {
-    auto mean = [](double s, int n) { return n ? s / n : std::nan(""); };
-    std::snprintf(line, sizeof line, "%-20s %-16s %5d %12.5g %9.1f%% %13.4e %13.4e\n",
-                  key.first.c_str(), key.second.c_str(), a.n, a.nds / a.n,
-                  100 * mean(a.rho, a.n_rho), a.predicted / a.n, mean(a.realized, a.n_real));
+    std::snprintf(line, sizeof line, "%-20s %-16s %5d %22s %9.1f%% %23s %23s\n", key.first.c_str(),
+                  key.second.c_str(), a.n, mean_pm(a.nds, a.weight, a.n).c_str(),
+                  100 * (a.n_rho ? a.rho / a.n_rho : std::nan("")),
+                  mean_pm(a.predicted, a.weight, a.n).c_str(),
+                  mean_pm(a.realized, a.weight, a.n_real).c_str());
     out += line;
   }
+  out += "(± one standard error over probe batches; n/a with a single batch: docs/concepts.md)\n";
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "curv/analysis/within.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
+#include "curv/core/statistics.h"
 #include "curv/io/h5_file.h"
 
 namespace curv {
@@ -43,9 +44,33 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Columns of the long table /taylor, in order. Kept in one place: the writer, the resume check
 // and docs/hdf5-schema.md follow it.
-const std::vector<std::string> kTaylorDoubles = {
-    "loss",    "first_order", "curvature", "predicted", "realized",   "nds",     "update_norm",
-    "sq_norm", "row_sum",     "within",    "cross",     "rho_within", "eta_star"};
+const std::vector<std::string> kTaylorDoubles = {"loss",
+                                                 "first_order",
+                                                 "curvature",
+                                                 "predicted",
+                                                 "realized",
+                                                 "nds",
+                                                 "update_norm",
+                                                 "sq_norm",
+                                                 "row_sum",
+                                                 "within",
+                                                 "cross",
+                                                 "rho_within",
+                                                 "eta_star",
+                                                 "loss_stderr",
+                                                 "first_order_stderr",
+                                                 "curvature_stderr",
+                                                 "predicted_stderr",
+                                                 "realized_stderr",
+                                                 "nds_stderr",
+                                                 "row_sum_stderr",
+                                                 "within_stderr",
+                                                 "cross_stderr",
+                                                 "rho_within_stderr",
+                                                 "eta_star_stderr"};
+
+// The results layout; a file of another schema is not resumed into.
+const char* kSchema = "libcurv-probe/2";
 
 Table empty_taylor_table() {
   Table t;
@@ -78,6 +103,40 @@ void check_name(const std::string& what, const std::string& name) {
                     "'.' or '..')",
                     what, name));
   }
+}
+
+// Per batch: weight, loss, g_b·u, uᵀH_b u, realized change, within-block sum, and B x L matrices
+// of the block terms, so that SEs and paired comparisons can be recomputed from the file.
+void write_batches(H5Writer& w, const std::string& path, const TaylorBatches& t) {
+  Table batches;
+  batches.add_column("weight", t.weight);
+  batches.add_column("loss", t.loss);
+  batches.add_column("first_order", t.first_order);
+  batches.add_column("curvature", t.curvature);
+  batches.add_column("realized", t.realized);
+  batches.add_column("within", t.within);
+  w.table(path, batches);
+  auto matrix = [&](const char* name, const Eigen::MatrixXd& m) {
+    const auto rows = static_cast<uint64_t>(m.rows()), cols = static_cast<uint64_t>(m.cols());
+    std::vector<double> data(rows * cols);
+    for (uint64_t i = 0; i < rows; ++i)
+      for (uint64_t j = 0; j < cols; ++j) data[i * cols + j] = m(i, j);
+    w.dataset(path + "/" + name, data, {rows, cols});
+  };
+  matrix("block_first_order", t.block_first_order);
+  matrix("block_curvature", t.block_curvature);
+  matrix("block_row_sum", t.block_row_sum);
+}
+
+// SE of block l's cross term (u_lᵀ(Hu)_l − C_ll) / ‖u‖² over batches.
+double block_cross_stderr(const TaylorBatches& t, size_t l, double u_sq) {
+  const auto j = static_cast<Eigen::Index>(l);
+  std::vector<double> cross(t.size());
+  for (size_t b = 0; b < t.size(); ++b) {
+    const auto i = static_cast<Eigen::Index>(b);
+    cross[b] = t.block_row_sum(i, j) - t.block_curvature(i, j);
+  }
+  return batch_stderr(cross, t.weight) / u_sq;
 }
 
 }  // namespace
@@ -132,6 +191,7 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
                         path_, key, theirs, ours));
       }
     };
+    check("schema", kSchema);
     check("model", p.model);
     check("dtype", p.dtype);
     check("probe_hash", p.probe_hash);
@@ -157,7 +217,7 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
   w.attribute("/", "runtime", p.runtime);
   w.attribute("/", "blocks", p.blocks);
   w.attribute("/", "hvp_method", p.hvp_method);
-  w.attribute("/", "schema", std::string("libcurv-probe/1"));
+  w.attribute("/", "schema", std::string(kSchema));
   for (const auto& [key, value] : p.extra) w.attribute("/", key, value);
 }
 
@@ -216,11 +276,28 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   w.group(g);
   drop_status(run, step, direction);
   *taylor_ = without_unit(*taylor_, run, step, direction);
-  const std::pair<const char*, double> scalars[] = {
-      {"loss", r.loss},           {"first_order", r.first_order}, {"curvature", r.curvature},
-      {"predicted", r.predicted}, {"realized", r.realized},       {"nds", r.nds},
-      {"eta_star", r.eta_star},   {"update_norm", r.update_norm}, {"s_within", r.s_within},
-      {"s_cross", r.s_cross},     {"rho_within", r.rho_within},   {"seconds", r.seconds}};
+  const std::pair<const char*, double> scalars[] = {{"loss", r.loss},
+                                                    {"first_order", r.first_order},
+                                                    {"curvature", r.curvature},
+                                                    {"predicted", r.predicted},
+                                                    {"realized", r.realized},
+                                                    {"nds", r.nds},
+                                                    {"eta_star", r.eta_star},
+                                                    {"update_norm", r.update_norm},
+                                                    {"s_within", r.s_within},
+                                                    {"s_cross", r.s_cross},
+                                                    {"rho_within", r.rho_within},
+                                                    {"seconds", r.seconds},
+                                                    {"loss_stderr", r.loss_stderr},
+                                                    {"first_order_stderr", r.first_order_stderr},
+                                                    {"curvature_stderr", r.curvature_stderr},
+                                                    {"predicted_stderr", r.predicted_stderr},
+                                                    {"realized_stderr", r.realized_stderr},
+                                                    {"nds_stderr", r.nds_stderr},
+                                                    {"eta_star_stderr", r.eta_star_stderr},
+                                                    {"s_within_stderr", r.s_within_stderr},
+                                                    {"s_cross_stderr", r.s_cross_stderr},
+                                                    {"rho_within_stderr", r.rho_within_stderr}};
   for (const auto& [key, value] : scalars) w.attribute(g, key, value);
   w.attribute(g, "hvps", r.hvps);
   w.attribute(g, "coupling_mode", to_string(r.coupling_mode));
@@ -231,11 +308,21 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   blocks.add_column("sq_norm", r.blocks, [](const BlockTerms& b) { return b.sq_norm; });
   blocks.add_column("first_order", r.blocks, [](const BlockTerms& b) { return b.first_order; });
   blocks.add_column("curvature", r.blocks, [](const BlockTerms& b) { return b.curvature; });
-  blocks.add_column("curvature_stderr", r.blocks,
-                    [](const BlockTerms& b) { return b.curvature_stderr; });
   blocks.add_column("row_sum", r.blocks, [](const BlockTerms& b) { return b.row_sum; });
   blocks.add_column("nds", r.blocks, [](const BlockTerms& b) { return b.nds; });
+  blocks.add_column("first_order_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.first_order_stderr; });
+  blocks.add_column("curvature_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.curvature_stderr; });
+  blocks.add_column("row_sum_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.row_sum_stderr; });
+  blocks.add_column("predicted_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.predicted_stderr; });
+  blocks.add_column("nds_stderr", r.blocks, [](const BlockTerms& b) { return b.nds_stderr; });
+  blocks.add_column("curvature_sign_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.curvature_sign_stderr; });
   w.table(g + "/blocks", blocks);
+  write_batches(w, g + "/batches", r.batches);
   if (r.coupling.size() > 0) {
     const auto L = static_cast<uint64_t>(r.coupling.rows());
     std::vector<double> c(L * L);
@@ -248,6 +335,10 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
     m.add_column("eta", r.multipliers, [](const MultiplierTerms& x) { return x.eta; });
     m.add_column("predicted", r.multipliers, [](const MultiplierTerms& x) { return x.predicted; });
     m.add_column("realized", r.multipliers, [](const MultiplierTerms& x) { return x.realized; });
+    m.add_column("predicted_stderr", r.multipliers,
+                 [](const MultiplierTerms& x) { return x.predicted_stderr; });
+    m.add_column("realized_stderr", r.multipliers,
+                 [](const MultiplierTerms& x) { return x.realized_stderr; });
     w.table(g + "/multipliers", m);
   }
   if (within) {
@@ -305,7 +396,19 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                  {"within", r.s_within},
                  {"cross", r.s_cross},
                  {"rho_within", r.rho_within},
-                 {"eta_star", r.eta_star}});
+                 {"eta_star", r.eta_star},
+                 {"loss_stderr", r.loss_stderr},
+                 {"first_order_stderr", r.first_order_stderr},
+                 {"curvature_stderr", r.curvature_stderr},
+                 {"predicted_stderr", r.predicted_stderr},
+                 {"realized_stderr", r.realized_stderr},
+                 {"nds_stderr", r.nds_stderr},
+                 {"row_sum_stderr", r.curvature_stderr},
+                 {"within_stderr", r.s_within_stderr},
+                 {"cross_stderr", r.s_cross_stderr},
+                 {"rho_within_stderr", r.rho_within_stderr},
+                 {"eta_star_stderr", r.eta_star_stderr}});
+  size_t l = 0;
   for (const auto& b : r.blocks) {
     // A block's predicted share g_l·u_l + ½ u_lᵀ(Hu)_l: the shares add up to the total.
     push(b.name, {{"loss", r.loss},
@@ -317,7 +420,16 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                   {"sq_norm", b.sq_norm},
                   {"row_sum", b.row_sum},
                   {"within", b.curvature / u_sq},
-                  {"cross", (b.row_sum - b.curvature) / u_sq}});
+                  {"cross", (b.row_sum - b.curvature) / u_sq},
+                  {"loss_stderr", r.loss_stderr},
+                  {"first_order_stderr", b.first_order_stderr},
+                  {"curvature_stderr", b.curvature_stderr},
+                  {"predicted_stderr", b.predicted_stderr},
+                  {"nds_stderr", b.nds_stderr},
+                  {"row_sum_stderr", b.row_sum_stderr},
+                  {"within_stderr", b.curvature_stderr / u_sq},
+                  {"cross_stderr", block_cross_stderr(r.batches, l, u_sq)}});
+    ++l;
   }
   rows.add_column("run", run_col);
   rows.add_column("step", step_col);

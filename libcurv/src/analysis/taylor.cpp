@@ -10,6 +10,7 @@
 
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
+#include "curv/core/statistics.h"
 
 namespace curv {
 
@@ -50,10 +51,71 @@ void TaylorOptions::validate() const {
 
 std::string TaylorResult::brief() const {
   return fmt::format(
-      "loss {:.5g}, NDS {:.5g}, predicted {:.4g}, realized {:.4g}, ρ_within {:.3g}, "
-      "{} HVPs, {:.2f} s",
-      loss, nds, predicted, realized, rho_within, hvps, seconds);
+      "loss {:.5g}, NDS {:.5g} ± {:.2g}, predicted {:.4g} ± {:.2g}, realized {:.4g} ± {:.2g}, "
+      "ρ_within {:.3g}, {} HVPs, {:.2f} s",
+      loss, nds, nds_stderr, predicted, predicted_stderr, realized, realized_stderr, rho_within,
+      hvps, seconds);
 }
+
+namespace {
+
+std::vector<double> column(const Eigen::MatrixXd& m, Eigen::Index j) {
+  std::vector<double> out(static_cast<size_t>(m.rows()));
+  for (Eigen::Index b = 0; b < m.rows(); ++b) out[static_cast<size_t>(b)] = m(b, j);
+  return out;
+}
+
+// x + scale·y per batch.
+std::vector<double> combine(const std::vector<double>& x, double scale,
+                            const std::vector<double>& y) {
+  std::vector<double> out(x.size());
+  for (size_t b = 0; b < x.size(); ++b) out[b] = x[b] + scale * y[b];
+  return out;
+}
+
+std::vector<double> times(const std::vector<double>& x, double scale) {
+  std::vector<double> out(x.size());
+  for (size_t b = 0; b < x.size(); ++b) out[b] = scale * x[b];
+  return out;
+}
+
+// Standard errors of every value of `r` from its per-batch terms.
+void fill_stderrs(TaylorResult& r, bool realized) {
+  const TaylorBatches& t = r.batches;
+  const auto& w = t.weight;
+  const double u_sq = r.update_norm * r.update_norm;
+  r.loss_stderr = batch_stderr(t.loss, w);
+  r.first_order_stderr = batch_stderr(t.first_order, w);
+  r.curvature_stderr = batch_stderr(t.curvature, w);
+  r.predicted_stderr = batch_stderr(combine(t.first_order, 0.5, t.curvature), w);
+  r.realized_stderr = realized ? batch_stderr(t.realized, w) : kNaN;
+  r.nds_stderr = r.curvature_stderr / u_sq;
+  const bool have_within = r.coupling_mode != CouplingMode::kNone;
+  r.s_within_stderr = have_within ? batch_stderr(t.within, w) / u_sq : kNaN;
+  r.s_cross_stderr =
+      have_within ? batch_stderr(combine(t.curvature, -1.0, t.within), w) / u_sq : kNaN;
+  r.rho_within_stderr = have_within ? ratio_stderr(t.within, t.curvature, w) : kNaN;
+  r.eta_star_stderr =
+      std::isnan(r.eta_star) ? kNaN : ratio_stderr(times(t.first_order, -1.0), t.curvature, w);
+  for (size_t l = 0; l < r.blocks.size(); ++l) {
+    auto& b = r.blocks[l];
+    const auto j = static_cast<Eigen::Index>(l);
+    const auto first = column(t.block_first_order, j);
+    const auto row = column(t.block_row_sum, j);
+    b.first_order_stderr = batch_stderr(first, w);
+    b.row_sum_stderr = batch_stderr(row, w);
+    b.predicted_stderr = batch_stderr(combine(first, 0.5, row), w);
+    b.curvature_stderr = have_within ? batch_stderr(column(t.block_curvature, j), w) : kNaN;
+    b.nds_stderr = b.sq_norm > 0.0 ? b.curvature_stderr / b.sq_norm : kNaN;
+  }
+  for (size_t k = 0; k < r.multipliers.size(); ++k) {
+    auto& m = r.multipliers[k];
+    m.predicted_stderr =
+        batch_stderr(combine(times(t.first_order, m.eta), 0.5 * m.eta * m.eta, t.curvature), w);
+  }
+}
+
+}  // namespace
 
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
                           const BlockPartition& blocks, const TaylorOptions& options) {
@@ -74,6 +136,28 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   r.first_order = dot(g, u);
 
   const size_t L = blocks.size();
+  const std::vector<double>& batch_losses = engine.batch_losses();
+  const size_t B = batch_losses.size();
+  TaylorBatches& t = r.batches;
+  t.loss = batch_losses;
+  t.weight.resize(B);
+  for (size_t b = 0; b < B; ++b) t.weight[b] = engine.probe().weight(b);
+  t.block_first_order = Eigen::MatrixXd::Zero(B, L);
+  t.block_curvature = Eigen::MatrixXd::Constant(B, L, kNaN);
+  t.block_row_sum = Eigen::MatrixXd::Zero(B, L);
+  // Every HVP's batch terms: g_b·u_l over the blocks the vector reaches, and u_lᵀ(H_b v)_l.
+  auto observe = [&](const std::vector<size_t>& reached, Eigen::MatrixXd* dots) {
+    return [&, reached, dots](const BatchTerms& bt) {
+      for (size_t l : reached) {
+        t.block_first_order(bt.batch, l) = dot(*bt.gradient, u, blocks[l].params);
+      }
+      if (dots) {
+        for (size_t l = 0; l < L; ++l) (*dots)(bt.batch, l) = dot(u, *bt.hvp, blocks[l].params);
+      }
+    };
+  };
+  std::vector<size_t> every_block(L);
+  for (size_t l = 0; l < L; ++l) every_block[l] = l;
   r.blocks.resize(L);
   for (size_t l = 0; l < L; ++l) {
     auto& b = r.blocks[l];
@@ -87,10 +171,15 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   if (options.coupling == CouplingMode::kFull) {
     // H u_m for each block; by linearity their sum is H u, so the totals cost nothing extra.
     r.coupling = Eigen::MatrixXd::Zero(L, L);
+    t.block_curvature.setZero();
+    Eigen::MatrixXd column_m(B, L);  // per batch: u_lᵀ (H_b u_m)_l
     for (size_t m = 0; m < L; ++m) {
       if (r.blocks[m].sq_norm == 0.0) continue;
       // Only block m's gradients start the second backward (u is zero elsewhere).
-      ParamVector h_m = engine.hvp(u, blocks[m].params);
+      ParamVector h_m = engine.hvp(u, blocks[m].params, observe({m}, &column_m));
+      t.block_row_sum += column_m;
+      t.block_curvature.col(static_cast<Eigen::Index>(m)) =
+          column_m.col(static_cast<Eigen::Index>(m));
       for (size_t l = 0; l < L; ++l) r.coupling(l, m) = dot(u, h_m, blocks[l].params);
       if (hu.empty()) {
         hu = std::move(h_m);
@@ -101,7 +190,7 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     if (hu.empty()) hu = zeros_like(g);
     for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
   } else {
-    hu = engine.hvp(u);
+    hu = engine.hvp(u, observe(every_block, &t.block_row_sum));
   }
   if (options.coupling == CouplingMode::kRandomized) {
     // With independent signs s_l and w = Σ s_l u_l: s_l u_lᵀ(Hw)_l = Σ_m s_l s_m C_lm, whose
@@ -109,6 +198,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
     const int64_t K = options.coupling_samples;
     Eigen::MatrixXd samples(L, K);
+    t.block_curvature.setZero();
+    Eigen::MatrixXd sample_dots(B, L);
     for (int64_t k = 0; k < K; ++k) {
       auto signs = at::randint(0, 2, {static_cast<int64_t>(L)}, gen, at::kLong) * 2 - 1;
       ParamVector w = zeros_like(u);
@@ -116,17 +207,21 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
         const double s = static_cast<double>(signs[l].item<int64_t>());
         for (size_t p : blocks[l].params) w[p] = u[p].detach() * s;
       }
-      ParamVector hw = engine.hvp(w);
+      ParamVector hw = engine.hvp(w, observe({}, &sample_dots));
       for (size_t l = 0; l < L; ++l) {
-        samples(l, k) =
-            static_cast<double>(signs[l].item<int64_t>()) * dot(u, hw, blocks[l].params);
+        const double s = static_cast<double>(signs[l].item<int64_t>());
+        samples(l, k) = s * dot(u, hw, blocks[l].params);
+        // The same estimator per batch, averaged over the samples: its weighted mean over the
+        // batches is the probe set's estimate.
+        t.block_curvature.col(static_cast<Eigen::Index>(l)) +=
+            (s / static_cast<double>(K)) * sample_dots.col(static_cast<Eigen::Index>(l));
       }
     }
     for (size_t l = 0; l < L; ++l) {
       const double mean = samples.row(l).mean();
       const double var = (samples.row(l).array() - mean).square().sum() / (K - 1);
       r.blocks[l].curvature = mean;
-      r.blocks[l].curvature_stderr = std::sqrt(var / K);
+      r.blocks[l].curvature_sign_stderr = std::sqrt(var / K);
     }
   }
 
@@ -151,18 +246,64 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   }
   r.rho_within = r.s_within / r.nds;
 
+  t.first_order.assign(B, 0.0);
+  t.curvature.assign(B, 0.0);
+  t.within.assign(B, kNaN);
+  for (size_t b = 0; b < B; ++b) {
+    const auto i = static_cast<Eigen::Index>(b);
+    t.first_order[b] = t.block_first_order.row(i).sum();
+    t.curvature[b] = t.block_row_sum.row(i).sum();
+    if (options.coupling != CouplingMode::kNone) t.within[b] = t.block_curvature.row(i).sum();
+  }
+
   r.realized = kNaN;
-  if (options.realized) r.realized = engine.loss_at(u) - r.loss;
+  t.realized.assign(B, kNaN);
+  std::vector<double> at_step;
+  if (options.realized) {
+    r.realized = engine.loss_at(u, &at_step) - r.loss;
+    t.realized = combine(at_step, -1.0, t.loss);
+  }
   for (double eta : options.step_multipliers) {
     MultiplierTerms m;
     m.eta = eta;
     m.predicted = eta * r.first_order + 0.5 * eta * eta * r.curvature;
-    m.realized = engine.loss_at(scaled(u, eta)) - r.loss;
+    m.realized = engine.loss_at(scaled(u, eta), &at_step) - r.loss;
+    m.realized_stderr = batch_stderr(combine(at_step, -1.0, t.loss), t.weight);
     r.multipliers.push_back(m);
   }
+  fill_stderrs(r, options.realized);
   r.hvps = engine.counters().hvps - hvps_before;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b) {
+  const auto& wa = a.batches.weight;
+  const auto& wb = b.batches.weight;
+  if (wa.size() != wb.size()) {
+    throw InvalidArgument(fmt::format(
+        "compare_nds: the audits ran on {} and {} probe batches; a paired comparison needs the "
+        "same batches",
+        wa.size(), wb.size()));
+  }
+  for (size_t i = 0; i < wa.size(); ++i) {
+    if (wa[i] != wb[i]) {
+      throw InvalidArgument(fmt::format(
+          "compare_nds: probe batch {} weighs {} in one audit and {} in the other; a paired "
+          "comparison needs the same batches",
+          i, wa[i], wb[i]));
+    }
+  }
+  const auto nds_a = times(a.batches.curvature, 1.0 / (a.update_norm * a.update_norm));
+  const auto nds_b = times(b.batches.curvature, 1.0 / (b.update_norm * b.update_norm));
+  NdsComparison c;
+  c.nds_a = a.nds;
+  c.nds_b = b.nds;
+  c.difference = a.nds - b.nds;
+  c.difference_stderr = batch_stderr(combine(nds_a, -1.0, nds_b), wa);
+  c.ratio = a.nds / b.nds;
+  c.ratio_stderr = ratio_stderr(nds_a, nds_b, wa);
+  return c;
 }
 
 }  // namespace curv

@@ -111,6 +111,7 @@ struct CurvatureEngine::State {
   ParamVector params;  // the objective's live leaf tensors
   bool have_first_order = false;
   double loss = 0.0;
+  std::vector<double> batch_losses;
   ParamVector grad;
   std::vector<ParamVector> kept;  // per batch: create_graph gradient, or empty
   // The kept graphs belong to the current parameters (even when the budget kept none).
@@ -204,6 +205,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   double loss = 0.0;
+  std::vector<double> batch_losses(probe_.size());
   ParamVector grad(s.params.size());
   bool over_budget = false;
   for_each_batch(Pass::kFirstOrder, [&](size_t b, double w) {
@@ -232,6 +234,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
       ++counters_.graphs_over_budget;
     }
     loss += w * value;
+    batch_losses[b] = value;
     {
       at::NoGradGuard no_grad;
       // A kept gradient stays as it is (its graph is reused); the sum shares it only when it is
@@ -251,6 +254,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   fill_zeros(grad, s.params);
   check(grad, "the gradient");
   s.loss = loss;
+  s.batch_losses = std::move(batch_losses);
   s.grad = std::move(grad);
   s.have_first_order = true;
   s.graphs_current = keep_graphs;
@@ -272,11 +276,18 @@ const ParamVector& CurvatureEngine::gradient() {
   return state_->grad;
 }
 
-ParamVector CurvatureEngine::hvp(const ParamVector& v) {
-  return options_.hvp_method == HvpMethod::kExact ? hvp_exact(v) : hvp_finite_difference(v);
+const std::vector<double>& CurvatureEngine::batch_losses() {
+  if (!state_->have_first_order) compute_first_order(keep_graphs_by_default());
+  return state_->batch_losses;
 }
 
-ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support) {
+ParamVector CurvatureEngine::hvp(const ParamVector& v, const BatchObserver& observer) {
+  return options_.hvp_method == HvpMethod::kExact ? hvp_exact_on(v, nullptr, observer)
+                                                  : hvp_finite_difference(v, 0.0, observer);
+}
+
+ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support,
+                                 const BatchObserver& observer) {
   if (v.size() != state_->params.size()) {
     throw InvalidArgument(fmt::format("hvp: vector of {} tensors for {} parameters", v.size(),
                                       state_->params.size()));
@@ -291,16 +302,19 @@ ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>
   std::vector<size_t> sorted = support;
   std::sort(sorted.begin(), sorted.end());
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &sorted);
+  if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &sorted, observer);
   ParamVector padded = zeros_like(state_->params);
   for (size_t i : sorted) padded[i] = v[i];
-  return hvp_finite_difference(padded);
+  return hvp_finite_difference(padded, 0.0, observer);
 }
 
-ParamVector CurvatureEngine::hvp_exact(const ParamVector& v) { return hvp_exact_on(v, nullptr); }
+ParamVector CurvatureEngine::hvp_exact(const ParamVector& v) {
+  return hvp_exact_on(v, nullptr, {});
+}
 
 ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
-                                          const std::vector<size_t>* support) {
+                                          const std::vector<size_t>* support,
+                                          const BatchObserver& observer) {
   auto& s = *state_;
   if (v_in.size() != s.params.size()) {
     throw InvalidArgument(
@@ -347,11 +361,17 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
         grad_outputs.push_back(v[i]);
       }
     }
-    if (outputs.empty()) return;
-    ParamVector hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
-                                           /*create_graph=*/false, /*allow_unused=*/true);
-    ++counters_.second_backwards;
+    ParamVector hv(s.params.size());
+    if (!outputs.empty()) {
+      hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+      ++counters_.second_backwards;
+    }
     at::NoGradGuard no_grad;
+    if (observer) {
+      const ParamVector g_b = detached(g);
+      observer(BatchTerms{b, w, &g_b, &hv});
+    }
     for (size_t i = 0; i < hv.size(); ++i) {
       if (hv[i].defined()) accumulate(result[i], std::move(hv[i]), w);
     }
@@ -362,11 +382,12 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
   return result;
 }
 
-double CurvatureEngine::loss_at(const ParamVector& u) {
+double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch_losses) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   ParamVector saved = clone(s.params);
   double loss = 0.0;
+  if (batch_losses) batch_losses->assign(probe_.size(), 0.0);
   {
     at::NoGradGuard no_grad;
     // variable_data(): same storage, separate version counter, so the kept graphs survive the
@@ -376,8 +397,10 @@ double CurvatureEngine::loss_at(const ParamVector& u) {
     }
     try {
       for_each_batch(Pass::kLossAt, [&](size_t b, double w) {
-        loss += w * objective_.loss(probe_[b]).item<double>();
+        const double value = objective_.loss(probe_[b]).item<double>();
         ++counters_.forwards;
+        loss += w * value;
+        if (batch_losses) (*batch_losses)[b] = value;
       });
     } catch (...) {
       for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
@@ -394,56 +417,73 @@ double CurvatureEngine::loss_at(const ParamVector& u) {
   return loss;
 }
 
-ParamVector CurvatureEngine::gradient_at_offset(const ParamVector& offset) {
+ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& saved,
+                                               const ParamVector* offset) {
   auto& s = *state_;
-  ParamVector saved = clone(s.params);
-  ParamVector grad = zeros_like(s.params);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      auto data = s.params[i].variable_data();
+      data.copy_(saved[i]);
+      if (offset) data.add_((*offset)[i].to(s.params[i].scalar_type()));
+    }
+  }
+  at::Tensor loss_b = objective_.loss(probe_[b]);
+  ++counters_.forwards;
+  auto g =
+      fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, false, false, true), s.params);
+  ++counters_.backwards;
+  return g;
+}
+
+ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double step,
+                                                   const BatchObserver& observer) {
+  Stopwatch timer(counters_.seconds);
+  auto& s = *state_;
+  const double v_norm = norm(v);
+  if (v_norm == 0.0 && !observer) return zeros_like(s.params);
+  if (step <= 0.0) step = options_.fd_step;
+  if (step <= 0.0) {
+    const double eps = machine_epsilon(s.params.front().scalar_type());
+    // Scale by the parameters' RMS, not their norm: the norm grows with the parameter count while
+    // the curvature scale per coordinate does not, and an oversized step turns truncation error
+    // into the dominant term (measured: 1e-2 relative error on a tiny float32 GPT).
+    const double rms = norm(s.params) / std::sqrt(static_cast<double>(space().numel()));
+    step = std::cbrt(eps) * std::max(1.0, rms);
+  }
+  const double h = v_norm > 0.0 ? step / v_norm : 0.0;
+  const ParamVector plus = scaled(v, h), minus = scaled(v, -h);
+  // Per batch, so that each batch's H_b v exists for an observer; θ is written back exactly from
+  // `saved` before every evaluation and after the last.
+  const ParamVector saved = clone(s.params);
   auto restore = [&] {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
   };
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      s.params[i].variable_data().add_(offset[i].to(s.params[i].scalar_type()));
-    }
-  }
+  ParamVector result(s.params.size());
   try {
     for_each_batch(Pass::kGradientAtOffset, [&](size_t b, double w) {
-      at::Tensor loss_b = objective_.loss(probe_[b]);
-      ++counters_.forwards;
-      auto g = fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, false, false, true),
-                              s.params);
-      ++counters_.backwards;
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < g.size(); ++i) grad[i].add_(g[i], w);
+      ParamVector hv;
+      if (v_norm > 0.0) {
+        hv = batch_gradient_at(b, saved, &plus);
+        ParamVector g_minus = batch_gradient_at(b, saved, &minus);
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < hv.size(); ++i) hv[i].sub_(g_minus[i]).div_(2.0 * h);
+      } else {
+        hv = zeros_like(s.params);
+      }
+      if (observer) {
+        ParamVector g_b = batch_gradient_at(b, saved, nullptr);
+        observer(BatchTerms{b, w, &g_b, &hv});
+      }
+      for (size_t i = 0; i < hv.size(); ++i) accumulate(result[i], std::move(hv[i]), w);
     });
   } catch (...) {
     restore();
     throw;
   }
   restore();
-  return grad;
-}
-
-ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double step) {
-  Stopwatch timer(counters_.seconds);
-  const double v_norm = norm(v);
-  if (v_norm == 0.0) return zeros_like(state_->params);
-  if (step <= 0.0) step = options_.fd_step;
-  if (step <= 0.0) {
-    const double eps = machine_epsilon(state_->params.front().scalar_type());
-    // Scale by the parameters' RMS, not their norm: the norm grows with the parameter count while
-    // the curvature scale per coordinate does not, and an oversized step turns truncation error
-    // into the dominant term (measured: 1e-2 relative error on a tiny float32 GPT).
-    const double rms = norm(state_->params) / std::sqrt(static_cast<double>(space().numel()));
-    step = std::cbrt(eps) * std::max(1.0, rms);
-  }
-  const double h = step / v_norm;
-  ParamVector plus = gradient_at_offset(scaled(v, h));
-  ParamVector minus = gradient_at_offset(scaled(v, -h));
-  ParamVector result;
-  for (size_t i = 0; i < plus.size(); ++i) result.push_back((plus[i] - minus[i]) / (2.0 * h));
+  fill_zeros(result, s.params);
   ++counters_.hvps;
   check(result, "the finite-difference Hessian-vector product");
   return result;

@@ -59,7 +59,9 @@ void check_aligned(const ParamVector& a, const ParamVector& b, const char* op) {
   }
 }
 
+// An undefined tensor is a zero (HVP terms of parameters a pass did not reach).
 double tensor_dot(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return 0.0;
   return at::sum(a.to(at::kDouble) * b.to(at::kDouble)).item<double>();
 }
 

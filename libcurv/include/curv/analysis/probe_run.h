@@ -144,8 +144,9 @@ struct ProbeJobResult {
 
 ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress = {});
 
-// Per (run, direction): checkpoints, mean NDS, ρ_within, predicted and realized change of the
-// whole-model rows of a /taylor table, as the text table ndsprobe prints.
-std::string summarize_taylor(const Table& taylor);
+// Per (run, direction) of a results file: checkpoints, mean NDS, ρ_within, predicted and realized
+// change of the whole model over the checkpoints, with standard errors over probe batches from
+// each unit's per-batch terms: the text table ndsprobe prints.
+std::string summarize_probe_file(const std::string& path);
 
 }  // namespace curv

@@ -1,6 +1,8 @@
 // Second-order Taylor audit of one step u at the engine's parameters: first-order gain, curvature
 // penalty, predicted vs realized loss change, NDS, and their breakdown over blocks, including the
-// block coupling matrix C_lm = u_lᵀ H_lm u_m whose diagonal is the within-layer curvature.
+// block coupling matrix C_lm = u_lᵀ H_lm u_m whose diagonal is the within-layer curvature. Every
+// probe-set number comes with its standard error over the probe batches (core/statistics.h), from
+// the per-batch terms of the same passes.
 #pragma once
 
 #include <Eigen/Core>
@@ -36,20 +38,46 @@ struct TaylorOptions {
   void validate() const;
 };
 
+// Standard errors below are over probe batches (NaN with a single batch, or where the value is).
 struct BlockTerms {
   std::string name;
-  double sq_norm = 0;           // ‖u_l‖²
-  double first_order = 0;       // g_l·u_l
-  double curvature = 0;         // C_ll = u_lᵀ H_ll u_l (NaN with CouplingMode::kNone)
-  double curvature_stderr = 0;  // standard error of C_ll under kRandomized, else 0
-  double row_sum = 0;           // u_lᵀ (Hu)_l = Σ_m C_lm
-  double nds = 0;               // C_ll / ‖u_l‖² (NaN when u_l = 0 or C_ll unknown)
+  double sq_norm = 0;      // ‖u_l‖²
+  double first_order = 0;  // g_l·u_l
+  double curvature = 0;    // C_ll = u_lᵀ H_ll u_l (NaN with CouplingMode::kNone)
+  double row_sum = 0;      // u_lᵀ (Hu)_l = Σ_m C_lm
+  double nds = 0;          // C_ll / ‖u_l‖² (NaN when u_l = 0 or C_ll unknown)
+  double first_order_stderr = 0;
+  double curvature_stderr = 0;
+  double row_sum_stderr = 0;
+  double predicted_stderr = 0;  // of the block's share g_l·u_l + ½ u_lᵀ(Hu)_l
+  double nds_stderr = 0;
+  // Under kRandomized only: the Monte Carlo standard error of C_ll over the K sign vectors (the
+  // estimate's own noise at the probe set, apart from the batch SE above); else 0.
+  double curvature_sign_stderr = 0;
 };
 
 struct MultiplierTerms {
   double eta = 0;
   double predicted = 0;  // η g·u + ½ η² uᵀHu
   double realized = 0;   // L(θ + η u) − L(θ)
+  double predicted_stderr = 0;
+  double realized_stderr = 0;
+};
+
+// The per-batch terms behind the standard errors, aligned with the probe set's batches: the
+// probe-set values are their weighted means Σ_b w_b x_b. Kept so that two audits on the same
+// batches can be compared pairwise (compare_nds).
+struct TaylorBatches {
+  std::vector<double> weight;         // w_b = N_b / N
+  std::vector<double> loss;           // L_b(θ)
+  std::vector<double> first_order;    // g_b·u
+  std::vector<double> curvature;      // uᵀ H_b u
+  std::vector<double> realized;       // L_b(θ+u) − L_b(θ) (NaN when not evaluated)
+  std::vector<double> within;         // Σ_l u_lᵀ H_b,ll u_l (NaN with CouplingMode::kNone)
+  Eigen::MatrixXd block_first_order;  // B x L: g_b,l·u_l
+  Eigen::MatrixXd block_curvature;    // B x L: u_lᵀ H_b,ll u_l (the per-batch C_ll)
+  Eigen::MatrixXd block_row_sum;      // B x L: u_lᵀ (H_b u)_l
+  size_t size() const { return weight.size(); }
 };
 
 struct TaylorResult {
@@ -71,12 +99,39 @@ struct TaylorResult {
   int64_t hvps = 0;
   double seconds = 0;
 
-  std::string brief() const;  // one line: NDS, predicted vs realized, ρ_within
+  // Standard errors over probe batches of the values above. SE(NDS) = SE(uᵀHu)/‖u‖² (‖u‖ is not
+  // random); ρ_within and η* are ratios, with delta-method SEs.
+  double loss_stderr = 0;
+  double first_order_stderr = 0;
+  double curvature_stderr = 0;
+  double predicted_stderr = 0;
+  double realized_stderr = 0;
+  double nds_stderr = 0;
+  double s_within_stderr = 0;
+  double s_cross_stderr = 0;
+  double rho_within_stderr = 0;
+  double eta_star_stderr = 0;
+  TaylorBatches batches;
+
+  std::string brief() const;  // one line: NDS ± SE, predicted vs realized, ρ_within
 };
 
 // Runs the audit at the engine's current parameters. Throws InvalidArgument for a zero or
 // wrongly shaped u.
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
                           const BlockPartition& blocks, const TaylorOptions& options = {});
+
+// A paired comparison of two audits a and b on the same probe batches (two directions at one
+// checkpoint, or one direction of two runs probed on one probe set): the NDS difference and ratio
+// with standard errors from the per-batch pairs, so the batches' shared noise cancels.
+struct NdsComparison {
+  double nds_a = 0, nds_b = 0;
+  double difference = 0;  // NDS_a − NDS_b
+  double difference_stderr = 0;
+  double ratio = 0;         // NDS_a / NDS_b
+  double ratio_stderr = 0;  // delta method on the per-batch pairs
+};
+// InvalidArgument when the audits' batches differ in number or weight.
+NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b);
 
 }  // namespace curv

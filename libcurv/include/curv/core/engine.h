@@ -55,6 +55,17 @@ struct EngineCounters {
   std::string brief() const;
 };
 
+// One probe batch's share of a pass, handed to a BatchObserver before it enters the weighted sum
+// over batches: the per-batch terms behind standard errors and paired comparisons. The tensors are
+// detached and live only during the call.
+struct BatchTerms {
+  size_t batch = 0;
+  double weight = 0.0;                    // w_b = N_b / N
+  const ParamVector* gradient = nullptr;  // g_b = ∇L_b(θ)
+  const ParamVector* hvp = nullptr;       // H_b v, unweighted; an undefined tensor is zero
+};
+using BatchObserver = std::function<void(const BatchTerms&)>;
+
 class CurvatureEngine {
  public:
   CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options = {});
@@ -72,19 +83,26 @@ class CurvatureEngine {
   // Moves the model to θ: copies values in and drops every cached quantity.
   void set_parameters(const ParamVector& theta);
 
-  double loss();                         // L(θ), cached until the parameters change
-  const ParamVector& gradient();         // ∇L(θ), cached likewise
-  double loss_at(const ParamVector& u);  // L(θ + u) on the same probe set; θ is restored exactly
+  double loss();                  // L(θ), cached until the parameters change
+  const ParamVector& gradient();  // ∇L(θ), cached likewise
+  // L_b(θ) of every probe batch (L = Σ_b w_b L_b), cached with the loss.
+  const std::vector<double>& batch_losses();
+  // L(θ + u) on the same probe set; θ is restored exactly. With `batch_losses`, also L_b(θ + u).
+  double loss_at(const ParamVector& u, std::vector<double>* batch_losses = nullptr);
 
-  ParamVector hvp(const ParamVector& v);  // H v by options().hvp_method
+  // H v by options().hvp_method; `observer`, when given, sees every batch's g_b and H_b v.
+  ParamVector hvp(const ParamVector& v, const BatchObserver& observer = {});
   // H v for a v that is zero outside the parameters `support` (indices into space(), e.g. one
   // block's): v's other entries are not read and may be undefined. The exact method starts the
   // second backward from those parameters' gradients only, so autograd skips every path that
   // cannot contribute; the result equals hvp() of the zero-padded v.
-  ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support);
+  ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support,
+                  const BatchObserver& observer = {});
   ParamVector hvp_exact(const ParamVector& v);
-  // Central difference; `step` overrides options().fd_step for this call.
-  ParamVector hvp_finite_difference(const ParamVector& v, double step = 0.0);
+  // Central difference per batch, (g_b(θ + hv) − g_b(θ − hv)) / 2h; `step` overrides
+  // options().fd_step for this call. An observer costs one more gradient per batch (g_b at θ).
+  ParamVector hvp_finite_difference(const ParamVector& v, double step = 0.0,
+                                    const BatchObserver& observer = {});
 
   // Frees the kept gradient graphs; loss and gradient stay cached.
   void release_graphs();
@@ -104,10 +122,12 @@ class CurvatureEngine {
   void for_each_batch(Pass pass, const std::function<void(size_t, double)>& body);
   void compute_first_order(bool keep_graphs);
   bool keep_graphs_by_default() const;
-  ParamVector gradient_at_offset(const ParamVector& offset);  // ∇L(θ + offset), θ restored
+  // Batch b's gradient at θ + offset (θ itself when offset is null); the caller restores θ.
+  ParamVector batch_gradient_at(size_t b, const ParamVector& saved, const ParamVector* offset);
   void check(const ParamVector& x, const char* what) const;
   // hvp_exact over the parameters in `support` (all when null).
-  ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support);
+  ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
+                           const BatchObserver& observer);
 
   Objective& objective_;
   ProbeSet probe_;

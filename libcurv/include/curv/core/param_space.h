@@ -43,7 +43,8 @@ class ParamSpace {
 // A vector in parameter space: tensors aligned with a ParamSpace, in its order.
 using ParamVector = std::vector<at::Tensor>;
 
-// Elementwise helpers. Reductions accumulate in float64 whatever the tensors' dtype.
+// Elementwise helpers. Reductions accumulate in float64 whatever the tensors' dtype; in dot(), an
+// undefined tensor counts as zero.
 double dot(const ParamVector& a, const ParamVector& b);
 double squared_norm(const ParamVector& a);
 double norm(const ParamVector& a);
