@@ -78,6 +78,42 @@ TEST_CASE("ndsprobe end to end on a checkpoint directory, checked with h5py", "[
   CHECK_THAT(reader.attribute_string("/", "model"), Catch::Matchers::Contains("gpt("));
 }
 
+TEST_CASE("ndsprobe writes standard errors and paired comparisons, checked with numpy",
+          "[ndsprobe][statistics]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  // 12 sequences in batches of 5, 5 and 2.
+  const std::string text =
+      f.ndsprobe(f.run + " --data " + f.data +
+                 " --dtype float64 --batch-size 5 --directions delta,gradient --compare "
+                 "delta:gradient --compare run_a/gradient:run_a/delta -o " +
+                 out);
+  CHECK_THAT(text, Catch::Matchers::Contains("mean NDS ± SE"));
+  CHECK_THAT(text, Catch::Matchers::Contains("delta:gradient (run_a)"));
+  run_python("check_statistics_h5.py", {out});
+  H5Reader reader(out);
+  const Table comparisons = reader.table("/comparisons");
+  CHECK(comparisons.num_rows() == 2 * 3);  // two pairs at steps 0, 10, 20 (no delta at 30)
+  // A resumed invocation recomputes the comparisons from the file, including finished units.
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --batch-size 5 --directions delta,gradient --compare "
+             "delta:gradient --resume -o " +
+             out);
+  CHECK(H5Reader(out).table("/comparisons").num_rows() == 3);
+  // One batch: no spread, so NaN standard errors and "n/a" in the summary.
+  const std::string one = f.dir.file("one.h5");
+  CHECK_THAT(f.ndsprobe(f.run + " --data " + f.data + " --directions gradient -o " + one),
+             Catch::Matchers::Contains("n/a"));
+  CHECK(std::isnan(H5Reader(one).attribute_double("/runs/run_a/step_0/gradient", "nds_stderr")));
+  // Names the invocation does not audit are refused before any compute.
+  int rc = 0;
+  const std::string err = f.ndsprobe(
+      f.run + " --data " + f.data + " --directions gradient --compare gradient:adamw -o " + one,
+      &rc);
+  CHECK(rc == 1);
+  CHECK_THAT(err, Catch::Matchers::Contains("no direction 'adamw'"));
+}
+
 TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprobe]") {
   Fixture f;
   const std::string out = f.dir.file("out.h5");

@@ -83,6 +83,10 @@ void DirectionArgs::add_to(CLI::App& app) {
                "Optimizer directions at checkpoints without usable saved state take a what-if "
                "step from fresh state (noted in the output) instead of failing");
   app.add_flag("--list-directions", list, "List the known directions and exit");
+  app.add_option("--compare", compare,
+                 "Paired NDS comparison A:B of two directions on the same probe batches "
+                 "(adamw.whatif:muon.whatif, or RUN/DIRECTION:RUN/DIRECTION across runs); "
+                 "repeatable");
 }
 
 std::vector<std::string> DirectionArgs::specs() const {
@@ -101,6 +105,7 @@ std::vector<std::string> DirectionArgs::specs() const {
 void DirectionArgs::to_options(ProbeRunOptions& options) const {
   options.directions = specs();
   options.whatif_fallback = whatif_fallback;
+  for (const auto& pair : compare) options.comparisons.push_back(NdsPairSpec::parse(pair));
 }
 
 void AuditArgs::add_to(CLI::App& app) {

@@ -40,6 +40,7 @@ struct ProbeDataArgs {
 // --directions, --whatif-fallback, --list-directions.
 struct DirectionArgs {
   std::vector<std::string> directions = {"delta", "gradient", "random"};
+  std::vector<std::string> compare;  // A:B pairs
   bool whatif_fallback = false;
   bool list = false;
 

@@ -112,11 +112,91 @@ def nds_ratio(df, numerator="adamw", denominator="muon", statistic="mean", min_s
     return out
 
 
-def plot_over_training(ax, df, column, title, scale="linear"):
-    """One line per run of `column` against step. scale: linear, log, or symlog (for signed
-    quantities such as NDS, whose negative values a log axis would drop)."""
+def batch_stderr(x, weights):
+    """Standard error over probe batches of the weighted mean sum(w_b x_b):
+    sqrt(B/(B-1) * sum(w_b^2 (x_b - mean)^2)); NaN for a single batch (docs/concepts.md)."""
+    x, w = np.asarray(x, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    if len(x) < 2:
+        return float("nan")
+    mean = float(np.sum(w * x))
+    return float(np.sqrt(len(x) / (len(x) - 1) * np.sum((w * (x - mean)) ** 2)))
+
+
+def ratio_stderr(a, c, weights):
+    """Delta-method standard error of the ratio of weighted means sum(w a) / sum(w c)."""
+    a, c, w = (np.asarray(v, dtype=np.float64) for v in (a, c, weights))
+    c_mean = float(np.sum(w * c))
+    if len(a) < 2 or c_mean == 0:
+        return float("nan")
+    ratio = float(np.sum(w * a)) / c_mean
+    return batch_stderr((a - ratio * c) / c_mean, w)
+
+
+def batch_terms(path, run, step, direction):
+    """A unit's per-batch terms (weight, loss, first_order, curvature, realized, within) as a
+    DataFrame, plus the column 'nds' = curvature / ||u||^2."""
+    df = read_table(path, f"/runs/{run}/step_{step}/{direction}/batches")
+    with h5py.File(path, "r") as f:
+        u = float(f[f"/runs/{run}/step_{step}/{direction}"].attrs["update_norm"])
+    return df.assign(nds=df["curvature"] / (u * u))
+
+
+def _unit_steps(path, run, direction):
+    with h5py.File(path, "r") as f:
+        if f"/runs/{run}" not in f:
+            return []
+        steps = []
+        for name, group in f[f"/runs/{run}"].items():
+            if name.startswith("step_") and direction in group and "batches" in group[direction]:
+                steps.append(int(name[5:]))
+        return sorted(steps)
+
+
+def paired_nds(path_a, unit_a, path_b=None, unit_b=None):
+    """Paired NDS comparison of two units ("RUN/DIRECTION") at every step both have, from their
+    per-batch terms: one row per step with nds_a, nds_b, difference (a - b), difference_stderr,
+    ratio (a / b) and ratio_stderr (delta method). path_b defaults to path_a; two files must have
+    been probed on the same probe set (their probe_hash attributes are compared)."""
+    path_b = path_b or path_a
+    unit_b = unit_b or unit_a
+    if path_b != path_a:
+        ha, hb = root_attributes(path_a)["probe_hash"], root_attributes(path_b)["probe_hash"]
+        if ha != hb:
+            raise ValueError(f"{path_a} and {path_b} were probed on different probe sets "
+                             f"(probe_hash {ha} vs {hb}): a paired comparison needs the same batches")
+    run_a, direction_a = unit_a.split("/", 1)
+    run_b, direction_b = unit_b.split("/", 1)
+    rows = []
+    steps_b = set(_unit_steps(path_b, run_b, direction_b))
+    for step in _unit_steps(path_a, run_a, direction_a):
+        if step not in steps_b:
+            continue
+        a = batch_terms(path_a, run_a, step, direction_a)
+        b = batch_terms(path_b, run_b, step, direction_b)
+        if not np.array_equal(a["weight"].to_numpy(), b["weight"].to_numpy()):
+            raise ValueError(f"step {step}: {unit_a} and {unit_b} have different probe batches")
+        w = a["weight"].to_numpy()
+        na, nb = a["nds"].to_numpy(), b["nds"].to_numpy()
+        mean_a, mean_b = float(np.sum(w * na)), float(np.sum(w * nb))
+        rows.append({"step": step, "nds_a": mean_a, "nds_b": mean_b,
+                     "difference": mean_a - mean_b,
+                     "difference_stderr": batch_stderr(na - nb, w),
+                     "ratio": mean_a / mean_b, "ratio_stderr": ratio_stderr(na, nb, w)})
+    return pd.DataFrame(rows, columns=["step", "nds_a", "nds_b", "difference",
+                                       "difference_stderr", "ratio", "ratio_stderr"])
+
+
+def plot_over_training(ax, df, column, title, scale="linear", errorbars=True):
+    """One line per run of `column` against step, with ±1 standard-error bars where the frame has
+    a `<column>_stderr` column (errorbars=False leaves them out). scale: linear, log, or symlog
+    (for signed quantities such as NDS, whose negative values a log axis would drop)."""
+    stderr = f"{column}_stderr"
     for run, group in df.groupby("run"):
-        ax.plot(group["step"], group[column], marker="o", ms=3, label=run)
+        if errorbars and stderr in group:
+            ax.errorbar(group["step"], group[column], yerr=group[stderr], marker="o", ms=3,
+                        capsize=2, label=run)
+        else:
+            ax.plot(group["step"], group[column], marker="o", ms=3, label=run)
     ax.set_title(title)
     ax.set_xlabel("step")
     if scale == "symlog":

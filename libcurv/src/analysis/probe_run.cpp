@@ -36,6 +36,42 @@ void CheckpointSpectrumOptions::validate() const {
   if (density) density_options.validate();
 }
 
+NdsPairSpec NdsPairSpec::parse(const std::string& text) {
+  NdsPairSpec spec;
+  spec.text = text;
+  const auto colon = text.find(':');
+  if (colon == std::string::npos || text.find(':', colon + 1) != std::string::npos) {
+    throw InvalidArgument(fmt::format(
+        "--compare '{}': expected A:B, each side a direction (adamw.whatif:muon.whatif) or "
+        "RUN/DIRECTION (adamw/delta:muon/delta)",
+        text));
+  }
+  auto side = [&](const std::string& part, std::string& run, std::string& direction) {
+    const auto slash = part.find('/');
+    if (slash == std::string::npos) {
+      direction = part;
+    } else {
+      run = part.substr(0, slash);
+      direction = part.substr(slash + 1);
+      if (run.empty()) {
+        throw InvalidArgument(fmt::format("--compare '{}': empty run name in '{}'", text, part));
+      }
+    }
+    if (direction.empty() || direction.find('/') != std::string::npos) {
+      throw InvalidArgument(
+          fmt::format("--compare '{}': '{}' is not a direction or RUN/DIRECTION", text, part));
+    }
+  };
+  side(text.substr(0, colon), spec.run_a, spec.direction_a);
+  side(text.substr(colon + 1), spec.run_b, spec.direction_b);
+  if (spec.run_a.empty() != spec.run_b.empty()) {
+    throw InvalidArgument(fmt::format(
+        "--compare '{}': give a run on both sides (RUN/DIRECTION:RUN/DIRECTION) or on neither",
+        text));
+  }
+  return spec;
+}
+
 void ProbeRunOptions::validate() const {
   if (runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
   if (directions.empty()) throw InvalidArgument("ProbeRunOptions.directions is empty");
@@ -285,6 +321,27 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
     }
     runs_.push_back(std::move(source));
   }
+  // Every name a comparison uses must be one this invocation writes.
+  for (const auto& pair : options_.comparisons) {
+    for (const auto* direction : {&pair.direction_a, &pair.direction_b}) {
+      if (!seen.count(*direction)) {
+        std::vector<std::string> names(seen.begin(), seen.end());
+        throw InvalidArgument(fmt::format("--compare '{}': no direction '{}' among {}", pair.text,
+                                          *direction, fmt::join(names, ", ")));
+      }
+    }
+    for (const auto* run : {&pair.run_a, &pair.run_b}) {
+      if (run->empty()) continue;
+      bool found = false;
+      for (const auto& r : runs_) found = found || r.name == *run;
+      if (!found) {
+        std::vector<std::string> names;
+        for (const auto& r : runs_) names.push_back(r.name);
+        throw InvalidArgument(fmt::format("--compare '{}': no run '{}' among {}", pair.text, *run,
+                                          fmt::join(names, ", ")));
+      }
+    }
+  }
 }
 
 ProbeRun::~ProbeRun() = default;
@@ -309,8 +366,78 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
     }
   }
   report.commit();
+  if (!options_.comparisons.empty()) {
+    // From the committed file, so that units finished by earlier (resumed) invocations count.
+    report.writer().table("/comparisons", paired_comparisons(report.path(), options_.comparisons));
+    report.commit();
+  }
   summary.counters = engine.counters();
   return summary;
+}
+
+Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>& pairs) {
+  H5Reader reader(path);
+  std::vector<std::string> text, run_a, run_b, direction_a, direction_b;
+  std::vector<int64_t> steps;
+  std::map<std::string, std::vector<double>> values;
+  // Per-batch NDS of a unit with results (false for a missing unit or a status).
+  auto batch_nds = [&](const std::string& unit, std::vector<double>& weight,
+                       std::vector<double>& nds) {
+    if (!reader.exists(unit + "/batches")) return false;
+    const Table batches = reader.table(unit + "/batches");
+    const double u = reader.attribute_double(unit, "update_norm");
+    weight = batches.doubles("weight");
+    nds = batches.doubles("curvature");
+    for (auto& x : nds) x /= u * u;
+    return true;
+  };
+  const std::vector<std::string> runs =
+      reader.exists("/runs") ? reader.children("/runs") : std::vector<std::string>{};
+  for (const auto& pair : pairs) {
+    std::vector<std::pair<std::string, std::string>> run_pairs;
+    if (pair.run_a.empty()) {
+      for (const auto& r : runs) run_pairs.emplace_back(r, r);
+    } else {
+      run_pairs.emplace_back(pair.run_a, pair.run_b);
+    }
+    for (const auto& [ra, rb] : run_pairs) {
+      if (!reader.exists("/runs/" + ra)) continue;
+      for (const auto& child : reader.children("/runs/" + ra)) {
+        if (child.rfind("step_", 0) != 0) continue;
+        const int64_t step = std::stoll(child.substr(5));
+        std::vector<double> wa, na, wb, nb;
+        if (!batch_nds(unit_path(ra, step, pair.direction_a), wa, na) ||
+            !batch_nds(unit_path(rb, step, pair.direction_b), wb, nb)) {
+          continue;
+        }
+        const NdsComparison c = compare_batch_nds(wa, na, wb, nb);
+        text.push_back(pair.text);
+        run_a.push_back(ra);
+        run_b.push_back(rb);
+        direction_a.push_back(pair.direction_a);
+        direction_b.push_back(pair.direction_b);
+        steps.push_back(step);
+        values["nds_a"].push_back(c.nds_a);
+        values["nds_b"].push_back(c.nds_b);
+        values["difference"].push_back(c.difference);
+        values["difference_stderr"].push_back(c.difference_stderr);
+        values["ratio"].push_back(c.ratio);
+        values["ratio_stderr"].push_back(c.ratio_stderr);
+      }
+    }
+  }
+  Table t;
+  t.add_column("pair", text);
+  t.add_column("run_a", run_a);
+  t.add_column("direction_a", direction_a);
+  t.add_column("run_b", run_b);
+  t.add_column("direction_b", direction_b);
+  t.add_column("step", steps);
+  for (const char* c :
+       {"nds_a", "nds_b", "difference", "difference_stderr", "ratio", "ratio_stderr"}) {
+    t.add_column(c, values[c]);
+  }
+  return t;
 }
 
 void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
@@ -552,6 +679,29 @@ std::string summarize_probe_file(const std::string& path) {
                   mean_pm(a.predicted, a.weight, a.n).c_str(),
                   mean_pm(a.realized, a.weight, a.n_real).c_str());
     out += line;
+  }
+  if (reader.exists("/comparisons")) {
+    const Table c = reader.table("/comparisons");
+    if (c.num_rows() > 0) {
+      std::snprintf(line, sizeof line, "\n%-34s %8s %24s %24s\n", "paired comparison A:B", "step",
+                    "NDS_A / NDS_B ± SE", "NDS_A - NDS_B ± SE");
+      out += line;
+    }
+    const auto& pair = c.strings("pair");
+    const auto& run_a = c.strings("run_a");
+    const auto& run_b = c.strings("run_b");
+    const auto& cstep = c.int64s("step");
+    for (size_t i = 0; i < c.num_rows(); ++i) {
+      const std::string label = run_a[i] == run_b[i] && pair[i].find('/') == std::string::npos
+                                    ? fmt::format("{} ({})", pair[i], run_a[i])
+                                    : pair[i];
+      const auto pm = [](double x, double se) { return fmt::format("{:.4g} ± {:.2g}", x, se); };
+      std::snprintf(line, sizeof line, "%-34s %8lld %24s %24s\n", label.c_str(),
+                    static_cast<long long>(cstep[i]),
+                    pm(c.doubles("ratio")[i], c.doubles("ratio_stderr")[i]).c_str(),
+                    pm(c.doubles("difference")[i], c.doubles("difference_stderr")[i]).c_str());
+      out += line;
+    }
   }
   out += "(± one standard error over probe batches; n/a with a single batch: docs/concepts.md)\n";
   return out;

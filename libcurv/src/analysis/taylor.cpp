@@ -277,9 +277,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   return r;
 }
 
-NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b) {
-  const auto& wa = a.batches.weight;
-  const auto& wb = b.batches.weight;
+NdsComparison compare_batch_nds(const std::vector<double>& wa, const std::vector<double>& nds_a,
+                                const std::vector<double>& wb, const std::vector<double>& nds_b) {
   if (wa.size() != wb.size()) {
     throw InvalidArgument(fmt::format(
         "compare_nds: the audits ran on {} and {} probe batches; a paired comparison needs the "
@@ -294,15 +293,25 @@ NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b) {
           i, wa[i], wb[i]));
     }
   }
-  const auto nds_a = times(a.batches.curvature, 1.0 / (a.update_norm * a.update_norm));
-  const auto nds_b = times(b.batches.curvature, 1.0 / (b.update_norm * b.update_norm));
   NdsComparison c;
+  c.nds_a = batch_mean(nds_a, wa);
+  c.nds_b = batch_mean(nds_b, wa);
+  c.difference = c.nds_a - c.nds_b;
+  c.difference_stderr = batch_stderr(combine(nds_a, -1.0, nds_b), wa);
+  c.ratio = c.nds_a / c.nds_b;
+  c.ratio_stderr = ratio_stderr(nds_a, nds_b, wa);
+  return c;
+}
+
+NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b) {
+  NdsComparison c = compare_batch_nds(
+      a.batches.weight, times(a.batches.curvature, 1.0 / (a.update_norm * a.update_norm)),
+      b.batches.weight, times(b.batches.curvature, 1.0 / (b.update_norm * b.update_norm)));
+  // The audits' own values, which the per-batch means equal up to rounding.
   c.nds_a = a.nds;
   c.nds_b = b.nds;
   c.difference = a.nds - b.nds;
-  c.difference_stderr = batch_stderr(combine(nds_a, -1.0, nds_b), wa);
   c.ratio = a.nds / b.nds;
-  c.ratio_stderr = ratio_stderr(nds_a, nds_b, wa);
   return c;
 }
 

@@ -43,6 +43,15 @@ struct CheckpointSpectrumOptions {
   void validate() const;
 };
 
+// A paired NDS comparison `--compare A:B`: each side a direction name as written in the output,
+// optionally prefixed by a run name ("muon/delta"). Without runs it applies within every run;
+// with runs it pairs the two runs' units at equal steps. Both sides see the same probe batches.
+struct NdsPairSpec {
+  std::string run_a, direction_a, run_b, direction_b;  // empty run = every run
+  std::string text;                                    // as given, for messages and the output
+  static NdsPairSpec parse(const std::string& text);   // InvalidArgument naming the text
+};
+
 // The loop's choices, independent of how the model and the probe set were obtained.
 struct ProbeRunOptions {
   std::vector<std::string> runs;  // checkpoint directories, one run each
@@ -61,7 +70,8 @@ struct ProbeRunOptions {
   // place of within_options.n_head; false keeps within_options.n_head as given.
   bool within_heads_from_model = true;
   CheckpointSpectrumOptions spectrum;
-  uint64_t seed = 0;  // seeds random directions and every estimator
+  std::vector<NdsPairSpec> comparisons;  // written to /comparisons after the loop
+  uint64_t seed = 0;                     // seeds random directions and every estimator
 
   void validate() const;  // InvalidArgument naming the field and value
 };
@@ -143,6 +153,10 @@ struct ProbeJobResult {
 };
 
 ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress = {});
+
+// The paired comparisons of a results file, from the units' per-batch terms: one row per pair and
+// step where both units have results (columns in docs/hdf5-schema.md, "/comparisons").
+Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>& pairs);
 
 // Per (run, direction) of a results file: checkpoints, mean NDS, ρ_within, predicted and realized
 // change of the whole model over the checkpoints, with standard errors over probe batches from

@@ -133,5 +133,10 @@ struct NdsComparison {
 };
 // InvalidArgument when the audits' batches differ in number or weight.
 NdsComparison compare_nds(const TaylorResult& a, const TaylorResult& b);
+// The same from per-batch NDS values uᵀH_b u / ‖u‖² and the batch weights of each audit.
+NdsComparison compare_batch_nds(const std::vector<double>& weight_a,
+                                const std::vector<double>& nds_a,
+                                const std::vector<double>& weight_b,
+                                const std::vector<double>& nds_b);
 
 }  // namespace curv
