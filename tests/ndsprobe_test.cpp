@@ -114,6 +114,46 @@ TEST_CASE("ndsprobe writes standard errors and paired comparisons, checked with 
   CHECK_THAT(err, Catch::Matchers::Contains("no direction 'adamw'"));
 }
 
+TEST_CASE("ndsprobe --token-buckets writes bucket audits that sum to the totals",
+          "[ndsprobe][buckets]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --batch-size 5 --steps 0:10 --directions gradient,delta "
+             "--token-buckets quantiles:3 -o " +
+             out);
+  H5Reader reader(out);
+  CHECK(reader.attribute_string("/", "token_buckets") == "quantiles:3");
+  const Table buckets = reader.table("/token_buckets");
+  const Table taylor = reader.table("/taylor");
+  REQUIRE(buckets.num_rows() == 4 * 3);  // 2 steps x 2 directions x 3 buckets
+  for (size_t i = 0; i < taylor.num_rows(); ++i) {
+    if (taylor.strings("block")[i] != "total") continue;
+    double curvature = 0, loss = 0;
+    for (size_t j = 0; j < buckets.num_rows(); ++j) {
+      if (buckets.strings("run")[j] == taylor.strings("run")[i] &&
+          buckets.int64s("step")[j] == taylor.int64s("step")[i] &&
+          buckets.strings("direction")[j] == taylor.strings("direction")[i]) {
+        curvature += buckets.doubles("curvature")[j];
+        loss += buckets.doubles("loss")[j];
+      }
+    }
+    CHECK(curvature == Approx(taylor.doubles("curvature")[i]).epsilon(1e-12));
+    CHECK(loss == Approx(taylor.doubles("loss")[i]).epsilon(1e-12));
+  }
+  // Resuming keeps the finished units' bucket rows and adds the new ones.
+  f.ndsprobe(f.run + " --data " + f.data +
+             " --dtype float64 --batch-size 5 --steps 0:20 --directions gradient,delta "
+             "--token-buckets quantiles:3 --resume -o " +
+             out);
+  CHECK(H5Reader(out).table("/token_buckets").num_rows() == 6 * 3);
+  int rc = 0;
+  const std::string err = f.ndsprobe(
+      f.run + " --data " + f.data + " --token-buckets tails -o " + f.dir.file("x.h5"), &rc);
+  CHECK(rc == 1);
+  CHECK_THAT(err, Catch::Matchers::Contains("--token-buckets 'tails'"));
+}
+
 TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprobe]") {
   Fixture f;
   const std::string out = f.dir.file("out.h5");

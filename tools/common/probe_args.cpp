@@ -142,6 +142,12 @@ void AuditArgs::add_to(CLI::App& app) {
   app.add_option("--within-max-hvps", within_max_hvps, "HVP budget of --within per unit (0 = none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--token-buckets", token_buckets,
+                 "Also audit each token-frequency bucket of the loss: head[:MASS] (head/tail) or "
+                 "quantiles:K");
+  app.add_option("--token-counts", token_counts,
+                 "Token counts (JSON array by id) defining the buckets instead of the probe set's "
+                 "targets");
 }
 
 BlockOptions AuditArgs::block_options() const {
@@ -168,6 +174,12 @@ void AuditArgs::to_options(ProbeRunOptions& options, uint64_t seed) const {
   options.within_options.modes = modes;
   options.within_options.row_chunks = row_chunks;
   options.within_options.max_hvps = within_max_hvps;
+  if (!token_buckets.empty()) {
+    options.token_buckets = TokenBucketOptions::parse(token_buckets);
+    options.token_buckets.counts_path = token_counts;
+  } else if (!token_counts.empty()) {
+    throw InvalidArgument("--token-counts needs --token-buckets");
+  }
 }
 
 const std::map<std::string, std::string>& AuditArgs::flags() {

@@ -52,7 +52,8 @@ struct DirectionArgs {
 };
 
 // --blocks, --block-group, --coupling, --coupling-samples, --multipliers, --no-realized,
-// --within, --within-params, --modes, --row-chunks, --within-max-hvps.
+// --within, --within-params, --modes, --row-chunks, --within-max-hvps, --token-buckets,
+// --token-counts.
 struct AuditArgs {
   std::string blocks = "layer";
   std::vector<std::string> block_groups;
@@ -65,6 +66,8 @@ struct AuditArgs {
   int64_t modes = 4;
   int64_t row_chunks = 0;
   int64_t within_max_hvps = 0;
+  std::string token_buckets;
+  std::string token_counts;
 
   void add_to(CLI::App& app);
   BlockOptions block_options() const;

@@ -77,6 +77,7 @@ void ProbeRunOptions::validate() const {
   if (directions.empty()) throw InvalidArgument("ProbeRunOptions.directions is empty");
   validate_param_order(param_order);
   taylor.validate();
+  token_buckets.validate();
   if (within) within_options.validate();
   if (spectrum.any()) spectrum.validate();
 }
@@ -358,6 +359,18 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
   ProbeRunSummary summary;
   summary.units = units();
   size_t done = 0;
+  if (options_.token_buckets.enabled()) {
+    token_buckets_ =
+        std::make_unique<TokenBuckets>(make_token_buckets(options_.token_buckets, engine.probe()));
+    auto& w = report.writer();
+    w.attribute("/", "token_buckets", options_.token_buckets.describe());
+    w.attribute("/", "token_bucket_names", token_buckets_->names);
+    w.attribute("/", "token_bucket_source", token_buckets_->source);
+    w.attribute("/", "token_bucket_count_share", token_buckets_->count_share);
+    const at::Tensor of = token_buckets_->bucket_of_id.contiguous();
+    w.dataset("/token_bucket_of_id",
+              std::vector<int64_t>(of.data_ptr<int64_t>(), of.data_ptr<int64_t>() + of.numel()));
+  }
   for (const auto& run : runs_) {
     report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
     report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
@@ -520,6 +533,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     report_progress(progress, ++done, total,
                     fmt::format("{} step {} spectrum", run.name, info.step));
   }
+  std::unique_ptr<TokenBucketAudit> bucket_audit;
   // Once the last direction that reads the optimizer state has its u, the audits run without it.
   auto release_state = [&] {
     saved.tensors.clear();
@@ -543,12 +557,22 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       ParamVector u = d->compute(context);
       if (k == last_state_reader) release_state();
       TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
+      std::vector<BucketResult> buckets;
+      if (token_buckets_) {
+        // Built at the first unit that needs it, after θ is set: its engines share the objective.
+        if (!bucket_audit) {
+          bucket_audit = std::make_unique<TokenBucketAudit>(engine.objective(), engine.probe(),
+                                                            *token_buckets_, engine.options());
+        }
+        buckets = bucket_audit->audit(u, blocks, o.taylor);
+      }
       if (o.within) {
         WithinReport within = within_block(engine, u, within_options);
         report.add_taylor(run.name, info.step, d->name(), taylor, &within);
       } else {
         report.add_taylor(run.name, info.step, d->name(), taylor);
       }
+      if (token_buckets_) report.add_token_buckets(run.name, info.step, d->name(), buckets);
       const std::string unit = unit_path(run.name, info.step, d->name());
       if (o.spectrum.overlap) {
         write_overlap(report.writer(), unit, direction_overlap(u, top_vectors, engine.gradient()));

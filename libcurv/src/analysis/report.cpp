@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "curv/analysis/taylor.h"
+#include "curv/analysis/token_buckets.h"
 #include "curv/analysis/within.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
@@ -79,6 +80,33 @@ Table empty_taylor_table() {
   t.add_column("direction", std::vector<std::string>{});
   t.add_column("block", std::vector<std::string>{});
   for (const auto& c : kTaylorDoubles) t.add_column(c, std::vector<double>{});
+  return t;
+}
+
+// Columns of /token_buckets and of each unit's token_buckets table after its keys.
+const std::vector<std::string> kBucketDoubles = {"share",
+                                                 "loss",
+                                                 "first_order",
+                                                 "curvature",
+                                                 "predicted",
+                                                 "realized",
+                                                 "nds",
+                                                 "loss_mean",
+                                                 "nds_mean",
+                                                 "loss_stderr",
+                                                 "first_order_stderr",
+                                                 "curvature_stderr",
+                                                 "predicted_stderr",
+                                                 "realized_stderr",
+                                                 "nds_stderr"};
+
+Table empty_bucket_table() {
+  Table t;
+  t.add_column("run", std::vector<std::string>{});
+  t.add_column("step", std::vector<int64_t>{});
+  t.add_column("direction", std::vector<std::string>{});
+  t.add_column("bucket", std::vector<std::string>{});
+  for (const auto& c : kBucketDoubles) t.add_column(c, std::vector<double>{});
   return t;
 }
 
@@ -172,7 +200,8 @@ std::string unit_path(const std::string& run, int64_t step, const std::string& d
 ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
     : path_(std::move(path)),
       taylor_(std::make_unique<Table>(empty_taylor_table())),
-      status_(std::make_unique<Table>(empty_status_table())) {
+      status_(std::make_unique<Table>(empty_status_table())),
+      buckets_(std::make_unique<Table>(empty_bucket_table())) {
   const auto parent = std::filesystem::path(path_).parent_path();
   if (!parent.empty() && !std::filesystem::is_directory(parent)) {
     throw InvalidArgument(
@@ -199,6 +228,7 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
     check("seed", std::to_string(p.seed));
     if (reader.exists("/taylor")) *taylor_ = reader.table("/taylor");
     if (reader.exists("/status")) *status_ = reader.table("/status");
+    if (reader.exists("/token_buckets")) *buckets_ = reader.table("/token_buckets");
   } else {
     writer_ = std::make_unique<H5Writer>(path_);
   }
@@ -276,6 +306,7 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   w.group(g);
   drop_status(run, step, direction);
   *taylor_ = without_unit(*taylor_, run, step, direction);
+  *buckets_ = without_unit(*buckets_, run, step, direction);
   const std::pair<const char*, double> scalars[] = {{"loss", r.loss},
                                                     {"first_order", r.first_order},
                                                     {"curvature", r.curvature},
@@ -439,6 +470,55 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   taylor_->append_rows(rows);
 }
 
+void ProbeReport::add_token_buckets(const std::string& run, int64_t step,
+                                    const std::string& direction,
+                                    const std::vector<BucketResult>& buckets) {
+  const std::string g = unit_path(run, step, direction);
+  if (!writer_->exists(g)) {
+    throw InvalidArgument(
+        fmt::format("add_token_buckets: unit {} has no Taylor results yet (add_taylor first)", g));
+  }
+  *buckets_ = without_unit(*buckets_, run, step, direction);
+  std::map<std::string, std::vector<double>> cols;
+  std::vector<std::string> names;
+  for (const auto& b : buckets) {
+    const TaylorResult& t = b.taylor;
+    names.push_back(b.name);
+    const std::map<std::string, double> v = {{"share", b.share},
+                                             {"loss", t.loss},
+                                             {"first_order", t.first_order},
+                                             {"curvature", t.curvature},
+                                             {"predicted", t.predicted},
+                                             {"realized", t.realized},
+                                             {"nds", t.nds},
+                                             {"loss_mean", b.share > 0 ? t.loss / b.share : kNaN},
+                                             {"nds_mean", b.share > 0 ? t.nds / b.share : kNaN},
+                                             {"loss_stderr", t.loss_stderr},
+                                             {"first_order_stderr", t.first_order_stderr},
+                                             {"curvature_stderr", t.curvature_stderr},
+                                             {"predicted_stderr", t.predicted_stderr},
+                                             {"realized_stderr", t.realized_stderr},
+                                             {"nds_stderr", t.nds_stderr}};
+    for (const auto& c : kBucketDoubles) cols[c].push_back(v.at(c));
+  }
+  Table unit;
+  unit.add_column("bucket", names);
+  for (const auto& c : kBucketDoubles) unit.add_column(c, cols[c]);
+  writer_->table(g + "/token_buckets", unit);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    write_batches(*writer_, fmt::format("{}/token_buckets/batches_{}", g, buckets[k].name),
+                  buckets[k].taylor.batches);
+  }
+  Table rows;
+  const size_t n = buckets.size();
+  rows.add_column("run", std::vector<std::string>(n, run));
+  rows.add_column("step", std::vector<int64_t>(n, step));
+  rows.add_column("direction", std::vector<std::string>(n, direction));
+  rows.add_column("bucket", names);
+  for (const auto& c : kBucketDoubles) rows.add_column(c, cols[c]);
+  buckets_->append_rows(rows);
+}
+
 void ProbeReport::add_status(const std::string& run, int64_t step, const std::string& direction,
                              const std::string& status, const std::string& message) {
   check_name("run", run);
@@ -447,6 +527,7 @@ void ProbeReport::add_status(const std::string& run, int64_t step, const std::st
   writer_->remove(g);
   writer_->group(g);
   drop_status(run, step, direction);
+  *buckets_ = without_unit(*buckets_, run, step, direction);
   writer_->attribute(g, "status", status);
   writer_->attribute(g, "message", message);
   Table row;
@@ -461,6 +542,7 @@ void ProbeReport::add_status(const std::string& run, int64_t step, const std::st
 void ProbeReport::commit() {
   writer_->table("/taylor", *taylor_);
   writer_->table("/status", *status_);
+  if (buckets_->num_rows() > 0) writer_->table("/token_buckets", *buckets_);
   writer_->commit();
 }
 

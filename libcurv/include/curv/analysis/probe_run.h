@@ -13,6 +13,7 @@
 #include "curv/analysis/report.h"
 #include "curv/analysis/spectrum.h"
 #include "curv/analysis/taylor.h"
+#include "curv/analysis/token_buckets.h"
 #include "curv/analysis/within.h"
 #include "curv/core/blocks.h"
 #include "curv/core/engine.h"
@@ -70,6 +71,9 @@ struct ProbeRunOptions {
   // place of within_options.n_head; false keeps within_options.n_head as given.
   bool within_heads_from_model = true;
   CheckpointSpectrumOptions spectrum;
+  // Token-frequency buckets: each direction's audit also per bucket of target tokens, built once
+  // from the probe set (or a counts file) and written to the unit's token_buckets table.
+  TokenBucketOptions token_buckets;
   std::vector<NdsPairSpec> comparisons;  // written to /comparisons after the loop
   uint64_t seed = 0;                     // seeds random directions and every estimator
 
@@ -114,6 +118,7 @@ class ProbeRun {
                         const ProgressCallback& progress, size_t& done, ProbeRunSummary& summary);
 
   ProbeRunOptions options_;
+  std::unique_ptr<TokenBuckets> token_buckets_;  // built by execute() when enabled
   std::vector<std::unique_ptr<Direction>> directions_;
   std::vector<ProbeRunSource> runs_;
 };

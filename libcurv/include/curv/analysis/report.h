@@ -13,6 +13,7 @@ namespace curv {
 
 struct TaylorResult;
 struct WithinReport;
+struct BucketResult;
 class H5Writer;
 class Table;
 
@@ -61,6 +62,10 @@ class ProbeReport {
   void set_run_attribute(const std::string& run, const std::string& key, const std::string& value);
   void add_taylor(const std::string& run, int64_t step, const std::string& direction,
                   const TaylorResult& taylor, const WithinReport* within = nullptr);
+  // Token-bucket audits of a unit already added with add_taylor: its `token_buckets` table and
+  // rows of the long table /token_buckets.
+  void add_token_buckets(const std::string& run, int64_t step, const std::string& direction,
+                         const std::vector<BucketResult>& buckets);
   // A unit that produced no numbers, and why ("unavailable", "failed").
   void add_status(const std::string& run, int64_t step, const std::string& direction,
                   const std::string& status, const std::string& message);
@@ -80,6 +85,7 @@ class ProbeReport {
   std::unique_ptr<H5Writer> writer_;
   std::unique_ptr<Table> taylor_;
   std::unique_ptr<Table> status_;
+  std::unique_ptr<Table> buckets_;  // /token_buckets
 };
 
 // Group path of one unit: "/runs/<run>/step_<N>/<direction>".
