@@ -48,6 +48,12 @@ def block_pivot(blocks, column):
     return blocks.pivot_table(index="block", columns="step", values=column, aggfunc="first").reindex(order)
 
 
+def has_group(path, group):
+    """Whether the file holds `group` (a table such as /comparisons or /token_buckets)."""
+    with h5py.File(path, "r") as f:
+        return group in f
+
+
 def root_attributes(path):
     with h5py.File(path, "r") as f:
         return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
@@ -186,17 +192,22 @@ def paired_nds(path_a, unit_a, path_b=None, unit_b=None):
                                        "difference_stderr", "ratio", "ratio_stderr"])
 
 
+def errorbar(ax, x, y, yerr=None, **kwargs):
+    """ax.errorbar where some standard error is finite, else ax.plot: a single probe batch gives
+    NaN standard errors, which matplotlib's errorbar cannot draw."""
+    if yerr is not None and np.isfinite(np.asarray(yerr, dtype=np.float64)).any():
+        return ax.errorbar(x, y, yerr=yerr, capsize=2, **kwargs)
+    return ax.plot(x, y, **kwargs)
+
+
 def plot_over_training(ax, df, column, title, scale="linear", errorbars=True):
     """One line per run of `column` against step, with ±1 standard-error bars where the frame has
     a `<column>_stderr` column (errorbars=False leaves them out). scale: linear, log, or symlog
     (for signed quantities such as NDS, whose negative values a log axis would drop)."""
     stderr = f"{column}_stderr"
     for run, group in df.groupby("run"):
-        if errorbars and stderr in group:
-            ax.errorbar(group["step"], group[column], yerr=group[stderr], marker="o", ms=3,
-                        capsize=2, label=run)
-        else:
-            ax.plot(group["step"], group[column], marker="o", ms=3, label=run)
+        yerr = group[stderr] if errorbars and stderr in group else None
+        errorbar(ax, group["step"], group[column], yerr, marker="o", ms=3, label=run)
     ax.set_title(title)
     ax.set_xlabel("step")
     if scale == "symlog":
