@@ -23,6 +23,14 @@ at::Tensor Objective::token_losses(const Batch&) {
   throw ModelError(fmt::format("{} does not provide per-target losses", describe()));
 }
 
+at::Tensor Objective::logits(const Batch&) {
+  throw ModelError(
+      fmt::format("{}: the Gauss-Newton split needs a model scored by cross-entropy on logits "
+                  "(the built-in gpt, mlp with loss cross_entropy or memory, or a TorchScript "
+                  "file in logits mode, forward(x) -> logits); this objective gives only its loss",
+                  describe()));
+}
+
 ModelStructure Objective::structure() const { return ModelStructure::from_names(space()); }
 
 void load_parameters(Objective& objective, const ParamVector& values) {

@@ -88,6 +88,34 @@ class Gpt : public FunctionalModel {
   }
 
   at::Tensor loss(const Batch& batch) override {
+    check(batch);
+    return mean_cross_entropy(forward(batch.inputs), batch.targets);
+  }
+
+  at::Tensor token_losses(const Batch& batch) override {
+    check(batch);
+    auto l = forward(batch.inputs);
+    const int64_t classes = l.size(-1);
+    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
+                        {}, at::Reduction::None)
+        .reshape(batch.targets.sizes());
+  }
+
+  at::Tensor logits(const Batch& batch) override {
+    check(batch);
+    return forward(batch.inputs);
+  }
+
+  std::string describe() const override { return ModelConfig("gpt", c_).describe(); }
+
+ private:
+  struct Layer {
+    size_t ln_1_w, attn_w, attn_proj_w, ln_2_w, fc_w, mlp_proj_w;
+  };
+
+  // Throws ModelError unless the batch is int64 tokens (batch, T) within the vocabulary and the
+  // context, with int64 targets of the same shape.
+  void check(const Batch& batch) const {
     const auto& x = batch.inputs;
     if (x.dim() != 2 || x.scalar_type() != at::kLong) {
       throw ModelError(
@@ -111,24 +139,7 @@ class Gpt : public FunctionalModel {
       throw ModelError(fmt::format("gpt: token ids span [{}, {}], outside the vocabulary [0, {})",
                                    lo, hi, c_.vocab_size));
     }
-    return mean_cross_entropy(logits(x), batch.targets);
   }
-
-  at::Tensor token_losses(const Batch& batch) override {
-    loss(Batch{batch.inputs.narrow(0, 0, 1), batch.targets.narrow(0, 0, 1)});  // validates
-    auto l = logits(batch.inputs);
-    const int64_t classes = l.size(-1);
-    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
-                        {}, at::Reduction::None)
-        .reshape(batch.targets.sizes());
-  }
-
-  std::string describe() const override { return ModelConfig("gpt", c_).describe(); }
-
- private:
-  struct Layer {
-    size_t ln_1_w, attn_w, attn_proj_w, ln_2_w, fc_w, mlp_proj_w;
-  };
 
   // Parameter i's bias partner when the model has biases (it directly follows its weight).
   at::Tensor bias_after(size_t weight) const { return c_.bias ? p(weight + 1) : at::Tensor(); }
@@ -137,7 +148,7 @@ class Gpt : public FunctionalModel {
     return at::layer_norm(x, {c_.n_embd}, p(weight), bias_after(weight), 1e-5);
   }
 
-  at::Tensor logits(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const {
     const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, H = c_.n_head;
     auto positions = at::arange(T, tokens.options());
     auto x = at::embedding(p(0), tokens) + at::embedding(p(1), positions);

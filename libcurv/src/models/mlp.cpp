@@ -44,7 +44,32 @@ class Mlp : public FunctionalModel {
   }
 
   at::Tensor loss(const Batch& batch) override {
-    const auto& x = batch.inputs;
+    at::Tensor h = forward(batch.inputs);
+    if (c_.loss == "mse") {
+      auto y = batch.targets.to(h.scalar_type());
+      if (!y.sizes().equals(h.sizes())) {
+        throw ModelError(fmt::format("mlp: mse targets must have shape {}; got {}", h.sizes(),
+                                     batch.targets.sizes()));
+      }
+      return at::mse_loss(h, y);
+    }
+    check_class_targets(batch);
+    return mean_cross_entropy(h, batch.targets);
+  }
+
+  // The outputs are logits only under cross-entropy; an mse MLP keeps the default (ModelError).
+  at::Tensor logits(const Batch& batch) override {
+    if (c_.loss != "cross_entropy") return Objective::logits(batch);
+    at::Tensor h = forward(batch.inputs);
+    check_class_targets(batch);
+    return h;
+  }
+
+  std::string describe() const override { return ModelConfig("mlp", c_).describe(); }
+
+ private:
+  // The last layer's outputs on inputs (batch, sizes[0]); throws ModelError on any other shape.
+  at::Tensor forward(const at::Tensor& x) const {
     if (x.dim() != 2 || x.size(1) != c_.sizes.front()) {
       throw ModelError(fmt::format("mlp: inputs must have shape (batch, {}); got {}",
                                    c_.sizes.front(), x.sizes()));
@@ -55,27 +80,19 @@ class Mlp : public FunctionalModel {
       h = at::linear(h, p(2 * i), p(2 * i + 1));
       if (i + 1 < layers) h = activate(h);
     }
-    if (c_.loss == "mse") {
-      auto y = batch.targets.to(h.scalar_type());
-      if (!y.sizes().equals(h.sizes())) {
-        throw ModelError(fmt::format("mlp: mse targets must have shape {}; got {}", h.sizes(),
-                                     batch.targets.sizes()));
-      }
-      return at::mse_loss(h, y);
-    }
+    return h;
+  }
+
+  void check_class_targets(const Batch& batch) const {
     if (batch.targets.scalar_type() != at::kLong || batch.targets.dim() != 1 ||
-        batch.targets.size(0) != x.size(0)) {
+        batch.targets.size(0) != batch.inputs.size(0)) {
       throw ModelError(
           fmt::format("mlp: cross_entropy targets must be int64 class ids of shape "
                       "({}); got {} of shape {}",
-                      x.size(0), batch.targets.scalar_type(), batch.targets.sizes()));
+                      batch.inputs.size(0), batch.targets.scalar_type(), batch.targets.sizes()));
     }
-    return mean_cross_entropy(h, batch.targets);
   }
 
-  std::string describe() const override { return ModelConfig("mlp", c_).describe(); }
-
- private:
   at::Tensor activate(const at::Tensor& h) const {
     if (c_.activation == "tanh") return at::tanh(h);
     if (c_.activation == "gelu") return at::gelu(h);

@@ -97,12 +97,17 @@ class MemoryObjective : public SingleMatrixObjective {
 
   at::Tensor loss(const Batch& batch) override {
     check(batch);
-    return at::nll_loss(at::log_softmax(logits(batch.inputs), -1), batch.targets.reshape({-1}));
+    return at::nll_loss(at::log_softmax(forward(batch.inputs), -1), batch.targets.reshape({-1}));
+  }
+
+  at::Tensor logits(const Batch& batch) override {
+    check(batch);
+    return forward(batch.inputs);
   }
 
   at::Tensor token_losses(const Batch& batch) override {
     check(batch);
-    return at::nll_loss(at::log_softmax(logits(batch.inputs), -1), batch.targets.reshape({-1}), {},
+    return at::nll_loss(at::log_softmax(forward(batch.inputs), -1), batch.targets.reshape({-1}), {},
                         at::Reduction::None)
         .reshape(batch.targets.sizes());
   }
@@ -130,7 +135,7 @@ class MemoryObjective : public SingleMatrixObjective {
   }
 
   // Logits E_out·W·e_in(c) for every input class, one row per input.
-  at::Tensor logits(const at::Tensor& inputs) const {
+  at::Tensor forward(const at::Tensor& inputs) const {
     at::Tensor keys = at::embedding(keys_, inputs.reshape({-1}));
     return at::matmul(at::matmul(keys, weight_.t()), outputs_.t());
   }

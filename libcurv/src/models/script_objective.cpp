@@ -64,17 +64,56 @@ class ScriptObjective : public Objective {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw ModelError(
-          fmt::format("{}: forward failed on inputs of shape {} ({}) and targets of "
-                      "shape {} ({}): {}",
-                      path_, inputs.sizes(), inputs.scalar_type(), targets.sizes(),
-                      targets.scalar_type(), brief_what(e)));
+      throw forward_failed(inputs, targets, e);
     }
+  }
+
+  at::Tensor logits(const Batch& batch) override {
+    if (mode_ == ScriptMode::kLoss) {
+      throw ModelError(
+          fmt::format("{}: the file's forward(x, y) returns the loss, but the Gauss-Newton split "
+                      "needs the logits: export the model in logits mode, forward(x) -> logits "
+                      "scored by cross-entropy against y",
+                      path_));
+    }
+    at::Tensor inputs = batch.inputs;
+    if (inputs.is_floating_point()) inputs = inputs.to(params_.front().scalar_type());
+    const at::Tensor& targets = batch.targets;
+    if (!targets.defined()) {
+      throw ModelError(
+          fmt::format("{}: the batch has no targets to score the logits against", path_));
+    }
+    at::Tensor logits;
+    try {
+      logits = module_.forward({inputs}).toTensor();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw forward_failed(inputs, targets, e);
+    }
+    // What nll_loss checks in loss(): one int64 target per row of logits.reshape({-1, C}).
+    if (logits.dim() < 1 || !at::isFloatingType(logits.scalar_type()) ||
+        targets.scalar_type() != at::kLong || logits.numel() != targets.numel() * logits.size(-1)) {
+      throw ModelError(fmt::format(
+          "{}: forward(x) returned {} logits of shape {} for {} targets of shape {}; "
+          "expected floating logits [..., classes] with one int64 target per row",
+          path_, logits.scalar_type(), logits.sizes(), targets.scalar_type(), targets.sizes()));
+    }
+    return logits;
   }
 
   std::string describe() const override { return "torchscript(" + path_ + ")"; }
 
  private:
+  ModelError forward_failed(const at::Tensor& inputs, const at::Tensor& targets,
+                            const std::exception& e) const {
+    return ModelError(
+        fmt::format("{}: forward failed on inputs of shape {} ({}) and targets of "
+                    "shape {} ({}): {}",
+                    path_, inputs.sizes(), inputs.scalar_type(), targets.sizes(),
+                    targets.scalar_type(), brief_what(e)));
+  }
+
   torch::jit::Module module_;
   std::string path_;
   ScriptMode mode_;

@@ -27,6 +27,10 @@ struct Batch {
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 };
 
+// A target id that cross-entropy leaves out of its mean (the default ignore_index of at::nll_loss
+// and torch.nn.functional.cross_entropy): the loss averages over the other positions only.
+constexpr int64_t kIgnoreIndex = -100;
+
 class Objective {
  public:
   virtual ~Objective() = default;
@@ -42,6 +46,13 @@ class Objective {
   // Per-target losses (shape of the targets) for per-bucket evaluation. Models scored by
   // cross-entropy provide them; the default throws ModelError.
   virtual at::Tensor token_losses(const Batch& batch);
+  // Logits [..., C], differentiable w.r.t. parameters(), whose mean cross-entropy against
+  // batch.targets is loss(batch): the rows of logits.reshape({-1, C}) are the positions of
+  // batch.targets.reshape({-1}), and positions whose target is kIgnoreIndex are left out of the
+  // mean as the loss leaves them. The Gauss-Newton split (gauss_newton.h) starts from them. The
+  // batch is validated as loss() validates it. Built-in cross-entropy models and TorchScript
+  // files in logits mode provide them; the default throws ModelError.
+  virtual at::Tensor logits(const Batch& batch);
   // What each parameter is for (roles, layers, head counts, tied pairs), aligned with space().
   // The default applies the name rules (ModelStructure::from_names); built-in architectures
   // return their exact structure, TorchScript models may take a user mapping file.
