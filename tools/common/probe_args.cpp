@@ -145,6 +145,11 @@ void AuditArgs::add_to(CLI::App& app) {
   app.add_option("--token-buckets", token_buckets,
                  "Also audit each token-frequency bucket of the loss: head[:MASS] (head/tail) or "
                  "quantiles:K");
+  app.add_flag("--ggn", ggn,
+               "Split uᵀHu into its Gauss-Newton part uᵀGu (>= 0) and the residual (models "
+               "scored by cross-entropy on logits)");
+  app.add_flag("--ggn-blocks", ggn_blocks,
+               "With --ggn: also each block's G_ll (one JVP per block and batch)");
   app.add_option("--token-counts", token_counts,
                  "Token counts (JSON array by id) defining the buckets instead of the probe set's "
                  "targets");
@@ -174,6 +179,9 @@ void AuditArgs::to_options(ProbeRunOptions& options, uint64_t seed) const {
   options.within_options.modes = modes;
   options.within_options.row_chunks = row_chunks;
   options.within_options.max_hvps = within_max_hvps;
+  if (ggn_blocks && !ggn) throw InvalidArgument("--ggn-blocks needs --ggn");
+  options.taylor.ggn = ggn;
+  options.taylor.ggn_blocks = ggn_blocks;
   if (!token_buckets.empty()) {
     options.token_buckets = TokenBucketOptions::parse(token_buckets);
     options.token_buckets.counts_path = token_counts;

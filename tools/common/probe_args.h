@@ -53,7 +53,7 @@ struct DirectionArgs {
 
 // --blocks, --block-group, --coupling, --coupling-samples, --multipliers, --no-realized,
 // --within, --within-params, --modes, --row-chunks, --within-max-hvps, --token-buckets,
-// --token-counts.
+// --token-counts, --ggn, --ggn-blocks.
 struct AuditArgs {
   std::string blocks = "layer";
   std::vector<std::string> block_groups;
@@ -68,6 +68,8 @@ struct AuditArgs {
   int64_t within_max_hvps = 0;
   std::string token_buckets;
   std::string token_counts;
+  bool ggn = false;
+  bool ggn_blocks = false;
 
   void add_to(CLI::App& app);
   BlockOptions block_options() const;

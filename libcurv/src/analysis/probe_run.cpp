@@ -359,6 +359,14 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
   ProbeRunSummary summary;
   summary.units = units();
   size_t done = 0;
+  if (options_.taylor.ggn) {
+    // Before any unit: an objective without logits cannot give the split.
+    try {
+      engine.objective().logits(engine.probe()[0]);
+    } catch (const Error& e) {
+      throw InvalidArgument(fmt::format("--ggn: {}", e.what()));
+    }
+  }
   if (options_.token_buckets.enabled()) {
     token_buckets_ =
         std::make_unique<TokenBuckets>(make_token_buckets(options_.token_buckets, engine.probe()));

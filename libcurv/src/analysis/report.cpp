@@ -45,30 +45,15 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Columns of the long table /taylor, in order. Kept in one place: the writer, the resume check
 // and docs/hdf5-schema.md follow it.
-const std::vector<std::string> kTaylorDoubles = {"loss",
-                                                 "first_order",
-                                                 "curvature",
-                                                 "predicted",
-                                                 "realized",
-                                                 "nds",
-                                                 "update_norm",
-                                                 "sq_norm",
-                                                 "row_sum",
-                                                 "within",
-                                                 "cross",
-                                                 "rho_within",
-                                                 "eta_star",
-                                                 "loss_stderr",
-                                                 "first_order_stderr",
-                                                 "curvature_stderr",
-                                                 "predicted_stderr",
-                                                 "realized_stderr",
-                                                 "nds_stderr",
-                                                 "row_sum_stderr",
-                                                 "within_stderr",
-                                                 "cross_stderr",
-                                                 "rho_within_stderr",
-                                                 "eta_star_stderr"};
+// clang-format off
+const std::vector<std::string> kTaylorDoubles = {
+    "loss", "first_order", "curvature", "predicted", "realized", "nds", "update_norm", "sq_norm",
+    "row_sum", "within", "cross", "rho_within", "eta_star",
+    "loss_stderr", "first_order_stderr", "curvature_stderr", "predicted_stderr",
+    "realized_stderr", "nds_stderr", "row_sum_stderr", "within_stderr", "cross_stderr",
+    "rho_within_stderr", "eta_star_stderr",
+    "ggn_curvature", "ggn_nds", "residual_nds", "ggn_nds_stderr", "residual_nds_stderr"};
+// clang-format on
 
 // The results layout; a file of another schema is not resumed into.
 const char* kSchema = "libcurv-probe/2";
@@ -143,6 +128,7 @@ void write_batches(H5Writer& w, const std::string& path, const TaylorBatches& t)
   batches.add_column("curvature", t.curvature);
   batches.add_column("realized", t.realized);
   batches.add_column("within", t.within);
+  batches.add_column("ggn", t.ggn);
   w.table(path, batches);
   auto matrix = [&](const char* name, const Eigen::MatrixXd& m) {
     const auto rows = static_cast<uint64_t>(m.rows()), cols = static_cast<uint64_t>(m.cols());
@@ -154,6 +140,7 @@ void write_batches(H5Writer& w, const std::string& path, const TaylorBatches& t)
   matrix("block_first_order", t.block_first_order);
   matrix("block_curvature", t.block_curvature);
   matrix("block_row_sum", t.block_row_sum);
+  matrix("block_ggn", t.block_ggn);
 }
 
 // SE of block l's cross term (u_lᵀ(Hu)_l − C_ll) / ‖u‖² over batches.
@@ -328,7 +315,13 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                                                     {"eta_star_stderr", r.eta_star_stderr},
                                                     {"s_within_stderr", r.s_within_stderr},
                                                     {"s_cross_stderr", r.s_cross_stderr},
-                                                    {"rho_within_stderr", r.rho_within_stderr}};
+                                                    {"rho_within_stderr", r.rho_within_stderr},
+                                                    {"ggn_curvature", r.ggn_curvature},
+                                                    {"ggn_nds", r.ggn_nds},
+                                                    {"residual_curvature", r.residual_curvature},
+                                                    {"residual_nds", r.residual_nds},
+                                                    {"ggn_nds_stderr", r.ggn_nds_stderr},
+                                                    {"residual_nds_stderr", r.residual_nds_stderr}};
   for (const auto& [key, value] : scalars) w.attribute(g, key, value);
   w.attribute(g, "hvps", r.hvps);
   w.attribute(g, "coupling_mode", to_string(r.coupling_mode));
@@ -352,6 +345,14 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   blocks.add_column("nds_stderr", r.blocks, [](const BlockTerms& b) { return b.nds_stderr; });
   blocks.add_column("curvature_sign_stderr", r.blocks,
                     [](const BlockTerms& b) { return b.curvature_sign_stderr; });
+  blocks.add_column("ggn_curvature", r.blocks, [](const BlockTerms& b) { return b.ggn_curvature; });
+  blocks.add_column("ggn_nds", r.blocks, [](const BlockTerms& b) { return b.ggn_nds; });
+  blocks.add_column("residual_curvature", r.blocks,
+                    [](const BlockTerms& b) { return b.residual_curvature; });
+  blocks.add_column("ggn_curvature_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.ggn_curvature_stderr; });
+  blocks.add_column("residual_curvature_stderr", r.blocks,
+                    [](const BlockTerms& b) { return b.residual_curvature_stderr; });
   w.table(g + "/blocks", blocks);
   write_batches(w, g + "/batches", r.batches);
   if (r.coupling.size() > 0) {
@@ -438,7 +439,12 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                  {"within_stderr", r.s_within_stderr},
                  {"cross_stderr", r.s_cross_stderr},
                  {"rho_within_stderr", r.rho_within_stderr},
-                 {"eta_star_stderr", r.eta_star_stderr}});
+                 {"eta_star_stderr", r.eta_star_stderr},
+                 {"ggn_curvature", r.ggn_curvature},
+                 {"ggn_nds", r.ggn_nds},
+                 {"residual_nds", r.residual_nds},
+                 {"ggn_nds_stderr", r.ggn_nds_stderr},
+                 {"residual_nds_stderr", r.residual_nds_stderr}});
   size_t l = 0;
   for (const auto& b : r.blocks) {
     // A block's predicted share g_l·u_l + ½ u_lᵀ(Hu)_l: the shares add up to the total.
@@ -459,7 +465,13 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                   {"nds_stderr", b.nds_stderr},
                   {"row_sum_stderr", b.row_sum_stderr},
                   {"within_stderr", b.curvature_stderr / u_sq},
-                  {"cross_stderr", block_cross_stderr(r.batches, l, u_sq)}});
+                  {"cross_stderr", block_cross_stderr(r.batches, l, u_sq)},
+                  {"ggn_curvature", b.ggn_curvature},
+                  {"ggn_nds", b.ggn_nds},
+                  {"residual_nds", b.sq_norm > 0.0 ? b.residual_curvature / b.sq_norm : kNaN},
+                  {"ggn_nds_stderr", b.sq_norm > 0.0 ? b.ggn_curvature_stderr / b.sq_norm : kNaN},
+                  {"residual_nds_stderr",
+                   b.sq_norm > 0.0 ? b.residual_curvature_stderr / b.sq_norm : kNaN}});
     ++l;
   }
   rows.add_column("run", run_col);

@@ -115,6 +115,67 @@ void fill_stderrs(TaylorResult& r, bool realized) {
   }
 }
 
+// uᵀGu over the probe set and its residual uᵀHu − uᵀGu, with per-block G_ll when `per_block`.
+void gauss_newton_split(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
+                        bool per_block, TaylorResult& r) {
+  TaylorBatches& t = r.batches;
+  const size_t B = t.size(), L = blocks.size();
+  const double u_sq = r.update_norm * r.update_norm;
+  std::vector<std::vector<size_t>> supports;
+  std::vector<size_t> block_of_support;  // blocks with u_l ≠ 0 (the others have G_ll = 0)
+  if (per_block) {
+    for (size_t l = 0; l < L; ++l) {
+      if (r.blocks[l].sq_norm == 0.0) continue;
+      supports.push_back(blocks[l].params);
+      block_of_support.push_back(l);
+    }
+  } else {
+    std::vector<size_t> all(u.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    supports.push_back(std::move(all));
+  }
+  t.ggn.assign(B, 0.0);
+  t.block_ggn =
+      Eigen::MatrixXd::Constant(static_cast<Eigen::Index>(B), static_cast<Eigen::Index>(L), kNaN);
+  if (per_block) t.block_ggn.setZero();
+  const Eigen::MatrixXd g =
+      engine.gauss_newton(u, supports, [&](size_t b, const Eigen::MatrixXd& g_b) {
+        t.ggn[b] = g_b.sum();
+        for (size_t k = 0; k < block_of_support.size(); ++k) {
+          const auto i = static_cast<Eigen::Index>(k);
+          t.block_ggn(static_cast<Eigen::Index>(b),
+                      static_cast<Eigen::Index>(block_of_support[k])) = g_b(i, i);
+        }
+      });
+  const auto& w = t.weight;
+  r.ggn_curvature = g.sum();
+  r.ggn_nds = r.ggn_curvature / u_sq;
+  r.residual_curvature = r.curvature - r.ggn_curvature;
+  r.residual_nds = r.residual_curvature / u_sq;
+  r.ggn_nds_stderr = batch_stderr(t.ggn, w) / u_sq;
+  r.residual_nds_stderr = batch_stderr(combine(t.curvature, -1.0, t.ggn), w) / u_sq;
+  if (!per_block) return;
+  std::vector<double> g_ll(L, 0.0);  // 0 for blocks with u_l = 0
+  for (size_t k = 0; k < block_of_support.size(); ++k) {
+    const auto i = static_cast<Eigen::Index>(k);
+    g_ll[block_of_support[k]] = g(i, i);
+  }
+  for (size_t l = 0; l < L; ++l) {
+    auto& b = r.blocks[l];
+    const auto per_batch = column(t.block_ggn, static_cast<Eigen::Index>(l));
+    b.ggn_curvature = g_ll[l];
+    b.ggn_nds = b.sq_norm > 0.0 ? b.ggn_curvature / b.sq_norm : kNaN;
+    b.ggn_curvature_stderr = batch_stderr(per_batch, w);
+    b.residual_curvature = b.curvature - b.ggn_curvature;
+    b.residual_curvature_stderr =
+        r.coupling_mode == CouplingMode::kNone
+            ? kNaN
+            : batch_stderr(
+                  combine(column(t.block_curvature, static_cast<Eigen::Index>(l)), -1.0, per_batch),
+                  w);
+  }
+}
+
 }  // namespace
 
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
@@ -248,6 +309,9 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
 
   t.first_order.assign(B, 0.0);
   t.curvature.assign(B, 0.0);
+  t.ggn.assign(B, kNaN);
+  t.block_ggn =
+      Eigen::MatrixXd::Constant(static_cast<Eigen::Index>(B), static_cast<Eigen::Index>(L), kNaN);
   t.within.assign(B, kNaN);
   for (size_t b = 0; b < B; ++b) {
     const auto i = static_cast<Eigen::Index>(b);
@@ -272,6 +336,7 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     r.multipliers.push_back(m);
   }
   fill_stderrs(r, options.realized);
+  if (options.ggn) gauss_newton_split(engine, u, blocks, options.ggn_blocks, r);
   r.hvps = engine.counters().hvps - hvps_before;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

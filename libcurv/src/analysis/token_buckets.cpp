@@ -14,9 +14,6 @@ namespace curv {
 
 namespace {
 
-// nll_loss's default ignore_index: such targets count neither as losses nor as positions.
-constexpr int64_t kIgnoreIndex = -100;
-
 // The objective's loss restricted to the target positions of one bucket, divided by all target
 // positions of the batch, so that the buckets' losses sum to the objective's mean loss.
 class BucketLossObjective : public Objective {
@@ -249,6 +246,8 @@ std::vector<BucketResult> TokenBucketAudit::audit(const ParamVector& u,
                                                   TaylorOptions options) {
   options.coupling = CouplingMode::kNone;
   options.step_multipliers.clear();
+  options.ggn = false;  // the bucket losses have no logits of their own
+  options.ggn_blocks = false;
   std::vector<BucketResult> out;
   for (auto& bucket : buckets_) {
     BucketResult r;

@@ -13,6 +13,7 @@
 #include "core/fmt_torch.h"
 #include "core/strings.h"
 #include "curv/core/error.h"
+#include "curv/core/gauss_newton.h"
 #include "curv/core/runtime.h"
 
 namespace curv {
@@ -181,6 +182,8 @@ const char* CurvatureEngine::pass_name(Pass pass) {
       return "gradient at a displaced θ";
     case Pass::kLossAt:
       return "loss at θ + u";
+    case Pass::kGaussNewton:
+      return "Gauss-Newton product";
   }
   return "probe pass";
 }
@@ -193,10 +196,12 @@ void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t,
       throw;
     } catch (const std::exception& e) {
       // Only the HVP needs a second derivative: the hint would mislead for the other passes.
-      throw ModelError(fmt::format(
-          "{}: {} failed on probe batch {}{}: {}", objective_.describe(), pass_name(pass), b,
-          pass == Pass::kHvp ? fmt::format(" ({})", kTwiceDifferentiableHint) : std::string(),
-          brief_what(e)));
+      throw ModelError(fmt::format("{}: {} failed on probe batch {}{}: {}", objective_.describe(),
+                                   pass_name(pass), b,
+                                   pass == Pass::kHvp || pass == Pass::kGaussNewton
+                                       ? fmt::format(" ({})", kTwiceDifferentiableHint)
+                                       : std::string(),
+                                   brief_what(e)));
     }
   }
 }
@@ -380,6 +385,21 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
   return result;
+}
+
+Eigen::MatrixXd CurvatureEngine::gauss_newton(
+    const ParamVector& u, const std::vector<std::vector<size_t>>& supports,
+    const std::function<void(size_t, const Eigen::MatrixXd&)>& observer) {
+  Stopwatch timer(counters_.seconds);
+  const auto L = static_cast<Eigen::Index>(supports.size());
+  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(L, L);
+  for_each_batch(Pass::kGaussNewton, [&](size_t b, double w) {
+    const Eigen::MatrixXd g_b = gauss_newton_coupling(objective_, probe_[b], u, supports);
+    ++counters_.forwards;
+    if (observer) observer(b, g_b);
+    total += w * g_b;
+  });
+  return total;
 }
 
 double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch_losses) {

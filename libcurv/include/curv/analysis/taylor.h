@@ -7,6 +7,7 @@
 
 #include <Eigen/Core>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,16 @@ struct TaylorOptions {
   bool realized = true;
   // Also compare realized and predicted change at θ + η·u for each η here.
   std::vector<double> step_multipliers;
+  // The Gauss-Newton split uᵀHu = uᵀGu + residual (objectives with logits only): one forward and
+  // one JVP per batch; with ggn_blocks, one JVP per block and the split of every C_ll.
+  bool ggn = false;
+  bool ggn_blocks = false;
 
   void validate() const;
 };
+
+// A value that was not computed (the Gauss-Newton terms without TaylorOptions::ggn).
+inline constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
 
 // Standard errors below are over probe batches (NaN with a single batch, or where the value is).
 struct BlockTerms {
@@ -54,6 +62,13 @@ struct BlockTerms {
   // Under kRandomized only: the Monte Carlo standard error of C_ll over the K sign vectors (the
   // estimate's own noise at the probe set, apart from the batch SE above); else 0.
   double curvature_sign_stderr = 0;
+  // With TaylorOptions::ggn_blocks: G_ll = (J u_l)ᵀ H_out (J u_l), its NDS, and the residual
+  // C_ll − G_ll (NaN unless CouplingMode::kFull); NaN otherwise.
+  double ggn_curvature = kUnset;
+  double ggn_nds = kUnset;
+  double residual_curvature = kUnset;
+  double ggn_curvature_stderr = kUnset;
+  double residual_curvature_stderr = kUnset;
 };
 
 struct MultiplierTerms {
@@ -77,6 +92,8 @@ struct TaylorBatches {
   Eigen::MatrixXd block_first_order;  // B x L: g_b,l·u_l
   Eigen::MatrixXd block_curvature;    // B x L: u_lᵀ H_b,ll u_l (the per-batch C_ll)
   Eigen::MatrixXd block_row_sum;      // B x L: u_lᵀ (H_b u)_l
+  std::vector<double> ggn;            // uᵀ G_b u (NaN without TaylorOptions::ggn)
+  Eigen::MatrixXd block_ggn;          // B x L: G_b,ll (NaN without TaylorOptions::ggn_blocks)
   size_t size() const { return weight.size(); }
 };
 
@@ -111,6 +128,14 @@ struct TaylorResult {
   double s_cross_stderr = 0;
   double rho_within_stderr = 0;
   double eta_star_stderr = 0;
+  // The Gauss-Newton split (TaylorOptions::ggn; NaN otherwise): uᵀGu = (Ju)ᵀ H_out (Ju) ≥ 0 and
+  // the residual uᵀHu − uᵀGu, the functional Hessian's part, with their NDS and SEs.
+  double ggn_curvature = kUnset;
+  double ggn_nds = kUnset;
+  double residual_curvature = kUnset;
+  double residual_nds = kUnset;
+  double ggn_nds_stderr = kUnset;
+  double residual_nds_stderr = kUnset;
   TaylorBatches batches;
 
   std::string brief() const;  // one line: NDS ± SE, predicted vs realized, ρ_within

@@ -72,7 +72,8 @@ class TokenBucketAudit {
   TokenBucketAudit& operator=(const TokenBucketAudit&) = delete;
 
   // Taylor audits of u per bucket: totals, block row sums and standard errors (options.coupling
-  // is forced to kNone, one HVP per bucket; step multipliers are not evaluated per bucket).
+  // is forced to kNone, one HVP per bucket; step multipliers and the Gauss-Newton split are not
+  // evaluated per bucket).
   std::vector<BucketResult> audit(const ParamVector& u, const BlockPartition& blocks,
                                   TaylorOptions options);
 

@@ -3,6 +3,7 @@
 // parameters cost only the second backward pass. Every call is counted and timed.
 #pragma once
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -104,6 +105,14 @@ class CurvatureEngine {
   ParamVector hvp_finite_difference(const ParamVector& v, double step = 0.0,
                                     const BatchObserver& observer = {});
 
+  // The Gauss-Newton coupling over the probe set, G_lm = (J u_l)ᵀ H_out (J u_m) with u_l the part
+  // of u on supports[l] (core/gauss_newton.h): Σ_b w_b G_b. One forward pass and one JVP per
+  // support and batch; `observer`, when given, sees each batch's unweighted G_b. ModelError for
+  // objectives without logits (Objective::logits).
+  Eigen::MatrixXd gauss_newton(
+      const ParamVector& u, const std::vector<std::vector<size_t>>& supports,
+      const std::function<void(size_t batch, const Eigen::MatrixXd& g_b)>& observer = {});
+
   // Frees the kept gradient graphs; loss and gradient stay cached.
   void release_graphs();
   size_t kept_graphs() const;
@@ -114,7 +123,7 @@ class CurvatureEngine {
  private:
   struct State;
   // What a pass over the probe set computes, for error messages.
-  enum class Pass { kFirstOrder, kHvp, kGradientAtOffset, kLossAt };
+  enum class Pass { kFirstOrder, kHvp, kGradientAtOffset, kLossAt, kGaussNewton };
   static const char* pass_name(Pass pass);
   // The one loop over the probe batches that every operation runs: body(b, w_b) does batch b's
   // work (w_b = N_b / N); a failure inside the model becomes one ModelError naming the operation

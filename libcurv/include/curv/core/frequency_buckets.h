@@ -22,8 +22,8 @@ at::Tensor head_tail_buckets(const std::vector<double>& probabilities, double he
 // K buckets of ids by frequency rank: with the ids sorted by probability (ties broken by id), an
 // id goes to bucket floor(K · m) where m is the cumulative share of the mass at the middle of its
 // own mass. Bucket 0 holds the most probable ids, each bucket about 1/K of the mass (an id is never
-// split, so a heavy id can leave a neighbouring bucket empty). Zero-probability ids go to the last bucket. InvalidArgument naming `what` unless
-// 2 <= K and the total mass is positive.
+// split, so a heavy id can leave a neighbouring bucket empty). Zero-probability ids go to the last
+// bucket. InvalidArgument naming `what` unless 2 <= K and the total mass is positive.
 at::Tensor quantile_buckets(const std::vector<double>& probabilities, int64_t buckets,
                             const std::string& what);
 
