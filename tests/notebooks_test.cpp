@@ -42,7 +42,7 @@ void make_demo_dir(const std::string& dir) {
   }
   run_tool("ndsprobe",
            fmt::format("{} {} --data {}/probe.safetensors --directions update,delta "
-                       "--batch-size 4 --token-buckets head --compare "
+                       "--batch-size 4 --token-buckets head --ggn --compare "
                        "adamw_s0/update:muon_s0/update "
                        "--within --modes 2 --multipliers 0.5,2 --spectrum --eig-top 2 "
                        "--eig-max-hvps 30 --spectrum-blocks --trace hutchpp --trace-hvps 12 "
