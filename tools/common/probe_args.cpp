@@ -110,9 +110,10 @@ void DirectionArgs::to_options(ProbeRunOptions& options) const {
 
 void AuditArgs::add_to(CLI::App& app) {
   app.add_option("--blocks", blocks,
-                 "Block rule: layer (transformer layers + embeddings + head), tensor, whole")
+                 "Block rule: layer (transformer layers + embeddings + head), component "
+                 "(each layer's attn.qk, attn.vo, mlp, norm), tensor, whole")
       ->capture_default_str()
-      ->check(CLI::IsMember({"layer", "tensor", "whole"}));
+      ->check(CLI::IsMember({"layer", "component", "tensor", "whole"}));
   app.add_option("--block-group", block_groups,
                  "User block NAME=REGEX (repeatable; overrides --blocks; unmatched go to 'rest')");
   app.add_option("--coupling", coupling,

@@ -624,7 +624,9 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
 
   const Checkpoint first =
       load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
-  LoadedModel model = load_model(job.model, first.model_config_json());
+  LoadedModel model =
+      load_model(job.model, first.model_config_json(),
+                 first.model_config_file.empty() ? first.meta_file : first.model_config_file);
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();
   const BlockPartition blocks = job.blocks.partition(objective.space(), objective.structure());

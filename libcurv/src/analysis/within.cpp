@@ -90,6 +90,17 @@ std::vector<Group> attention_groups(const ParamStructure& p, int64_t rows, int64
 
 std::vector<Group> groups_for(const ParamStructure& p, int64_t rows, int64_t cols,
                               const WithinOptions& o, int64_t n_kv_head) {
+  if (p.transposed) {
+    // Stored [in, out]: the groups of the [out, in] matrix, with rows and columns swapped.
+    ParamStructure as_linear = p;
+    as_linear.transposed = false;
+    auto out = groups_for(as_linear, cols, rows, o, n_kv_head);
+    for (auto& g : out) {
+      std::swap(g.r0, g.c0);
+      std::swap(g.r1, g.c1);
+    }
+    return out;
+  }
   if (o.n_head > 0) {
     auto out = attention_groups(p, rows, cols, o.n_head, n_kv_head);
     if (!out.empty()) return out;

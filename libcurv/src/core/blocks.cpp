@@ -40,6 +40,31 @@ std::string layer_prefix(const std::string& name) {
   return "";
 }
 
+// The component block of a layer parameter (BlockRule::kComponent). With a fused Q/K/V
+// projection the attention splits into that projection and the output projection instead.
+std::string component_of(ParamRole role, bool fused_qkv) {
+  switch (role) {
+    case ParamRole::kAttentionQuery:
+    case ParamRole::kAttentionKey:
+      return "attn.qk";
+    case ParamRole::kAttentionValue:
+      return "attn.vo";
+    case ParamRole::kAttentionOutput:
+      return fused_qkv ? "attn.o" : "attn.vo";
+    case ParamRole::kFusedQkv:
+      return "attn.qkv";
+    case ParamRole::kMlpInput:
+    case ParamRole::kMlpGate:
+    case ParamRole::kMlpOutput:
+      return "mlp";
+    case ParamRole::kNormGain:
+    case ParamRole::kNormBias:
+      return "norm";
+    default:
+      return "other";
+  }
+}
+
 // "memory.weight" -> "memory"; a name without a dot is its own module.
 std::string module_prefix(const std::string& name) {
   const size_t dot = name.rfind('.');
@@ -65,8 +90,11 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, const ModelStruc
     }
     blocks[it->second].params.push_back(param);
   };
-  bool has_layers = false;
-  for (size_t i = 0; i < space.size(); ++i) has_layers = has_layers || structure[i].layer >= 0;
+  bool has_layers = false, fused = false;
+  for (size_t i = 0; i < space.size(); ++i) {
+    has_layers = has_layers || structure[i].layer >= 0;
+    fused = fused || structure[i].role == ParamRole::kFusedQkv;
+  }
   for (size_t i = 0; i < space.size(); ++i) {
     const auto& name = space[i].name;
     switch (rule) {
@@ -76,11 +104,15 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, const ModelStruc
       case BlockRule::kTensor:
         add(name, i);
         break;
-      case BlockRule::kLayer: {
+      case BlockRule::kLayer:
+      case BlockRule::kComponent: {
         if (structure[i].layer >= 0) {
           // The block keeps the layer's name path ("transformer.h.3") where the name has one.
           std::string prefix = layer_prefix(name);
-          add(prefix.empty() ? fmt::format("layer{}", structure[i].layer) : prefix, i);
+          if (prefix.empty()) prefix = fmt::format("layer{}", structure[i].layer);
+          add(rule == BlockRule::kLayer ? prefix
+                                        : prefix + "." + component_of(structure[i].role, fused),
+              i);
         } else if (structure.is_embedding(i)) {
           add("embeddings", i);
         } else if (has_layers || structure.is_head(i)) {
@@ -141,9 +173,11 @@ BlockPartition BlockPartition::by_regex(
 
 BlockRule BlockPartition::parse_rule(const std::string& text) {
   if (text == "layer") return BlockRule::kLayer;
+  if (text == "component") return BlockRule::kComponent;
   if (text == "tensor") return BlockRule::kTensor;
   if (text == "whole") return BlockRule::kWhole;
-  throw InvalidArgument(fmt::format("block rule '{}': expected layer, tensor or whole", text));
+  throw InvalidArgument(
+      fmt::format("block rule '{}': expected layer, component, tensor or whole", text));
 }
 
 std::vector<std::string> BlockPartition::names() const {

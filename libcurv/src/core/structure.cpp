@@ -263,7 +263,9 @@ void ModelStructure::validate(const ParamSpace& space) const {
         fmt::format("model structure: n_kv_head = {} must divide n_head = {}", n_kv_head, n_head));
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t rows = space[i].shape.empty() ? 0 : space[i].shape[0];
+    const auto& shape = space[i].shape;
+    const size_t out_dim = params[i].transposed && shape.size() == 2 ? 1 : 0;
+    const int64_t rows = shape.size() > out_dim ? shape[out_dim] : 0;
     for (const auto& slice : params[i].slices) {
       if (slice.begin < 0 || slice.begin > slice.end || slice.end > rows) {
         throw InvalidArgument(

@@ -430,6 +430,7 @@ Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
   const std::string meta_path = ckpt.meta_file;
   if (fs::exists(meta_path)) {
     ckpt.meta = parse_checkpoint_meta(read_text(meta_path), meta_path);
+    if (!ckpt.meta.model_json.empty()) ckpt.model_config_file = meta_path;
     if (ckpt.meta.step && *ckpt.meta.step != info.step) {
       throw FormatError(fmt::format("{}: \"step\" is {} but the folder is step {}", meta_path,
                                     *ckpt.meta.step, info.step));

@@ -84,8 +84,13 @@ const PyValue& require(const PyValue* v, const std::string& origin, const std::s
 }
 
 // nanoGPT's causal-mask buffer: "...attn.bias", a (1, 1, T, T) tensor when flash attention is off.
+// Buffers that state dicts carry beside the parameters: nanoGPT's and HF GPT-2's causal mask
+// ("...attn.bias", (1, 1, T, T)) and masked-score constant ("...attn.masked_bias", a scalar), and
+// older HF LLaMA saves' rotary frequencies ("...rotary_emb.inv_freq").
 bool is_causal_mask(const std::string& name, size_t ndim) {
-  return ndim == 4 && has_suffix(name, ".attn.bias");
+  return (ndim == 4 && has_suffix(name, ".attn.bias")) ||
+         (ndim == 0 && has_suffix(name, ".attn.masked_bias")) ||
+         (ndim == 1 && has_suffix(name, ".rotary_emb.inv_freq"));
 }
 
 // A model state dict: string keys to tensors. nanoGPT's causal-mask buffer ("...attn.bias", a
@@ -595,6 +600,17 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
     }
     // The optimizer's hyper-parameters and step count come from optimizer.pt.
     ckpt.meta_file = parts.optimizer ? ckpt.optimizer_file : info.path;
+    // The model's config.json, read by the architecture of its model_type (ModelConfig).
+    const std::string config = info.path + "/config.json";
+    if (fs::is_regular_file(config)) {
+      std::ifstream in(config);
+      const auto j = nlohmann::json::parse(in, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        throw FormatError(fmt::format("{}: not a JSON object", config));
+      }
+      parts.meta["model"] = j;
+      ckpt.model_config_file = config;
+    }
     const std::string trainer_state = info.path + "/trainer_state.json";
     if (fs::is_regular_file(trainer_state)) {
       std::ifstream in(trainer_state);
@@ -613,6 +629,7 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
     ckpt.model_file = parts.model_origin;
     ckpt.optimizer_file = parts.optimizer ? parts.optimizer->origin : info.path;
     ckpt.meta_file = info.path;
+    if (parts.meta.contains("model")) ckpt.model_config_file = info.path + " ['model_args']";
     // nanoGPT's ckpt.pt names its step inside; a file named for a step must agree with it.
     if (parts.meta.contains("step")) {
       const int64_t step = parts.meta["step"].get<int64_t>();

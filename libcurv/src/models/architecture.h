@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 
 #include <any>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -90,5 +92,31 @@ std::shared_ptr<const Architecture> gpt_architecture();
 std::shared_ptr<const Architecture> mlp_architecture();
 std::shared_ptr<const Architecture> quadratic_architecture();
 std::shared_ptr<const Architecture> memory_architecture();
+std::shared_ptr<const Architecture> llama_architecture();
+
+// Reading Hugging Face config.json files (hf_config.cpp): every key of the file must be taken by
+// the architecture or listed as one that does not change the forward pass in eval mode.
+class HfConfigReader {
+ public:
+  HfConfigReader(const nlohmann::json& config, std::string origin);
+  // The value of `key` when present and not null (marking it taken).
+  const nlohmann::json* find(const std::string& key);
+  int64_t integer(const std::string& key, int64_t fallback);
+  double number(const std::string& key, double fallback);
+  bool boolean(const std::string& key, bool fallback);
+  std::string text(const std::string& key, const std::string& fallback);
+  // A FormatError naming the file, the field and its value, saying it is not supported.
+  [[noreturn]] void unsupported(const std::string& key, const std::string& why) const;
+  // Marks keys that do not change the forward pass (token ids, dropout in eval mode, ...).
+  void ignore(std::initializer_list<const char*> keys);
+  // FormatError naming the first key neither taken nor ignored.
+  void finish() const;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const nlohmann::json& config_;
+  std::string origin_;
+  std::set<std::string> taken_;
+};
 
 }  // namespace curv

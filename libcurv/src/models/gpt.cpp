@@ -36,14 +36,17 @@ class Gpt : public FunctionalModel {
                                        {ParamRole::kAttentionValue, 2 * C, 3 * C}};
     int64_t layer_index = -1;
     // Adds a weight and, with biases, its bias (directly after it), both in `role`.
+    // `shape` is nn.Linear's [out, in]; HF's Conv1D stores the transpose.
     auto add_pair = [&](const std::string& name, std::vector<int64_t> shape, double std,
                         ParamRole weight_role, ParamRole bias_role,
                         const std::vector<RowSlice>& slices = {}) {
       const size_t index = params_.size();
+      const int64_t out = shape[0];
+      if (c.conv1d && shape.size() == 2) std::swap(shape[0], shape[1]);
       add(name + ".weight", std == 0.0 ? filled(shape, 1.0) : normal(shape, std));
-      roles_.push_back({weight_role, layer_index, slices});
+      roles_.push_back({weight_role, layer_index, slices, c.conv1d && shape.size() == 2});
       if (c.bias) {
-        add(name + ".bias", filled({shape[0]}, 0.0));
+        add(name + ".bias", filled({out}, 0.0));
         roles_.push_back({bias_role, layer_index, slices});
       }
       return index;
@@ -62,10 +65,10 @@ class Gpt : public FunctionalModel {
       layer.attn_proj_w = add_pair(h + "attn.c_proj", {C, C}, proj_std, ParamRole::kAttentionOutput,
                                    ParamRole::kAttentionOutput);
       layer.ln_2_w = add_pair(h + "ln_2", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
-      layer.fc_w =
-          add_pair(h + "mlp.c_fc", {4 * C, C}, 0.02, ParamRole::kMlpInput, ParamRole::kMlpInput);
-      layer.mlp_proj_w = add_pair(h + "mlp.c_proj", {C, 4 * C}, proj_std, ParamRole::kMlpOutput,
-                                  ParamRole::kMlpOutput);
+      layer.fc_w = add_pair(h + "mlp.c_fc", {c.mlp_width(), C}, 0.02, ParamRole::kMlpInput,
+                            ParamRole::kMlpInput);
+      layer.mlp_proj_w = add_pair(h + "mlp.c_proj", {C, c.mlp_width()}, proj_std,
+                                  ParamRole::kMlpOutput, ParamRole::kMlpOutput);
       layers_.push_back(layer);
     }
     layer_index = -1;
@@ -145,7 +148,18 @@ class Gpt : public FunctionalModel {
   at::Tensor bias_after(size_t weight) const { return c_.bias ? p(weight + 1) : at::Tensor(); }
 
   at::Tensor layer_norm(const at::Tensor& x, size_t weight) const {
-    return at::layer_norm(x, {c_.n_embd}, p(weight), bias_after(weight), 1e-5);
+    return at::layer_norm(x, {c_.n_embd}, p(weight), bias_after(weight), c_.layer_norm_eps);
+  }
+
+  // nn.Linear (x Wᵀ + b) or, for HF's Conv1D layout, x W + b.
+  at::Tensor project(const at::Tensor& x, size_t weight) const {
+    if (!c_.conv1d) return at::linear(x, p(weight), bias_after(weight));
+    auto y = at::matmul(x, p(weight));
+    return c_.bias ? y + p(weight + 1) : y;
+  }
+
+  at::Tensor activation(const at::Tensor& x) const {
+    return at::gelu(x, c_.activation == "gelu_tanh" ? "tanh" : "none");
   }
 
   at::Tensor forward(const at::Tensor& tokens) const {
@@ -158,15 +172,14 @@ class Gpt : public FunctionalModel {
     const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
     for (const auto& l : layers_) {
       auto h = layer_norm(x, l.ln_1_w);
-      auto qkv = at::linear(h, p(l.attn_w), bias_after(l.attn_w)).split(C, -1);
+      auto qkv = project(h, l.attn_w).split(C, -1);
       auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
       auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * scale + mask, -1);
       auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-      x = x + at::linear(y, p(l.attn_proj_w), bias_after(l.attn_proj_w));
+      x = x + project(y, l.attn_proj_w);
       h = layer_norm(x, l.ln_2_w);
-      h = at::gelu(at::linear(h, p(l.fc_w), bias_after(l.fc_w)));
-      x = x + at::linear(h, p(l.mlp_proj_w), bias_after(l.mlp_proj_w));
+      x = x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);
     }
     x = layer_norm(x, ln_f_w_);
     return at::linear(x, c_.tied ? p(0) : p(head_));
@@ -184,7 +197,8 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
   std::string name() const override { return "gpt"; }
   std::vector<std::string> keys() const override {
     // dropout is accepted (nanoGPT configs carry it) but must be 0.
-    return {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tied", "dropout"};
+    return {"vocab_size", "block_size", "n_layer",    "n_head",         "n_embd",  "bias",
+            "tied",       "dropout",    "activation", "layer_norm_eps", "n_inner", "conv1d"};
   }
   GptConfig from_json(const nlohmann::json& j, const std::string& origin) const override {
     GptConfig c;
@@ -195,6 +209,10 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
     c.n_embd = j.value("n_embd", c.n_embd);
     c.bias = j.value("bias", c.bias);
     c.tied = j.value("tied", c.tied);
+    c.activation = j.value("activation", c.activation);
+    c.layer_norm_eps = j.value("layer_norm_eps", c.layer_norm_eps);
+    c.n_inner = j.value("n_inner", c.n_inner);
+    c.conv1d = j.value("conv1d", c.conv1d);
     if (j.value("dropout", 0.0) != 0.0) {
       throw FormatError(
           fmt::format("{}: dropout must be 0: curvature is measured in eval mode", origin));
@@ -208,7 +226,11 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
             {"n_head", c.n_head},
             {"n_embd", c.n_embd},
             {"bias", c.bias},
-            {"tied", c.tied}};
+            {"tied", c.tied},
+            {"activation", c.activation},
+            {"layer_norm_eps", c.layer_norm_eps},
+            {"n_inner", c.n_inner},
+            {"conv1d", c.conv1d}};
   }
   void validate_config(const GptConfig& c) const override {
     auto positive = [](const char* field, int64_t value) {
@@ -221,6 +243,15 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
     positive("n_layer", c.n_layer);
     positive("n_head", c.n_head);
     positive("n_embd", c.n_embd);
+    if (c.activation != "gelu" && c.activation != "gelu_tanh") {
+      throw InvalidArgument(
+          fmt::format("model config: activation = '{}': expected gelu or gelu_tanh", c.activation));
+    }
+    if (!(c.layer_norm_eps > 0) || c.n_inner < 0) {
+      throw InvalidArgument(
+          fmt::format("model config: layer_norm_eps = {} must be > 0 and n_inner = {} >= 0",
+                      c.layer_norm_eps, c.n_inner));
+    }
     if (c.n_embd % c.n_head != 0) {
       throw InvalidArgument(fmt::format("model config: n_embd = {} is not divisible by n_head = {}",
                                         c.n_embd, c.n_head));
@@ -228,8 +259,9 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
   }
   std::string describe_config(const GptConfig& c) const override {
     return fmt::format(
-        "gpt(n_layer={}, n_head={}, n_embd={}, vocab={}, block={}, bias={}, tied={})", c.n_layer,
-        c.n_head, c.n_embd, c.vocab_size, c.block_size, c.bias, c.tied);
+        "gpt(n_layer={}, n_head={}, n_embd={}, vocab={}, block={}, bias={}, tied={}{}{})",
+        c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size, c.bias, c.tied,
+        c.activation == "gelu" ? "" : ", activation=" + c.activation, c.conv1d ? ", conv1d" : "");
   }
   std::unique_ptr<Objective> build(const GptConfig& c, const ModelInit& init) const override {
     return std::make_unique<Gpt>(c, init);
@@ -240,6 +272,52 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
     d.vocab_size = c.vocab_size;
     d.context = c.block_size;
     return d;
+  }
+
+  std::vector<std::string> hf_model_types() const override { return {"gpt2"}; }
+
+  // Hugging Face GPT-2 (GPT2LMHeadModel): Conv1D weights, a tied head, biases everywhere.
+  std::any parse_hf(const std::string& json, const std::string& origin) const override {
+    const auto j = nlohmann::json::parse(json);
+    HfConfigReader r(j, origin);
+    GptConfig c;
+    c.vocab_size = r.integer("vocab_size", 50257);
+    c.block_size = r.integer("n_positions", 1024);
+    c.n_layer = r.integer("n_layer", 12);
+    c.n_head = r.integer("n_head", 12);
+    c.n_embd = r.integer("n_embd", 768);
+    c.n_inner = r.integer("n_inner", 0);
+    c.layer_norm_eps = r.number("layer_norm_epsilon", 1e-5);
+    c.bias = true;
+    c.conv1d = true;
+    c.tied = r.boolean("tie_word_embeddings", true);
+    const std::string act = r.text("activation_function", "gelu_new");
+    if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
+      c.activation = "gelu_tanh";
+    } else if (act == "gelu") {
+      c.activation = "gelu";
+    } else {
+      r.unsupported("activation_function", "expected gelu_new, gelu_pytorch_tanh or gelu");
+    }
+    if (!r.boolean("scale_attn_weights", true)) {
+      r.unsupported("scale_attn_weights", "attention scores are always scaled by 1/sqrt(d)");
+    }
+    if (r.boolean("scale_attn_by_inverse_layer_idx", false)) {
+      r.unsupported("scale_attn_by_inverse_layer_idx", "not built in");
+    }
+    if (r.boolean("add_cross_attention", false)) {
+      r.unsupported("add_cross_attention", "cross-attention is not built in");
+    }
+    // n_ctx is n_positions in old configs; the rest does nothing in eval mode or is about the
+    // classification and generation heads the LM head does not use.
+    if (r.integer("n_ctx", c.block_size) != c.block_size) {
+      r.unsupported("n_ctx", "must equal n_positions");
+    }
+    r.ignore({"attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_activation",
+              "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj",
+              "reorder_and_upcast_attn", "task_specific_params"});
+    r.finish();
+    return c;
   }
 };
 

@@ -21,15 +21,17 @@ at::ScalarType parse_dtype(const std::string& text) {
   throw InvalidArgument(fmt::format("dtype '{}': expected float32 or float64", text));
 }
 
-LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json) {
+LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json,
+                       const std::string& recorded_origin) {
   LoadedModel out;
   const bool json =
       source.path.empty() || std::filesystem::path(source.path).extension() == ".json";
   if (json) {
     if (source.path.empty() && recorded_config_json.empty()) {
       throw InvalidArgument(
-          "no model: pass --model (a .json built-in config or a TorchScript "
-          "file); the checkpoints' meta.json carries no \"model\" config");
+          "no model: pass --model (a .json built-in config, a Hugging Face config.json or a "
+          "TorchScript file); the checkpoints carry no model config (meta.json's \"model\", "
+          "a Hugging Face folder's config.json or nanoGPT's model_args)");
     }
     if (!source.structure_mapping.empty()) {
       throw InvalidArgument(fmt::format(
@@ -37,7 +39,7 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
           "know their parameters' roles",
           source.structure_mapping));
     }
-    out.config = source.path.empty() ? ModelConfig::from_json(recorded_config_json, "meta.json")
+    out.config = source.path.empty() ? ModelConfig::from_json(recorded_config_json, recorded_origin)
                                      : ModelConfig::from_file(source.path);
     out.objective = make_model(out.config, source.init);
     out.builtin = true;

@@ -46,6 +46,19 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
     throw FormatError(fmt::format("{}: model config must be a JSON object", origin));
   ModelConfig c;
   try {
+    if (!j.contains("arch") && j.contains("model_type")) {
+      // A Hugging Face config.json: the architecture that reads its model_type maps it.
+      if (!j["model_type"].is_string()) {
+        throw FormatError(fmt::format("{}: \"model_type\" is {}, expected a string", origin,
+                                      j["model_type"].dump()));
+      }
+      const Architecture& architecture =
+          find_hf_architecture(j["model_type"].get<std::string>(), origin);
+      c.arch_ = architecture.name();
+      c.config_ = architecture.parse_hf(text, origin);
+      c.validate();
+      return c;
+    }
     c.arch_ = j.value("arch", std::string("gpt"));
     const Architecture& architecture = find_architecture(c.arch_);
     std::vector<std::string> known = {"arch"};

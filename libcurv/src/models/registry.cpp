@@ -23,13 +23,33 @@ Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;
     out->entries = {gpt_architecture(), mlp_architecture(), quadratic_architecture(),
-                    memory_architecture()};
+                    memory_architecture(), llama_architecture()};
     return out;
   }();
   return *r;
 }
 
 }  // namespace
+
+std::any Architecture::parse_hf(const std::string&, const std::string& origin) const {
+  throw FormatError(
+      fmt::format("{}: architecture '{}' does not read Hugging Face configs", origin, name()));
+}
+
+const Architecture& find_hf_architecture(const std::string& model_type, const std::string& origin) {
+  Registry& r = registry();
+  std::vector<std::string> supported;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& e : r.entries) {
+    for (const auto& type : e->hf_model_types()) {
+      if (type == model_type) return *e;
+      supported.push_back(type);
+    }
+  }
+  throw FormatError(
+      fmt::format("{}: Hugging Face model_type '{}' is not supported{}; supported: {}", origin,
+                  model_type, did_you_mean(model_type, supported), join(supported, ", ")));
+}
 
 void register_architecture(std::shared_ptr<const Architecture> architecture) {
   if (!architecture) throw InvalidArgument("register_architecture: null architecture");

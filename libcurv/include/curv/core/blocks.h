@@ -21,6 +21,11 @@ enum class BlockRule {
   // output head and anything else outside the layers). The default. A model without numbered
   // layers gets one block per module ("memory.weight" -> "memory") besides the embeddings.
   kLayer,
+  // Each layer split by component: "<layer>.attn.qk" (query and key projections), "<layer>.attn.vo"
+  // (value and output), "<layer>.mlp" and "<layer>.norm", with embeddings and head as kLayer. A
+  // fused Q/K/V projection (nanoGPT's c_attn) cannot be split by parameter: it forms
+  // "<layer>.attn.qkv" and the output projection "<layer>.attn.o".
+  kComponent,
   kTensor,  // one block per parameter tensor
   kWhole,   // a single block "all"
 };
@@ -41,7 +46,8 @@ class BlockPartition {
   // first match wins; unmatched parameters go to a block "rest". Empty groups are an error.
   static BlockPartition by_regex(const ParamSpace& space,
                                  const std::vector<std::pair<std::string, std::string>>& groups);
-  static BlockRule parse_rule(const std::string& text);  // "layer" | "tensor" | "whole"
+  // "layer" | "component" | "tensor" | "whole"
+  static BlockRule parse_rule(const std::string& text);
 
   size_t size() const { return blocks_.size(); }
   const Block& operator[](size_t i) const { return blocks_[i]; }

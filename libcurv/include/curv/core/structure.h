@@ -47,6 +47,9 @@ struct ParamStructure {
   ParamRole role = ParamRole::kOther;
   int64_t layer = -1;            // index of the transformer layer (or MLP layer); -1: none
   std::vector<RowSlice> slices;  // kFusedQkv: the query, key and value rows, in row order
+  // Stored [in, out] (HF's Conv1D, y = x W + b) instead of [out, in]: the output features, and
+  // so `slices` and the head groups, run along the columns.
+  bool transposed = false;
 };
 
 struct ModelStructure {

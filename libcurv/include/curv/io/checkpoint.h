@@ -1,6 +1,7 @@
 // Checkpoint directories — the native layout DIR/step_<N>/ with model.safetensors, optional
 // optimizer.safetensors and meta.json, and PyTorch's layouts (nanoGPT ckpt.pt, Hugging Face
 // checkpoint-<N>/, step_<N>.pt): listing, step selection, loading, matching to a model, saving.
+// A Hugging Face folder's config.json becomes the checkpoint's model config.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -89,6 +90,9 @@ struct Checkpoint {
   CheckpointMeta meta;     // meta.json as parsed; empty if the file is absent
   // Where each part came from, for messages: "<path>/model.safetensors", "<file> ['model']", ...
   std::string model_file, optimizer_file, meta_file;
+  // Where the model config came from: meta.json, a Hugging Face folder's config.json, or the
+  // file's ['model_args']; "" when there is none.
+  std::string model_config_file;
   // A torch optimizer's index-keyed state, until resolve_optimizer_state names it.
   std::shared_ptr<const IndexedOptimizerState> indexed_optimizer;
 

@@ -31,8 +31,10 @@ struct LoadedModel {
   bool builtin = false;
 };
 
-// `recorded_config_json`: the "model" object a checkpoint's meta.json carries ("" if none), used
-// when `source.path` is empty. InvalidArgument when neither gives a model.
-LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json);
+// `recorded_config_json`: the model config a checkpoint carries ("" if none: its meta.json's
+// "model" object, or a Hugging Face folder's config.json), used when `source.path` is empty;
+// `recorded_origin` names its file in messages. InvalidArgument when neither gives a model.
+LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json,
+                       const std::string& recorded_origin = "meta.json");
 
 }  // namespace curv

@@ -25,6 +25,41 @@ struct GptConfig {
   int64_t n_embd = 128;
   bool bias = true;  // biases in Linear and LayerNorm, as nanoGPT's `bias`
   bool tied = true;  // lm_head shares transformer.wte.weight
+  // Hugging Face GPT-2 (GPT2LMHeadModel) reads the same names; these keys cover its differences.
+  std::string activation = "gelu";  // gelu (exact, nanoGPT) | gelu_tanh (HF's gelu_new)
+  double layer_norm_eps = 1e-5;
+  int64_t n_inner = 0;  // MLP width; 0: 4 * n_embd
+  // Weights stored [in, out] as HF's Conv1D (y = x W + b) instead of nn.Linear's [out, in].
+  bool conv1d = false;
+  int64_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+};
+
+// The Hugging Face LLaMA family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): RMSNorm,
+// rotary position embeddings (rotate_half), grouped-query attention, SwiGLU MLP, with HF's
+// parameter names (model.embed_tokens, model.layers.N.self_attn.q_proj, ...). The keys are HF
+// config.json's; a config.json read as a model config maps onto this (registry.h).
+struct LlamaConfig {
+  int64_t vocab_size = 512;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 344;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 0;        // grouped-query attention; 0: num_attention_heads
+  int64_t head_dim = 0;                   // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 256;  // the longest sequence the model reads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  bool attention_bias = false;       // biases on the q, k, v and o projections (LLaMA)
+  bool qkv_bias = false;             // biases on q, k and v only (Qwen2)
+  bool mlp_bias = false;             // biases on gate, up and down (LLaMA's mlp_bias)
+  // Mistral's sliding-window attention: 0 for none; otherwise a sequence longer than the window
+  // is refused, so plain causal attention is exactly the window's.
+  int64_t sliding_window = 0;
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
 struct MlpConfig {
@@ -96,8 +131,12 @@ class ModelConfig {
   // JSON: {"arch": "gpt", "vocab_size": 512, "n_layer": 4, ...} or
   //       {"arch": "mlp", "sizes": [8, 16, 4], "activation": "tanh", "loss": "cross_entropy"},
   //       {"arch": "quadratic", "rows": 32, "cols": 32, "alpha": 0.25, "w_high": 10, ...},
-  //       {"arch": "memory", "classes": 64, "dim": 64, "embeddings": "orthonormal"}.
+  //       {"arch": "memory", "classes": 64, "dim": 64, "embeddings": "orthonormal"},
+  //       {"arch": "llama", "hidden_size": 128, "num_hidden_layers": 4, ...}.
   // "arch" defaults to gpt; an unknown arch is an InvalidArgument listing the registered ones.
+  // A Hugging Face config.json (a "model_type" and no "arch") is read by the architecture that
+  // takes its model_type (llama, mistral, qwen2 -> llama; gpt2 -> gpt); a field it does not
+  // support is a FormatError naming `origin` and the field.
   static ModelConfig from_json(const std::string& text, const std::string& origin = "<json>");
   static ModelConfig from_file(const std::string& path);
   std::string to_json() const;

@@ -1,5 +1,5 @@
-// The architecture registry: every built-in model family (gpt, mlp, quadratic, memory) is one
-// entry, found by its config's "arch", that parses, validates and serialises its config, builds
+// The architecture registry: every built-in model family (gpt, mlp, quadratic, memory, llama) is
+// one entry, found by its config's "arch", that parses, validates and serialises its config, builds
 // the model (parameter names, forward, structure) and says what data it reads. ModelConfig and
 // make_model go through it, so adding an architecture is one file plus one registration.
 #pragma once
@@ -52,13 +52,21 @@ class Architecture {
   // The model, drawn from init.seed; its Objective::structure() is the architecture's exact one.
   virtual std::unique_ptr<Objective> make(const std::any& config, const ModelInit& init) const = 0;
   virtual ModelData data(const std::any& config) const = 0;
+  // The Hugging Face model_type values (config.json) this architecture reads; empty: none.
+  virtual std::vector<std::string> hf_model_types() const { return {}; }
+  // The config from a Hugging Face config.json's text; FormatError naming `origin` and the field
+  // for anything the architecture does not support. Only called for a model_type listed above.
+  virtual std::any parse_hf(const std::string& json, const std::string& origin) const;
 };
 
 // Adds an architecture; InvalidArgument if its name is taken. The built-ins are always there.
 void register_architecture(std::shared_ptr<const Architecture> architecture);
 // The architecture named `name`; InvalidArgument naming it and listing the registered names.
 const Architecture& find_architecture(const std::string& name);
-// Registered names, in registration order (gpt, mlp, quadratic, memory first).
+// Registered names, in registration order (gpt, mlp, quadratic, memory, llama first).
 std::vector<std::string> architecture_names();
+// The architecture that reads Hugging Face configs of `model_type`; FormatError naming `origin`,
+// the model_type and the supported ones otherwise.
+const Architecture& find_hf_architecture(const std::string& model_type, const std::string& origin);
 
 }  // namespace curv
