@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "core/strings.h"
@@ -66,9 +68,52 @@ std::optional<int64_t> hf_step(const std::string& name) {
   return digits(name.substr(11));
 }
 
+// step_<N>.pt, and modded-nanogpt's state_step<N>.pt (N zero-padded).
 std::optional<int64_t> pt_step(const std::string& name) {
-  if (name.rfind("step_", 0) != 0 || !has_suffix(name, ".pt")) return std::nullopt;
-  return digits(name.substr(5, name.size() - 8));
+  if (!has_suffix(name, ".pt")) return std::nullopt;
+  for (const std::string prefix : {"step_", "state_step"}) {
+    if (name.rfind(prefix, 0) == 0) {
+      return digits(name.substr(prefix.size(), name.size() - prefix.size() - 3));
+    }
+  }
+  return std::nullopt;
+}
+
+// modded-nanogpt's model (train_gpt_simple.py's GPT) from its state dict's shapes, and from the
+// training script the checkpoint carries ('code') for what shapes do not show: head_dim and the
+// attention scale. The sequence length is not recorded, and the rotary embedding takes any.
+nlohmann::json modded_model_config(const NamedTensors& model, const PyValue* code,
+                                   const std::string& origin) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : model) shapes[name] = t.sizes().vec();
+  const auto embed = shapes.find("embed.weight");
+  if (embed == shapes.end() || embed->second.size() != 2) {
+    throw FormatError(fmt::format("{}: no 2-D 'embed.weight' (a modded-nanogpt GPT's)", origin));
+  }
+  int64_t layers = 0;
+  while (shapes.count(fmt::format("blocks.{}.attn.q.weight", layers))) ++layers;
+  nlohmann::json config = {{"arch", "modded"},
+                           {"vocab_size", embed->second[0]},
+                           {"model_dim", embed->second[1]},
+                           {"num_layers", layers},
+                           {"context", 1 << 16}};
+  if (code && code->is(Kind::kString)) {
+    auto number_after = [&](const std::string& key) -> std::optional<std::string> {
+      const size_t at = code->text.find(key);
+      if (at == std::string::npos) return std::nullopt;
+      size_t end = at + key.size();
+      while (
+          end < code->text.size() &&
+          (std::isdigit(static_cast<unsigned char>(code->text[end])) || code->text[end] == '.')) {
+        ++end;
+      }
+      if (end == at + key.size()) return std::nullopt;
+      return code->text.substr(at + key.size(), end - at - key.size());
+    };
+    if (auto d = number_after("head_dim=")) config["head_dim"] = std::stoll(*d);
+    if (auto scale = number_after("scale=")) config["attention_scale"] = std::stod(*scale);
+  }
+  return config;
 }
 
 const PyValue& require(const PyValue* v, const std::string& origin, const std::string& key,
@@ -86,11 +131,13 @@ const PyValue& require(const PyValue* v, const std::string& origin, const std::s
 // nanoGPT's causal-mask buffer: "...attn.bias", a (1, 1, T, T) tensor when flash attention is off.
 // Buffers that state dicts carry beside the parameters: nanoGPT's and HF GPT-2's causal mask
 // ("...attn.bias", (1, 1, T, T)) and masked-score constant ("...attn.masked_bias", a scalar), and
-// older HF LLaMA saves' rotary frequencies ("...rotary_emb.inv_freq").
+// older HF LLaMA saves' and modded-nanogpt's rotary frequencies ("...rotary_emb.inv_freq",
+// "...rotary.angular_freq").
 bool is_causal_mask(const std::string& name, size_t ndim) {
   return (ndim == 4 && has_suffix(name, ".attn.bias")) ||
          (ndim == 0 && has_suffix(name, ".attn.masked_bias")) ||
-         (ndim == 1 && has_suffix(name, ".rotary_emb.inv_freq"));
+         (ndim == 1 && has_suffix(name, ".rotary_emb.inv_freq")) ||
+         (ndim == 1 && has_suffix(name, ".rotary.angular_freq"));
 }
 
 // A model state dict: string keys to tensors. nanoGPT's causal-mask buffer ("...attn.bias", a
@@ -367,6 +414,16 @@ Interpreted interpret(const PyValue& root, const std::string& file) {
     }
     out.meta["model"] = model;
   }
+  // modded-nanogpt's dict(step, code, model, optimizers): its GPT, recognised by its names.
+  // Its two optimizers' states ('optimizers', Muon's parameters sorted by size) are not mapped.
+  if (root.find("code") && root.find("optimizers") && !root.find("model_args")) {
+    bool modded = false;
+    for (const auto& [name, t] : out.model) modded = modded || name == "blocks.0.attn.q.weight";
+    if (modded) out.meta["model"] = modded_model_config(out.model, root.find("code"), file);
+  }
+  if (const PyValue* step = root.find("step"); step && step->is(Kind::kInt)) {
+    out.meta["step"] = step->integer;
+  }
   if (const PyValue* iter = root.find("iter_num")) {
     out.meta["step"] = static_cast<int64_t>(std::llround(number(*iter, file, "iter_num")));
   }
@@ -629,7 +686,11 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
     ckpt.model_file = parts.model_origin;
     ckpt.optimizer_file = parts.optimizer ? parts.optimizer->origin : info.path;
     ckpt.meta_file = info.path;
-    if (parts.meta.contains("model")) ckpt.model_config_file = info.path + " ['model_args']";
+    if (parts.meta.contains("model")) {
+      ckpt.model_config_file =
+          info.path +
+          (parts.meta["model"]["arch"] == "modded" ? " ['model'] shapes" : " ['model_args']");
+    }
     // nanoGPT's ckpt.pt names its step inside; a file named for a step must agree with it.
     if (parts.meta.contains("step")) {
       const int64_t step = parts.meta["step"].get<int64_t>();

@@ -93,6 +93,7 @@ std::shared_ptr<const Architecture> mlp_architecture();
 std::shared_ptr<const Architecture> quadratic_architecture();
 std::shared_ptr<const Architecture> memory_architecture();
 std::shared_ptr<const Architecture> llama_architecture();
+std::shared_ptr<const Architecture> modded_architecture();
 
 // Reading Hugging Face config.json files (hf_config.cpp): every key of the file must be taken by
 // the architecture or listed as one that does not change the forward pass in eval mode.

@@ -22,8 +22,8 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;
-    out->entries = {gpt_architecture(), mlp_architecture(), quadratic_architecture(),
-                    memory_architecture(), llama_architecture()};
+    out->entries = {gpt_architecture(),    mlp_architecture(),   quadratic_architecture(),
+                    memory_architecture(), llama_architecture(), modded_architecture()};
     return out;
   }();
   return *r;

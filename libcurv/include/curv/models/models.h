@@ -62,6 +62,23 @@ struct LlamaConfig {
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
+// modded-nanogpt's optimization-track architecture (records/track_3_optimization/
+// train_gpt_simple.py): RMSNorm gains, QK RMSNorm, half-truncated rotary, ReLU² MLP, biases,
+// untied head `proj` with a logit soft-cap. The script sums the cross-entropy over its batch of
+// tokens; the loss here is the mean per token times `loss_scale` (1: the per-token loss its
+// validation reports; the tokens per step, e.g. 524288, for the objective its gradient is of).
+struct ModdedConfig {
+  int64_t vocab_size = 50304;
+  int64_t num_layers = 12;
+  int64_t model_dim = 768;
+  int64_t head_dim = 128;
+  int64_t context = 1024;         // the longest sequence
+  double logit_cap = 15.0;        // 15·z/√(z² + 15²); 0 for none
+  double loss_scale = 1.0;        // see above
+  double attention_scale = 0.12;  // scores are q·k times this (not 1/√head_dim)
+  int64_t heads() const { return model_dim / head_dim; }
+};
+
 struct MlpConfig {
   std::vector<int64_t> sizes = {8, 16, 4};  // input, hidden..., output
   std::string activation = "tanh";          // tanh | gelu | relu | sigmoid
@@ -132,7 +149,8 @@ class ModelConfig {
   //       {"arch": "mlp", "sizes": [8, 16, 4], "activation": "tanh", "loss": "cross_entropy"},
   //       {"arch": "quadratic", "rows": 32, "cols": 32, "alpha": 0.25, "w_high": 10, ...},
   //       {"arch": "memory", "classes": 64, "dim": 64, "embeddings": "orthonormal"},
-  //       {"arch": "llama", "hidden_size": 128, "num_hidden_layers": 4, ...}.
+  //       {"arch": "llama", "hidden_size": 128, "num_hidden_layers": 4, ...},
+  //       {"arch": "modded", "num_layers": 12, "model_dim": 768, "head_dim": 128, ...}.
   // "arch" defaults to gpt; an unknown arch is an InvalidArgument listing the registered ones.
   // A Hugging Face config.json (a "model_type" and no "arch") is read by the architecture that
   // takes its model_type (llama, mistral, qwen2 -> llama; gpt2 -> gpt); a field it does not

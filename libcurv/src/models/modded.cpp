@@ -1,0 +1,261 @@
+// The built-in modded-nanogpt: the architecture of the optimization track of KellerJordan's
+// modded-nanogpt (records/track_3_optimization/train_gpt_simple.py), with its parameter names:
+// RMSNorm with learnable gains (torch's F.rms_norm, eps = the dtype's machine epsilon) after the
+// embedding, before each sublayer and before the head; per-head RMS-normalised queries and keys;
+// its half-truncated rotary embedding; causal attention with a fixed scale 0.12; a ReLU² MLP;
+// biases on every projection; an untied head with a logit soft-cap 15·z/√(z² + 15²).
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/fmt_torch.h"
+#include "models/architecture.h"
+
+namespace curv {
+
+namespace {
+
+class Modded : public FunctionalModel {
+ public:
+  Modded(const ModdedConfig& c, const ModelInit& init) : c_(c) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
+    auto opts = at::TensorOptions().dtype(at::kDouble);
+    auto to_model = [&](const at::Tensor& t) { return t.to(c10::Device(init.device), init.dtype); };
+    // The script's own initialisation: "proj" weights zero, the embedding normal(0, 1), other
+    // weights normal(0, 0.33^0.5 / sqrt(fan_in)), biases zero, gains one.
+    auto weight = [&](const std::string& name, int64_t out, int64_t in) {
+      if (name.find("proj") != std::string::npos) return to_model(at::zeros({out, in}, opts));
+      return to_model(at::normal(0.0, std::sqrt(0.33 / in), {out, in}, gen, opts));
+    };
+    const int64_t C = c.model_dim, H = c.heads() * c.head_dim, V = c.vocab_size;
+    int64_t layer_index = -1;
+    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
+      const size_t index = params_.size();
+      add(name, std::move(value));
+      roles_.push_back({role, layer_index, {}});
+      return index;
+    };
+    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, ParamRole role) {
+      const size_t index = add_param(name + ".weight", weight(name, out, in), role);
+      add_param(name + ".bias", to_model(at::zeros({out}, opts)), role);
+      return index;
+    };
+    auto add_gains = [&](const std::string& name) {
+      return add_param(name + ".gains", to_model(at::ones({C}, opts)), ParamRole::kNormGain);
+    };
+    // named_parameters order: embed, blocks (attn q, k, v, proj; mlp fc, proj; norm1, norm2),
+    // proj, norm1, norm2.
+    embed_ = add_param("embed.weight", to_model(at::normal(0.0, 1.0, {V, C}, gen, opts)),
+                       ParamRole::kTokenEmbedding);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string b = fmt::format("blocks.{}.", l);
+      layer_index = l;
+      Layer layer;
+      layer.q = add_linear(b + "attn.q", H, C, ParamRole::kAttentionQuery);
+      layer.k = add_linear(b + "attn.k", H, C, ParamRole::kAttentionKey);
+      layer.v = add_linear(b + "attn.v", H, C, ParamRole::kAttentionValue);
+      layer.o = add_linear(b + "attn.proj", C, H, ParamRole::kAttentionOutput);
+      layer.fc = add_linear(b + "mlp.fc", 4 * C, C, ParamRole::kMlpInput);
+      layer.down = add_linear(b + "mlp.proj", C, 4 * C, ParamRole::kMlpOutput);
+      layer.norm1 = add_gains(b + "norm1");
+      layer.norm2 = add_gains(b + "norm2");
+      layers_.push_back(layer);
+    }
+    layer_index = -1;
+    head_ = add_linear("proj", V, C, ParamRole::kOutputHead);
+    norm1_ = add_gains("norm1");
+    norm2_ = add_gains("norm2");
+    finish();
+  }
+
+  ModelStructure structure() const override {
+    ModelStructure s;
+    s.params = roles_;
+    s.n_head = s.n_kv_head = c_.heads();
+    s.head_dim = c_.head_dim;
+    return s;
+  }
+
+  at::Tensor loss(const Batch& batch) override {
+    check(batch);
+    return mean_cross_entropy(forward(batch.inputs), batch.targets) * c_.loss_scale;
+  }
+
+  at::Tensor token_losses(const Batch& batch) override {
+    check(batch);
+    auto l = forward(batch.inputs);
+    const int64_t classes = l.size(-1);
+    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
+                        {}, at::Reduction::None)
+               .reshape(batch.targets.sizes()) *
+           c_.loss_scale;
+  }
+
+  at::Tensor logits(const Batch& batch) override {
+    if (c_.loss_scale != 1.0) {
+      // The Gauss-Newton split assumes loss = mean cross-entropy of the logits.
+      throw ModelError("modded: logits are only offered with loss_scale = 1");
+    }
+    check(batch);
+    return forward(batch.inputs);
+  }
+
+  std::string describe() const override { return ModelConfig("modded", c_).describe(); }
+
+ private:
+  struct Layer {
+    size_t q, k, v, o, fc, down, norm1, norm2;
+  };
+
+  at::Tensor linear(const at::Tensor& x, size_t weight) const {
+    return at::linear(x, p(weight), p(weight + 1));
+  }
+
+  // torch.nn.functional.rms_norm with eps=None: x / sqrt(mean(x²) + ε), ε the dtype's machine
+  // epsilon, over the last dimension.
+  static at::Tensor rms_norm(const at::Tensor& x) {
+    const double eps = x.scalar_type() == at::kDouble
+                           ? std::numeric_limits<double>::epsilon()
+                           : static_cast<double>(std::numeric_limits<float>::epsilon());
+    return x * at::rsqrt(x.pow(2).mean(-1, true) + eps);
+  }
+  at::Tensor rms_norm(const at::Tensor& x, size_t gains) const { return rms_norm(x) * p(gains); }
+
+  void check(const Batch& batch) const {
+    const auto& x = batch.inputs;
+    if (x.dim() != 2 || x.scalar_type() != at::kLong) {
+      throw ModelError(
+          fmt::format("modded: inputs must be int64 tokens of shape (batch, T); got {} of shape {}",
+                      x.scalar_type(), x.sizes()));
+    }
+    if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
+      throw ModelError(
+          fmt::format("modded: targets must be int64 of the inputs' shape {}; got {} of shape {}",
+                      x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
+    }
+    if (x.size(1) > c_.context) {
+      throw ModelError(
+          fmt::format("modded: sequence length {} exceeds context {}", x.size(1), c_.context));
+    }
+    const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
+    if (lo < 0 || hi >= c_.vocab_size) {
+      throw ModelError(
+          fmt::format("modded: token ids span [{}, {}], outside the vocabulary [0, {})", lo, hi,
+                      c_.vocab_size));
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) const {
+    const int64_t B = tokens.size(0), T = tokens.size(1), H = c_.heads(), D = c_.head_dim;
+    auto x = rms_norm(at::embedding(p(embed_), tokens), norm1_);
+    // Half-truncated rotary: frequencies (1/1024)^linspace(0, 1, D/4) on the first D/4 pairs and
+    // zero on the rest; the halves x1, x2 of each head turn as (x1 cos + x2 sin, x2 cos − x1 sin).
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    auto freq = at::pow(1.0 / 1024.0, at::linspace(0.0, 1.0, D / 4, f64));
+    freq = at::cat({freq, at::zeros({D / 4}, f64)});
+    auto theta = at::outer(at::arange(T, f64), freq).view({1, T, 1, D / 2});
+    const auto cos = theta.cos().to(x.scalar_type()), sin = theta.sin().to(x.scalar_type());
+    auto rotary = [&](const at::Tensor& t) {
+      auto x1 = t.narrow(-1, 0, D / 2), x2 = t.narrow(-1, D / 2, D / 2);
+      return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
+    };
+    auto mask = at::full({T, T}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
+    for (const auto& l : layers_) {
+      auto h = rms_norm(x, l.norm1);
+      auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
+      auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
+      auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
+      auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * c_.attention_scale + mask, -1);
+      auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, H * D});
+      x = x + linear(y, l.o);
+      h = rms_norm(x, l.norm2);
+      x = x + linear(at::relu(linear(h, l.fc)).square(), l.down);
+    }
+    auto z = linear(rms_norm(x, norm2_), head_);
+    const double cap = c_.logit_cap;
+    return cap > 0 ? cap * z * at::rsqrt(z.square() + cap * cap) : z;
+  }
+
+  ModdedConfig c_;
+  std::vector<ParamStructure> roles_;
+  std::vector<Layer> layers_;
+  size_t embed_ = 0, head_ = 0, norm1_ = 0, norm2_ = 0;
+};
+
+class ModdedArchitecture : public TypedArchitecture<ModdedConfig> {
+ public:
+  std::string name() const override { return "modded"; }
+  std::vector<std::string> keys() const override {
+    return {"vocab_size", "num_layers", "model_dim",  "head_dim",
+            "context",    "logit_cap",  "loss_scale", "attention_scale"};
+  }
+  ModdedConfig from_json(const nlohmann::json& j, const std::string&) const override {
+    ModdedConfig c;
+    c.vocab_size = j.value("vocab_size", c.vocab_size);
+    c.num_layers = j.value("num_layers", c.num_layers);
+    c.model_dim = j.value("model_dim", c.model_dim);
+    c.head_dim = j.value("head_dim", c.head_dim);
+    c.context = j.value("context", c.context);
+    c.logit_cap = j.value("logit_cap", c.logit_cap);
+    c.loss_scale = j.value("loss_scale", c.loss_scale);
+    c.attention_scale = j.value("attention_scale", c.attention_scale);
+    return c;
+  }
+  nlohmann::json to_json_object(const ModdedConfig& c) const override {
+    return {{"vocab_size", c.vocab_size}, {"num_layers", c.num_layers},
+            {"model_dim", c.model_dim},   {"head_dim", c.head_dim},
+            {"context", c.context},       {"logit_cap", c.logit_cap},
+            {"loss_scale", c.loss_scale}, {"attention_scale", c.attention_scale}};
+  }
+  void validate_config(const ModdedConfig& c) const override {
+    auto positive = [](const char* field, double value) {
+      if (!(value > 0)) {
+        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+      }
+    };
+    positive("vocab_size", c.vocab_size);
+    positive("num_layers", c.num_layers);
+    positive("model_dim", c.model_dim);
+    positive("head_dim", c.head_dim);
+    positive("context", c.context);
+    positive("loss_scale", c.loss_scale);
+    positive("attention_scale", c.attention_scale);
+    if (c.logit_cap < 0) {
+      throw InvalidArgument(fmt::format("model config: logit_cap = {} must be >= 0", c.logit_cap));
+    }
+    if (c.model_dim % c.head_dim != 0 || c.head_dim % 4 != 0) {
+      throw InvalidArgument(fmt::format(
+          "model config: head_dim = {} must divide model_dim = {} and be a multiple of 4",
+          c.head_dim, c.model_dim));
+    }
+  }
+  std::string describe_config(const ModdedConfig& c) const override {
+    return fmt::format(
+        "modded(layers={}, dim={}, heads={}, head_dim={}, vocab={}, context={}, logit_cap={}, "
+        "loss_scale={})",
+        c.num_layers, c.model_dim, c.heads(), c.head_dim, c.vocab_size, c.context, c.logit_cap,
+        c.loss_scale);
+  }
+  std::unique_ptr<Objective> build(const ModdedConfig& c, const ModelInit& init) const override {
+    return std::make_unique<Modded>(c, init);
+  }
+  ModelData data_of(const ModdedConfig& c) const override {
+    ModelData d;
+    d.kind = ModelData::Kind::kTokens;
+    d.vocab_size = c.vocab_size;
+    d.context = c.context;
+    return d;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> modded_architecture() {
+  return std::make_shared<ModdedArchitecture>();
+}
+
+}  // namespace curv
