@@ -93,17 +93,17 @@ TEST_CASE("MLP with mse loss takes float targets of the output's shape", "[model
 TEST_CASE("the registry lists the built-in architectures and names them for an unknown arch",
           "[models]") {
   const auto names = architecture_names();
-  REQUIRE(names.size() >= 4);
-  CHECK(std::vector<std::string>(names.begin(), names.begin() + 4) ==
-        std::vector<std::string>{"gpt", "mlp", "quadratic", "memory"});
-  for (const auto& name : {"gpt", "mlp", "quadratic", "memory"}) {
+  REQUIRE(names.size() >= 6);
+  CHECK(std::vector<std::string>(names.begin(), names.begin() + 6) ==
+        std::vector<std::string>{"gpt", "mlp", "quadratic", "memory", "llama", "modded"});
+  for (const auto& name : {"gpt", "mlp", "quadratic", "memory", "llama", "modded"}) {
     CHECK(find_architecture(name).name() == name);
     // The registered defaults round-trip through JSON.
     const ModelConfig defaults = ModelConfig::defaults(name);
     CHECK(ModelConfig::from_json(defaults.to_json()).to_json() == defaults.to_json());
   }
-  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "llama"})", "cfg.json"), InvalidArgument,
-                    Catch::Matchers::Contains("llama") && Catch::Matchers::Contains("gpt") &&
+  CURV_CHECK_THROWS(ModelConfig::from_json(R"({"arch": "mamba"})", "cfg.json"), InvalidArgument,
+                    Catch::Matchers::Contains("mamba") && Catch::Matchers::Contains("gpt") &&
                         Catch::Matchers::Contains("mlp") &&
                         Catch::Matchers::Contains("quadratic") &&
                         Catch::Matchers::Contains("memory"));

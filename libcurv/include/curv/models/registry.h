@@ -1,7 +1,8 @@
-// The architecture registry: every built-in model family (gpt, mlp, quadratic, memory, llama) is
-// one entry, found by its config's "arch", that parses, validates and serialises its config, builds
-// the model (parameter names, forward, structure) and says what data it reads. ModelConfig and
-// make_model go through it, so adding an architecture is one file plus one registration.
+// The architecture registry: every built-in model family (gpt, mlp, quadratic, memory, llama,
+// modded) is one entry, found by its config's "arch", that parses, validates and serialises its
+// config, builds the model (parameter names, forward, structure) and says what data it reads.
+// ModelConfig and make_model go through it, so adding an architecture is one file plus one
+// registration.
 #pragma once
 
 #include <any>
@@ -63,7 +64,7 @@ class Architecture {
 void register_architecture(std::shared_ptr<const Architecture> architecture);
 // The architecture named `name`; InvalidArgument naming it and listing the registered names.
 const Architecture& find_architecture(const std::string& name);
-// Registered names, in registration order (gpt, mlp, quadratic, memory, llama first).
+// Registered names, in registration order (gpt, mlp, quadratic, memory, llama, modded first).
 std::vector<std::string> architecture_names();
 // The architecture that reads Hugging Face configs of `model_type`; FormatError naming `origin`,
 // the model_type and the supported ones otherwise.
