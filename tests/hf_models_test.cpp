@@ -1,0 +1,410 @@
+// Hugging Face models read from their own folders (config.json beside the weights, no --model):
+// LLaMA, Qwen2, Mistral and GPT-2 against an independent Python implementation of each HF forward
+// pass on the same files (tests/python/hf_reference.py), float64: loss, logits, gradient and the
+// Hessian-vector product along the checkpoint delta. Also the config reader's refusals and the
+// component block rule.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "curv/core/blocks.h"
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
+#include "curv/io/safetensors.h"
+#include "curv/models/model_loader.h"
+#include "curv/models/models.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+at::Tensor tokens_of(const nlohmann::json& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& row : rows) {
+    for (const auto& t : row) flat.push_back(t.get<int64_t>());
+  }
+  return at::tensor(flat, at::kLong).reshape({static_cast<int64_t>(rows.size()), -1});
+}
+
+at::Tensor flat_of(const nlohmann::json& values) {
+  return at::tensor(values.get<std::vector<double>>(), at::kDouble);
+}
+
+double relative_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble).reshape({-1});
+  return (g - want).norm().item<double>() / std::max(1e-300, want.norm().item<double>());
+}
+
+struct HfRun {
+  TempDir dir;
+  nlohmann::json reference;
+  std::string run() const { return dir.path() + "/run"; }
+};
+
+std::unique_ptr<HfRun> make_hf_run(const std::string& arch) {
+  auto out = std::make_unique<HfRun>();
+  run_python("hf_reference.py", {out->dir.path(), arch});
+  out->reference = read_json(out->dir.path() + "/reference.json");
+  return out;
+}
+
+// The model a checkpoint folder describes, as ndsprobe builds it without --model.
+LoadedModel model_of(const Checkpoint& ckpt) {
+  ModelSource source;
+  source.init.dtype = at::kDouble;
+  return load_model(source, ckpt.model_config_json(), ckpt.model_config_file);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Hugging Face LLaMA and Qwen2 and Mistral and GPT-2 folders equal an independent HF forward",
+    "[hf_models]") {
+  const std::string arch = GENERATE("llama", "qwen2", "mistral", "gpt2", "llama-bf16");
+  INFO(arch);
+  auto hf = make_hf_run(arch);
+  const auto& ref = hf->reference;
+  REQUIRE(detect_checkpoint_layout(hf->run()) == CheckpointLayout::kHuggingFace);
+  const auto infos = list_checkpoints(hf->run());
+  REQUIRE(infos.size() == 2);
+  const Checkpoint before = load_checkpoint(infos[0]);
+  const Checkpoint after = load_checkpoint(infos[1]);
+  CHECK_THAT(after.model_config_file, Contains("checkpoint-20/config.json"));
+
+  LoadedModel model = model_of(after);
+  CHECK(model.config.arch() == (arch == "gpt2" ? "gpt" : "llama"));
+  Objective& objective = *model.objective;
+  // HF's parameter order, which the optimizer state's indices follow.
+  CHECK(objective.space().names() == ref["param_names"].get<std::vector<std::string>>());
+
+  Batch batch{tokens_of(ref["inputs"]), tokens_of(ref["targets"])};
+  CurvatureEngine engine(objective, ProbeSet({batch}));
+  const ParamVector theta_before =
+      parameters_from(before, objective.space(), objective.parameters());
+  engine.set_parameters(theta_before);
+  const double loss_before = engine.loss();
+  CHECK(std::abs(loss_before - ref["loss_at_10"].get<double>()) <=
+        1e-12 * std::abs(ref["loss_at_10"].get<double>()));
+  const ParamVector theta = parameters_from(after, objective.space(), objective.parameters());
+  engine.set_parameters(theta);
+  CHECK(std::abs(engine.loss() - ref["loss"].get<double>()) <= 1e-12 * ref["loss"].get<double>());
+  load_parameters(objective, theta);
+  CHECK(relative_error(objective.logits(batch)[0], flat_of(ref["logits_first"])) <= 1e-12);
+
+  ParamVector u;
+  for (size_t i = 0; i < objective.space().size(); ++i) {
+    const auto& name = objective.space()[i].name;
+    u.push_back(flat_of(ref["direction"][name]).reshape(objective.space()[i].shape));
+  }
+  const ParamVector& g = engine.gradient();
+  const ParamVector hu = engine.hvp(u);
+  for (size_t i = 0; i < objective.space().size(); ++i) {
+    const auto& name = objective.space()[i].name;
+    INFO(name);
+    CHECK(relative_error(g[i], flat_of(ref["grad"][name])) <= 1e-10);
+    CHECK(relative_error(hu[i], flat_of(ref["hvp"][name])) <= 1e-10);
+  }
+  const double curvature = dot(u, hu);
+  CHECK(std::abs(curvature - ref["curvature"].get<double>()) <=
+        1e-10 * std::abs(ref["curvature"].get<double>()));
+}
+
+TEST_CASE("ndsprobe reads a Hugging Face LLaMA run without --model and splits it by component",
+          "[hf_models][ndsprobe]") {
+  // LLaMA: GQA and an untied head; Qwen2: q/k/v biases, a tied head and rope_theta 1e6.
+  const std::string arch = GENERATE("llama", "qwen2");
+  INFO(arch);
+  auto hf = make_hf_run(arch);
+  const auto& ref = hf->reference;
+  const std::string probe = hf->dir.path() + "/probe.safetensors";
+  write_safetensors(probe,
+                    {{"inputs", tokens_of(ref["inputs"])}, {"targets", tokens_of(ref["targets"])}});
+  const std::string out = hf->dir.path() + "/probe.h5";
+  int status = 0;
+  const std::string log =
+      run_tool("ndsprobe",
+               fmt::format("{} --data {} --dtype float64 --directions delta --blocks "
+                           "component --quiet -o {}",
+                           hf->run(), probe, out),
+               &status);
+  INFO(log);
+  REQUIRE(status == 0);
+  H5Reader reader(out);
+  const Table taylor = reader.table("/taylor");
+  REQUIRE(taylor.strings("block")[0] == "total");
+  // The delta at checkpoint-10 is u = θ20 − θ10, the fixture's direction, audited at θ10.
+  double u_sq = 0.0;
+  for (const auto& [name, values] : ref["direction"].items()) {
+    for (const auto& x : values) u_sq += x.get<double>() * x.get<double>();
+  }
+  auto close = [&](const char* column, double want) {
+    INFO(column << ": got " << taylor.doubles(column)[0] << ", want " << want);
+    CHECK(std::abs(taylor.doubles(column)[0] - want) <= 1e-10 * std::abs(want));
+  };
+  close("loss", ref["loss_at_10"].get<double>());
+  close("first_order", ref["at_10"]["first_order"].get<double>());
+  close("curvature", ref["at_10"]["curvature"].get<double>());
+  close("nds", ref["at_10"]["curvature"].get<double>() / u_sq);
+  close("realized", ref["loss"].get<double>() - ref["loss_at_10"].get<double>());
+  const std::string blocks = reader.attribute_string("/", "block_names");
+  CHECK_THAT(blocks, Contains("model.layers.0.attn.qk"));
+  CHECK_THAT(blocks, Contains("model.layers.0.attn.vo"));
+  CHECK_THAT(blocks, Contains("model.layers.1.mlp"));
+  CHECK_THAT(blocks, Contains("model.layers.1.norm"));
+}
+
+TEST_CASE("Hugging Face configs: unsupported fields and model types name the file and field",
+          "[hf_models]") {
+  nlohmann::json llama = {{"architectures", {"LlamaForCausalLM"}},
+                          {"model_type", "llama"},
+                          {"vocab_size", 37},
+                          {"hidden_size", 16},
+                          {"intermediate_size", 24},
+                          {"num_hidden_layers", 2},
+                          {"num_attention_heads", 4},
+                          {"num_key_value_heads", 2},
+                          {"rms_norm_eps", 1e-6},
+                          {"rope_theta", 10000.0},
+                          {"rope_scaling", nullptr},
+                          {"hidden_act", "silu"},
+                          {"attention_dropout", 0.0},
+                          {"torch_dtype", "float32"},
+                          {"transformers_version", "4.44.0"},
+                          {"max_position_embeddings", 64}};
+  const ModelConfig plain = ModelConfig::from_json(llama.dump(), "ckpt/config.json");
+  CHECK(plain.arch() == "llama");
+  CHECK(plain.as<LlamaConfig>().kv_heads() == 2);
+  CHECK(plain.as<LlamaConfig>().head_size() == 4);
+  // The native form round-trips to the same model.
+  CHECK(ModelConfig::from_json(plain.to_json()).to_json() == plain.to_json());
+
+  auto refused = [&](nlohmann::json config, const std::string& field) {
+    INFO(config.dump());
+    try {
+      ModelConfig::from_json(config.dump(), "ckpt/config.json");
+      FAIL("accepted");
+    } catch (const FormatError& e) {
+      CHECK_THAT(e.what(), Contains("ckpt/config.json"));
+      CHECK_THAT(e.what(), Contains(field));
+    }
+  };
+  auto with = [&](const std::string& key, nlohmann::json value) {
+    nlohmann::json c = llama;
+    c[key] = std::move(value);
+    return c;
+  };
+  refused(with("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}), "rope_scaling");
+  refused(with("hidden_act", "gelu"), "hidden_act");
+  refused(with("num_local_experts", 8), "num_local_experts");
+  refused(with("some_new_field", 1), "some_new_field");
+  refused(with("model_type", "mixtral"), "mixtral");
+  refused(with("num_attention_heads", "four"), "num_attention_heads");
+  CHECK(
+      ModelConfig::from_json(with("rope_scaling", {{"rope_type", "default"}}).dump(), "c").arch() ==
+      "llama");
+  // Qwen2's window only applies with use_sliding_window.
+  nlohmann::json qwen = with("model_type", "qwen2");
+  qwen["sliding_window"] = 4;
+  qwen["use_sliding_window"] = false;
+  CHECK(ModelConfig::from_json(qwen.dump(), "q").as<LlamaConfig>().sliding_window == 0);
+  CHECK(ModelConfig::from_json(qwen.dump(), "q").as<LlamaConfig>().qkv_bias);
+  nlohmann::json mistral = with("model_type", "mistral");
+  mistral["sliding_window"] = 4;
+  const ModelConfig windowed = ModelConfig::from_json(mistral.dump(), "m");
+  auto model = make_model(windowed, ModelInit{0, at::kDouble});
+  const at::Tensor five = at::zeros({1, 5}, at::kLong);
+  CHECK_THROWS_WITH(model->loss(Batch{five, five}), Contains("sliding window 4"));
+  CHECK_NOTHROW(model->loss(Batch{five.narrow(1, 0, 4), five.narrow(1, 0, 4)}));
+
+  nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 16},
+                         {"n_layer", 2},         {"n_head", 4},
+                         {"n_positions", 32},    {"vocab_size", 37},
+                         {"resid_pdrop", 0.1},   {"layer_norm_epsilon", 1e-5}};
+  const ModelConfig gpt = ModelConfig::from_json(gpt2.dump(), "g");
+  CHECK(gpt.arch() == "gpt");
+  CHECK(gpt.as<GptConfig>().conv1d);
+  CHECK(gpt.as<GptConfig>().activation == "gelu_tanh");
+  gpt2["scale_attn_by_inverse_layer_idx"] = true;
+  refused(gpt2, "scale_attn_by_inverse_layer_idx");
+}
+
+TEST_CASE("component blocks split each layer into attn.qk and attn.vo and mlp and norm",
+          "[hf_models]") {
+  LlamaConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.qkv_bias = true;
+  auto llama = make_model(ModelConfig("llama", c));
+  const auto blocks = BlockPartition::by_rule(llama->space(), llama->structure(),
+                                              BlockPartition::parse_rule("component"));
+  CHECK(blocks.names() == std::vector<std::string>{"embeddings", "model.layers.0.attn.qk",
+                                                   "model.layers.0.attn.vo", "model.layers.0.mlp",
+                                                   "model.layers.0.norm", "model.layers.1.attn.qk",
+                                                   "model.layers.1.attn.vo", "model.layers.1.mlp",
+                                                   "model.layers.1.norm", "head"});
+  std::vector<std::string> qk;
+  for (size_t i : blocks[1].params) qk.push_back(llama->space()[i].name);
+  CHECK(qk == std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight",
+                                       "model.layers.0.self_attn.q_proj.bias",
+                                       "model.layers.0.self_attn.k_proj.weight",
+                                       "model.layers.0.self_attn.k_proj.bias"});
+
+  GptConfig g;
+  g.n_layer = 1;
+  auto gpt = make_model(ModelConfig("gpt", g));
+  const auto fused = BlockPartition::by_rule(gpt->space(), gpt->structure(), BlockRule::kComponent);
+  CHECK(fused.names() ==
+        std::vector<std::string>{"embeddings", "transformer.h.0.norm", "transformer.h.0.attn.qkv",
+                                 "transformer.h.0.attn.o", "transformer.h.0.mlp", "head"});
+}
+
+TEST_CASE("curvtrain trains the built-in llama with Muon and ndsprobe audits it by component",
+          "[hf_models][curvtrain][ndsprobe]") {
+  TempDir dir;
+  const std::string config = dir.file("llama.json");
+  std::ofstream(config) << R"({"arch": "llama", "vocab_size": 256, "hidden_size": 16,
+    "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 16, "tie_word_embeddings": true})";
+  int status = 0;
+  std::string log = run_tool(
+      "curvtrain",
+      fmt::format("-o {} --model {} --optimizer muon --steps 4 --batch-size 4 --save-every 2 "
+                  "--eval-every 2 --train-tokens 4000 --eval-sequences 4 --probe-sequences 8 "
+                  "--threads 2",
+                  dir.file("run"), config),
+      &status);
+  INFO(log);
+  REQUIRE(status == 0);
+  // Muon's default partition by roles: the projections and MLP matrices are hidden, the tied
+  // embedding is not.
+  const Checkpoint last = load_checkpoint(list_checkpoints(dir.file("run")).back());
+  REQUIRE(last.meta.optimizer);
+  const std::map<std::string, std::string> partition(last.meta.optimizer->partition.begin(),
+                                                     last.meta.optimizer->partition.end());
+  CHECK(partition.at("model.layers.0.self_attn.q_proj.weight") == "muon");
+  CHECK(partition.at("model.layers.1.mlp.down_proj.weight") == "muon");
+  CHECK(partition.at("model.embed_tokens.weight") == "adamw");
+  CHECK(partition.at("model.norm.weight") == "adamw");
+  log = run_tool(
+      "ndsprobe",
+      fmt::format("{} --data {} --directions update,delta --blocks component --within "
+                  "--quiet -o {}",
+                  dir.file("run"), dir.file("run/probe.safetensors"), dir.file("probe.h5")),
+      &status);
+  INFO(log);
+  REQUIRE(status == 0);
+  H5Reader reader(dir.file("probe.h5"));
+  CHECK(reader.table("/taylor").num_rows() >= 2);
+  CHECK_THAT(reader.attribute_string("/", "block_names"), Contains("model.layers.1.attn.vo"));
+}
+
+TEST_CASE("modded-nanogpt state_step files load as the built-in modded GPT and equal its forward",
+          "[hf_models][modded]") {
+  TempDir dir;
+  run_python("modded_reference.py", {dir.path()});
+  const auto ref = read_json(dir.path() + "/reference.json");
+  const std::string run = dir.path() + "/run";
+  REQUIRE(detect_checkpoint_layout(run) == CheckpointLayout::kTorchSteps);
+  const auto infos = list_checkpoints(run);
+  REQUIRE(infos.size() == 2);
+  CHECK(infos[1].step == 20);
+  const Checkpoint before = load_checkpoint(infos[0]);
+  const Checkpoint after = load_checkpoint(infos[1]);
+  LoadedModel model = model_of(after);
+  REQUIRE(model.config.arch() == "modded");
+  CHECK(model.config.as<ModdedConfig>().head_dim == 8);
+  CHECK(model.config.as<ModdedConfig>().attention_scale == 0.12);
+  Objective& objective = *model.objective;
+  CHECK(objective.space().names() == ref["param_names"].get<std::vector<std::string>>());
+
+  Batch batch{tokens_of(ref["inputs"]), tokens_of(ref["targets"])};
+  CurvatureEngine engine(objective, ProbeSet({batch}));
+  engine.set_parameters(parameters_from(before, objective.space(), objective.parameters()));
+  CHECK(std::abs(engine.loss() - ref["loss_at_10"].get<double>()) <=
+        1e-12 * ref["loss_at_10"].get<double>());
+  engine.set_parameters(parameters_from(after, objective.space(), objective.parameters()));
+  CHECK(std::abs(engine.loss() - ref["loss"].get<double>()) <= 1e-12 * ref["loss"].get<double>());
+  ParamVector u;
+  for (size_t i = 0; i < objective.space().size(); ++i) {
+    u.push_back(
+        flat_of(ref["direction"][objective.space()[i].name]).reshape(objective.space()[i].shape));
+  }
+  const ParamVector& g = engine.gradient();
+  const ParamVector hu = engine.hvp(u);
+  for (size_t i = 0; i < objective.space().size(); ++i) {
+    const auto& name = objective.space()[i].name;
+    INFO(name);
+    CHECK(relative_error(g[i], flat_of(ref["grad"][name])) <= 1e-10);
+    CHECK(relative_error(hu[i], flat_of(ref["hvp"][name])) <= 1e-10);
+  }
+  CHECK(std::abs(dot(u, hu) - ref["curvature"].get<double>()) <=
+        1e-10 * std::abs(ref["curvature"].get<double>()));
+  // Component blocks by roles: the separate q/k/v projections split as in LLaMA.
+  const auto blocks =
+      BlockPartition::by_rule(objective.space(), objective.structure(), BlockRule::kComponent);
+  CHECK(blocks.names() ==
+        std::vector<std::string>{"embeddings", "blocks.0.attn.qk", "blocks.0.attn.vo",
+                                 "blocks.0.mlp", "blocks.0.norm", "blocks.1.attn.qk",
+                                 "blocks.1.attn.vo", "blocks.1.mlp", "blocks.1.norm", "head"});
+}
+
+TEST_CASE("llama HVPs equal the dense Hessian with GQA and tied or untied heads and biases",
+          "[hf_models]") {
+  struct Case {
+    const char* name;
+    int64_t heads, kv_heads, head_dim;
+    bool tied, attention_bias, qkv_bias, mlp_bias;
+  };
+  const Case c = GENERATE(Case{"gqa untied", 4, 2, 0, false, false, false, false},
+                          Case{"tied qkv biases", 2, 1, 0, true, false, true, false},
+                          Case{"all biases, head_dim 6", 2, 2, 6, false, true, false, true});
+  INFO(c.name);
+  LlamaConfig config;
+  config.vocab_size = 7;
+  config.hidden_size = 8;
+  config.intermediate_size = 6;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = c.heads;
+  config.num_key_value_heads = c.kv_heads;
+  config.head_dim = c.head_dim;
+  config.max_position_embeddings = 4;
+  config.tie_word_embeddings = c.tied;
+  config.attention_bias = c.attention_bias;
+  config.qkv_bias = c.qkv_bias;
+  config.mlp_bias = c.mlp_bias;
+  auto model = make_model(ModelConfig("llama", config), ModelInit{3, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(5, 5, 3, config.vocab_size, 4));
+  // Values well away from the initialisation's, so every term of the Hessian is exercised.
+  ParamVector theta = random_direction(*model, 1);
+  for (auto& t : theta) t.mul_(0.5);
+  engine.set_parameters(theta);
+  const int64_t n = engine.space().numel();
+  const Eigen::MatrixXd h = dense_hessian(engine);
+  CHECK((h - h.transpose()).norm() <= 1e-12 * h.norm());
+  for (uint64_t seed : {11, 12}) {
+    const ParamVector v = random_direction(*model, seed);
+    const Eigen::VectorXd want = h * flat(v, n), got = flat(engine.hvp(v), n);
+    CHECK((got - want).norm() <= 1e-10 * want.norm());
+  }
+}
