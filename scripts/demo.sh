@@ -35,7 +35,7 @@ echo "== ndsprobe on every run (balanced probe set from the same grammar)"
 runs=()
 for s in $exponents; do for name in adamw muon; do runs+=("$out/runs/${name}_s${s}"); done; done
 "$build/tools/ndsprobe/ndsprobe" "${runs[@]}" --data "$out/runs/adamw_s${exponents%% *}/probe.safetensors" \
-  --directions update,delta --within --modes 4 --batch-size 32 -o "$out/ndsprobe.h5" --quiet
+  --directions update,delta --within --modes 4 --batch-size 32 -o "$out/ndsprobe.h5"
 
 echo "== model problems: linear associative memory (tail classes) and structured quadratic"
 mp="$out/model_problems"
