@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "curv/analysis/within.h"
 #include "curv/core/blocks.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
@@ -406,5 +407,59 @@ TEST_CASE("llama HVPs equal the dense Hessian with GQA and tied or untied heads 
     const ParamVector v = random_direction(*model, seed);
     const Eigen::VectorXd want = h * flat(v, n), got = flat(engine.hvp(v), n);
     CHECK((got - want).norm() <= 1e-10 * want.norm());
+  }
+}
+
+TEST_CASE("within-block groups of Conv1D weights equal those of the same model stored as Linear",
+          "[hf_models][within]") {
+  // HF GPT-2 stores [in, out]: the same function as the Linear layout with every projection
+  // transposed, so per-head groups, singular values and mode curvatures must agree.
+  GptConfig linear_config;
+  linear_config.vocab_size = 7;
+  linear_config.block_size = 4;
+  linear_config.n_layer = 1;
+  linear_config.n_head = 2;
+  linear_config.n_embd = 4;
+  linear_config.tied = true;
+  GptConfig conv_config = linear_config;
+  conv_config.conv1d = true;
+  auto linear = make_model(ModelConfig("gpt", linear_config), ModelInit{2, at::kDouble});
+  auto conv = make_model(ModelConfig("gpt", conv_config), ModelInit{2, at::kDouble});
+  REQUIRE(linear->space().names() == conv->space().names());
+  auto transposed = [&](const ParamVector& x) {
+    ParamVector out;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const bool projection = x[i].dim() == 2 && !linear->structure().is_embedding(i);
+      out.push_back(projection ? x[i].t().contiguous() : x[i].clone());
+    }
+    return out;
+  };
+  const ProbeSet probe = gpt_probe(7, 4, 2, linear_config.vocab_size, 4);
+  CurvatureEngine linear_engine(*linear, probe), conv_engine(*conv, probe);
+  ParamVector theta = random_direction(*linear, 5);
+  for (auto& t : theta) t.mul_(0.5);
+  linear_engine.set_parameters(theta);
+  conv_engine.set_parameters(transposed(theta));
+  const ParamVector u = random_direction(*linear, 6);
+  WithinOptions options;
+  options.n_head = 2;
+  options.row_chunks = 2;
+  options.modes = 2;
+  const WithinReport a = within_block(linear_engine, u, options);
+  const WithinReport b = within_block(conv_engine, transposed(u), options);
+  REQUIRE(a.params.size() == b.params.size());
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    INFO(a.params[p].name);
+    REQUIRE(a.params[p].groups.size() == b.params[p].groups.size());
+    CHECK(a.params[p].groups.size() >= 2);
+    for (size_t g = 0; g < a.params[p].groups.size(); ++g) {
+      CHECK(a.params[p].groups[g].name == b.params[p].groups[g].name);
+      const double want = a.params[p].groups[g].curvature;
+      CHECK(std::abs(b.params[p].groups[g].curvature - want) <= 1e-10 * std::abs(want) + 1e-14);
+    }
+    for (size_t m = 0; m < a.params[p].modes.size(); ++m) {
+      const double want = a.params[p].modes[m].curvature;
+      CHECK(std::abs(b.params[p].modes[m].curvature - want) <= 1e-10 * std::abs(want) + 1e-14);
+    }
   }
 }
