@@ -1,9 +1,11 @@
 // ndsprobe end to end: checkpoint directories made here, the tool run as a process, its HDF5
 // read back with h5py; and every kind of bad input.
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -453,4 +455,65 @@ TEST_CASE("the tools run OpenBLAS's vector kernels where OpenBLAS fell back to g
   ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
   CHECK(better_openblas_core().empty());
   ::unsetenv("OPENBLAS_CORETYPE");
+}
+
+TEST_CASE("ndsprobe stops cleanly on SIGINT and SIGTERM and --resume completes it bit for bit",
+          "[ndsprobe][signals]") {
+  TempDir dir;
+  GptConfig g;
+  g.vocab_size = 64;
+  g.block_size = 32;
+  g.n_layer = 2;
+  g.n_head = 4;
+  g.n_embd = 64;
+  const ModelConfig cfg("gpt", g);
+  auto model = make_model(cfg, ModelInit{1, at::kFloat});
+  const ProbeSet probe = gpt_probe(3, 32, 32, g.vocab_size, g.block_size);
+  const std::string data = dir.file("probe.safetensors"), run = dir.file("run");
+  write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
+  for (int step = 0; step <= 30; step += 10) {
+    ParamVector theta = random_direction(*model, 100 + step);
+    for (auto& t : theta) t = t.mul(0.05).to(at::kFloat);
+    save_checkpoint(run, step, model->space(), theta, {}, R"({"model": )" + cfg.to_json() + "}");
+  }
+  const std::string args = fmt::format(
+      "{} --data {} --batch-size 8 --directions gradient,random --within --modes 2 --threads 1",
+      run, data);
+  const std::string whole = dir.file("whole.h5");
+  int status = 0;
+  run_tool("ndsprobe", args + " --quiet -o " + whole, &status);
+  REQUIRE(status == 0);
+  const size_t units = H5Reader(whole).table("/taylor").num_rows();
+
+  for (const auto& [signal, code] : {std::pair<std::string, int>{"INT", 130}, {"TERM", 143}}) {
+    INFO("SIG" << signal);
+    const std::string out = dir.file("interrupted_" + signal + ".h5");
+    // Started in the background; the signal comes as soon as the first unit is committed.
+    std::string log;
+    const int rc = run_command(
+        fmt::format("{} {} -o {} 2> {}.log & pid=$!; "
+                    "while [ ! -f {} ] && kill -0 $pid 2>/dev/null; do sleep 0.05; done; "
+                    "kill -{} $pid; wait $pid; status=$?; cat {}.log; exit $status",
+                    tool_path("ndsprobe"), args, out, out, out, signal, out),
+        &log);
+    INFO(log);
+    CHECK(rc == code);
+    CHECK_THAT(log, Catch::Matchers::Contains("interrupted by SIG" + signal) &&
+                        Catch::Matchers::Contains("--resume"));
+    // What was committed is a readable file holding fewer units than the whole run.
+    const size_t partial = H5Reader(out).table("/taylor").num_rows();
+    CHECK(partial > 0);
+    CHECK(partial < units);
+    run_tool("ndsprobe", args + " --quiet --resume -o " + out, &status);
+    REQUIRE(status == 0);
+    const Table resumed = H5Reader(out).table("/taylor"),
+                reference = H5Reader(whole).table("/taylor");
+    REQUIRE(resumed.num_rows() == units);
+    for (const auto& column : {"loss", "first_order", "curvature", "nds", "realized", "within"}) {
+      INFO(column);
+      const auto& a = resumed.doubles(column);
+      const auto& b = reference.doubles(column);
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+    }
+  }
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <regex>
 
@@ -113,9 +114,42 @@ ProgressCallback Progress::callback() {
       [this](size_t done, size_t total, const std::string& label) { update(done, total, label); };
 }
 
+namespace {
+
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int signal) {
+  stop_signal = signal;
+  // A second signal is not caught: it ends the process.
+  std::signal(signal, SIG_DFL);
+}
+
+}  // namespace
+
+void install_stop_signals() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+Interrupted::Interrupted(int signal)
+    : std::runtime_error(signal == SIGINT    ? "SIGINT"
+                         : signal == SIGTERM ? "SIGTERM"
+                                             : "a signal"),
+      signal_(signal) {}
+
+void stop_if_requested() {
+  if (stop_signal != 0) throw Interrupted(stop_signal);
+}
+
 int run_tool(const char* tool, const std::function<int()>& body) {
   try {
     return body();
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr,
+                 "\n%s: interrupted by %s; the output holds every unit finished before it. Run the "
+                 "same command with --resume to continue.\n",
+                 tool, e.what());
+    return 128 + e.signal();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
     return 1;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -66,8 +67,25 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+// SIGINT and SIGTERM: the first asks the run to stop at its next safe point, where
+// stop_if_requested() is called (ndsprobe: after a unit's results are committed to the output); a
+// second one ends the process at once with the signal's default action.
+void install_stop_signals();
+// A stop was asked for by `signal()`; run_tool turns it into exit status 128 + signal.
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(int signal);
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+// Throws Interrupted when a stop signal has arrived since install_stop_signals().
+void stop_if_requested();
+
 // Runs `body`; curv::Error and other exceptions become "TOOL: error: message" on stderr and
-// exit code 1. CLI11 parse errors exit with CLI11's own non-zero codes.
+// exit code 1, Interrupted "TOOL: interrupted ..." and 128 + the signal. CLI11 parse errors exit
+// with CLI11's own non-zero codes.
 int run_tool(const char* tool, const std::function<int()>& body);
 
 }  // namespace curv::tools

@@ -87,7 +87,15 @@ int run(int argc, char** argv) {
       flags);
 
   tools::Progress progress(a.runtime.quiet);
-  const ProbeJobResult result = run_probe_job(job, progress.callback());
+  // Progress is reported after each unit's results are committed to the output: the safe point
+  // at which a SIGINT or SIGTERM stops the run, so --resume continues from there.
+  tools::install_stop_signals();
+  const ProgressCallback report = progress.callback();
+  const ProbeJobResult result =
+      run_probe_job(job, [&](size_t done, size_t total, const std::string& label) {
+        report(done, total, label);
+        tools::stop_if_requested();
+      });
   progress.finish();
   std::fputs(summarize_probe_file(result.output).c_str(), stdout);
   std::fprintf(stderr, "ndsprobe: wrote %s (%s)\n", result.output.c_str(),
