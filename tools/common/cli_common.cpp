@@ -25,6 +25,11 @@ void RuntimeArgs::add_to(CLI::App& app) {
   app.add_option("--seed", seed, "Seed of every random choice (directions, estimators)")
       ->capture_default_str();
   app.add_flag("--quiet", quiet, "No progress bar on stderr");
+  app.add_option("--dist-timeout", dist_timeout,
+                 "Under torchrun: seconds a rank waits for the others before the run stops with "
+                 "an error naming the lost rank (docs/distributed.md)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 ModelInit RuntimeArgs::model_init() const { return ModelInit{seed, parse_dtype(dtype), device}; }
@@ -32,7 +37,19 @@ ModelInit RuntimeArgs::model_init() const { return ModelInit{seed, parse_dtype(d
 void RuntimeArgs::init() const { init_runtime(RuntimeOptions{threads}); }
 
 Provenance RuntimeArgs::provenance(const std::string& tool, int argc, char** argv) const {
-  return make_provenance(tool, join_command_line(argc, argv), dtype, seed, threads);
+  Provenance p = make_provenance(tool, join_command_line(argc, argv), dtype, seed, threads);
+  p.world_size = communicator()->world_size();
+  p.distributed_backend = communicator()->backend();
+  return p;
+}
+
+std::shared_ptr<Communicator> RuntimeArgs::communicator() const {
+  if (!communicator_) {
+    DistributedOptions options;
+    options.timeout_seconds = dist_timeout;
+    communicator_ = communicator_from_environment(options);
+  }
+  return communicator_;
 }
 
 void ModelArgs::add_to(CLI::App& app) {
@@ -139,6 +156,16 @@ Interrupted::Interrupted(int signal)
 
 void stop_if_requested() {
   if (stop_signal != 0) throw Interrupted(stop_signal);
+}
+
+void stop_if_requested(Communicator& comm) {
+  if (!comm.distributed()) return stop_if_requested();
+  std::vector<double> signals(static_cast<size_t>(comm.world_size()), 0.0);
+  signals[static_cast<size_t>(comm.rank())] = stop_signal;
+  comm.all_reduce_sum(signals.data(), signals.size());
+  for (double s : signals) {
+    if (s != 0.0) throw Interrupted(static_cast<int>(s));
+  }
 }
 
 int run_tool(const char* tool, const std::function<int()>& body) {

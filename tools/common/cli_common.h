@@ -13,18 +13,20 @@
 #include <vector>
 
 #include "curv/analysis/report.h"
+#include "curv/core/distributed.h"
 #include "curv/core/progress.h"
 #include "curv/models/model_loader.h"
 
 namespace curv::tools {
 
-// --threads, --dtype, --device, --seed, --quiet.
+// --threads, --dtype, --device, --seed, --quiet, --dist-timeout.
 struct RuntimeArgs {
   int threads = 0;
   std::string dtype = "float32";
   std::string device = "cpu";
   uint64_t seed = 0;
   bool quiet = false;
+  int64_t dist_timeout = DistributedOptions{}.timeout_seconds;
 
   void add_to(CLI::App& app);
   ModelInit model_init() const;  // seed, dtype, device
@@ -32,6 +34,13 @@ struct RuntimeArgs {
   void init() const;
   // Provenance with this tool's name, its command line and the runtime's fields.
   Provenance provenance(const std::string& tool, int argc, char** argv) const;
+  // The ranks torchrun's environment describes (one process without it), joined on first use.
+  std::shared_ptr<Communicator> communicator() const;
+  // Progress and results are printed by rank 0 only.
+  bool prints() const { return communicator()->is_root(); }
+
+ private:
+  mutable std::shared_ptr<Communicator> communicator_;
 };
 
 // --model, --script-mode.
@@ -82,6 +91,9 @@ class Interrupted : public std::runtime_error {
 };
 // Throws Interrupted when a stop signal has arrived since install_stop_signals().
 void stop_if_requested();
+// The same for several ranks, as a collective: when any rank received a signal, every rank
+// throws Interrupted at this same point, so all of them stop after the same committed unit.
+void stop_if_requested(Communicator& comm);
 
 // Runs `body`; curv::Error and other exceptions become "TOOL: error: message" on stderr and
 // exit code 1, Interrupted "TOOL: interrupted ..." and 128 + the signal. CLI11 parse errors exit

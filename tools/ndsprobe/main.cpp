@@ -40,6 +40,7 @@ ProbeJob to_job(const Args& a, int argc, char** argv) {
   job.data = a.data.to_source(a.runtime.seed);
   job.blocks = a.audit.block_options();
   job.engine = a.engine.to_options();
+  job.engine.communicator = a.runtime.communicator();
   job.output = a.output;
   job.resume = a.resume;
   job.provenance = a.runtime.provenance("ndsprobe", argc, argv);
@@ -86,7 +87,9 @@ int run(int argc, char** argv) {
       },
       flags);
 
-  tools::Progress progress(a.runtime.quiet);
+  // Under torchrun every rank runs this; rank 0 alone prints and writes.
+  const bool prints = a.runtime.prints();
+  tools::Progress progress(a.runtime.quiet || !prints);
   // Progress is reported after each unit's results are committed to the output: the safe point
   // at which a SIGINT or SIGTERM stops the run, so --resume continues from there.
   tools::install_stop_signals();
@@ -94,9 +97,10 @@ int run(int argc, char** argv) {
   const ProbeJobResult result =
       run_probe_job(job, [&](size_t done, size_t total, const std::string& label) {
         report(done, total, label);
-        tools::stop_if_requested();
+        tools::stop_if_requested(*job.engine.communicator);
       });
   progress.finish();
+  if (!prints) return 0;
   std::fputs(summarize_probe_file(result.output).c_str(), stdout);
   std::fprintf(stderr, "ndsprobe: wrote %s (%s)\n", result.output.c_str(),
                result.summary.counters.brief().c_str());

@@ -12,6 +12,7 @@
 
 #include "curv/analysis/direction_registry.h"
 #include "curv/core/directions.h"
+#include "curv/core/distributed.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
 #include "curv/core/statistics.h"
@@ -620,7 +621,19 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   job.engine.validate();
   ProbeRunOptions run_options = job.run;
   ProbeRun run(std::move(run_options));  // lists and checks every run's checkpoints
-  check_writable(job.output);
+  Communicator& comm = job.engine.communicator ? *job.engine.communicator : *single_process();
+  {
+    // Only rank 0 writes the output; its checks stop every rank.
+    std::exception_ptr failure;
+    if (comm.is_root()) {
+      try {
+        check_writable(job.output);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    raise_if_any_rank_failed(comm, failure);
+  }
 
   const Checkpoint first =
       load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
@@ -642,7 +655,10 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   provenance.extra["probe_data"] = job.data.path;
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
   provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));
-  ProbeReport report(job.output, provenance, job.resume);
+  provenance.world_size = comm.world_size();
+  provenance.distributed_backend = comm.backend();
+  ProbeReport report(job.output, provenance, job.resume,
+                     job.engine.communicator ? job.engine.communicator : single_process());
 
   ProbeJobResult result;
   result.summary = run.execute(engine, blocks, report, progress);

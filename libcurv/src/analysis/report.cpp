@@ -1,15 +1,19 @@
 #include "curv/analysis/report.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <variant>
 
 #include "curv/analysis/taylor.h"
 #include "curv/analysis/token_buckets.h"
 #include "curv/analysis/within.h"
+#include "curv/core/distributed.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
 #include "curv/core/statistics.h"
@@ -184,41 +188,76 @@ std::string unit_path(const std::string& run, int64_t step, const std::string& d
   return step_group(run, step) + "/" + direction;
 }
 
-ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
+namespace {
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) throw FormatError(fmt::format("cannot read '{}'", path));
+  return bytes;
+}
+
+void write_file_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out.good()) throw FormatError(fmt::format("cannot write '{}'", path));
+}
+
+std::string private_temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / fmt::format("curv-{}-{}", ::getpid(), name))
+      .string();
+}
+
+}  // namespace
+
+ProbeReport::ProbeReport(std::string path, Provenance p, bool resume,
+                         std::shared_ptr<Communicator> comm)
     : path_(std::move(path)),
+      comm_(comm ? std::move(comm) : single_process()),
       taylor_(std::make_unique<Table>(empty_taylor_table())),
       status_(std::make_unique<Table>(empty_status_table())),
       buckets_(std::make_unique<Table>(empty_bucket_table())) {
   const auto parent = std::filesystem::path(path_).parent_path();
-  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-    throw InvalidArgument(
-        fmt::format("output '{}': directory '{}' does not exist", path_, parent.string()));
-  }
-  if (resume && std::filesystem::exists(path_)) {
-    writer_ = std::make_unique<H5Writer>(H5Writer::load(path_));
-    H5Reader reader(path_);
-    auto check = [&](const char* key, const std::string& ours) {
-      const std::string theirs =
-          reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
-      if (theirs != ours) {
+  std::exception_ptr failure;
+  // Rank 0's file: its bytes ("" when there is none), sent to the other ranks when resuming.
+  std::string bytes;
+  bool exists = false;
+  if (comm_->is_root()) {
+    try {
+      if (!parent.empty() && !std::filesystem::is_directory(parent)) {
         throw InvalidArgument(
-            fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
-                        "(write to a new file, or drop --resume to replace it)",
-                        path_, key, theirs, ours));
+            fmt::format("output '{}': directory '{}' does not exist", path_, parent.string()));
       }
-    };
-    check("schema", kSchema);
-    check("model", p.model);
-    check("dtype", p.dtype);
-    check("probe_hash", p.probe_hash);
-    check("blocks", p.blocks);
-    check("seed", std::to_string(p.seed));
-    if (reader.exists("/taylor")) *taylor_ = reader.table("/taylor");
-    if (reader.exists("/status")) *status_ = reader.table("/status");
-    if (reader.exists("/token_buckets")) *buckets_ = reader.table("/token_buckets");
-  } else {
-    writer_ = std::make_unique<H5Writer>(path_);
+      exists = resume && std::filesystem::exists(path_);
+      if (exists && comm_->distributed()) bytes = read_file_bytes(path_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
   }
+  raise_if_any_rank_failed(*comm_, failure);
+  std::string source = path_;  // the file this rank loads
+  std::string copy;            // a non-root rank's private copy of rank 0's file
+  if (resume && comm_->distributed()) {
+    std::string flag = exists ? "1" : "0";
+    comm_->broadcast(flag, 0);
+    exists = flag == "1";
+    if (exists) {
+      comm_->broadcast(bytes, 0);
+      if (!comm_->is_root()) {
+        copy = private_temp_path("resume.h5");
+        write_file_bytes(copy, bytes);
+        source = copy;
+      }
+    }
+  }
+  try {
+    if (exists) load_for_resume(source, p);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (!copy.empty()) std::filesystem::remove(copy);
+  raise_if_any_rank_failed(*comm_, failure);
+  if (!exists) writer_ = std::make_unique<H5Writer>(path_);
   auto& w = *writer_;
   w.attribute("/", "tool", p.tool);
   w.attribute("/", "version", p.version);
@@ -235,7 +274,33 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume)
   w.attribute("/", "blocks", p.blocks);
   w.attribute("/", "hvp_method", p.hvp_method);
   w.attribute("/", "schema", std::string(kSchema));
+  w.attribute("/", "world_size", p.world_size);
+  w.attribute("/", "distributed_backend", p.distributed_backend);
   for (const auto& [key, value] : p.extra) w.attribute("/", key, value);
+}
+
+void ProbeReport::load_for_resume(const std::string& source, const Provenance& p) {
+  writer_ = std::make_unique<H5Writer>(H5Writer::load(source));
+  H5Reader reader(source);
+  auto check = [&](const char* key, const std::string& ours) {
+    const std::string theirs =
+        reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
+    if (theirs != ours) {
+      throw InvalidArgument(
+          fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
+                      "(write to a new file, or drop --resume to replace it)",
+                      path_, key, theirs, ours));
+    }
+  };
+  check("schema", kSchema);
+  check("model", p.model);
+  check("dtype", p.dtype);
+  check("probe_hash", p.probe_hash);
+  check("blocks", p.blocks);
+  check("seed", std::to_string(p.seed));
+  if (reader.exists("/taylor")) *taylor_ = reader.table("/taylor");
+  if (reader.exists("/status")) *status_ = reader.table("/status");
+  if (reader.exists("/token_buckets")) *buckets_ = reader.table("/token_buckets");
 }
 
 ProbeReport::~ProbeReport() = default;
@@ -555,7 +620,16 @@ void ProbeReport::commit() {
   writer_->table("/taylor", *taylor_);
   writer_->table("/status", *status_);
   if (buckets_->num_rows() > 0) writer_->table("/token_buckets", *buckets_);
-  writer_->commit();
+  std::exception_ptr failure;
+  if (comm_->is_root()) {
+    try {
+      writer_->commit();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // A failed write (a full disk) stops every rank at the same unit.
+  raise_if_any_rank_failed(*comm_, failure);
 }
 
 }  // namespace curv

@@ -147,6 +147,8 @@ void gauss_newton_split(CurvatureEngine& engine, const ParamVector& u, const Blo
                       static_cast<Eigen::Index>(block_of_support[k])) = g_b(i, i);
         }
       });
+  engine.sum_over_ranks(t.ggn.data(), t.ggn.size());
+  engine.sum_over_ranks(t.block_ggn.data(), static_cast<size_t>(t.block_ggn.size()));
   const auto& w = t.weight;
   r.ggn_curvature = g.sum();
   r.ggn_nds = r.ggn_curvature / u_sq;
@@ -233,7 +235,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     // H u_m for each block; by linearity their sum is H u, so the totals cost nothing extra.
     r.coupling = Eigen::MatrixXd::Zero(L, L);
     t.block_curvature.setZero();
-    Eigen::MatrixXd column_m(B, L);  // per batch: u_lᵀ (H_b u_m)_l
+    // Per batch: u_lᵀ (H_b u_m)_l; the rows of other ranks' batches stay zero.
+    Eigen::MatrixXd column_m = Eigen::MatrixXd::Zero(B, L);
     for (size_t m = 0; m < L; ++m) {
       if (r.blocks[m].sq_norm == 0.0) continue;
       // Only block m's gradients start the second backward (u is zero elsewhere).
@@ -260,7 +263,7 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     const int64_t K = options.coupling_samples;
     Eigen::MatrixXd samples(L, K);
     t.block_curvature.setZero();
-    Eigen::MatrixXd sample_dots(B, L);
+    Eigen::MatrixXd sample_dots = Eigen::MatrixXd::Zero(B, L);
     for (int64_t k = 0; k < K; ++k) {
       auto signs = at::randint(0, 2, {static_cast<int64_t>(L)}, gen, at::kLong) * 2 - 1;
       ParamVector w = zeros_like(u);
@@ -307,6 +310,11 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   }
   r.rho_within = r.s_within / r.nds;
 
+  // Each rank's observers saw only its own batches (the other rows are zero): the per-batch
+  // tables are the sums over the ranks.
+  for (Eigen::MatrixXd* table : {&t.block_first_order, &t.block_curvature, &t.block_row_sum}) {
+    engine.sum_over_ranks(table->data(), static_cast<size_t>(table->size()));
+  }
   t.first_order.assign(B, 0.0);
   t.curvature.assign(B, 0.0);
   t.ggn.assign(B, kNaN);

@@ -133,6 +133,12 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
   }
   probe_ = probe_.to(state_->params.front().scalar_type(), state_->params.front().device());
   state_->kept.resize(probe_.size());
+  communicator_ = options_.communicator ? options_.communicator : single_process();
+  std::vector<double> sizes(probe_.size());
+  for (size_t b = 0; b < probe_.size(); ++b) sizes[b] = probe_.weight(b);
+  const std::vector<size_t> first = balanced_split(sizes, communicator_->world_size());
+  first_batch_ = first[static_cast<size_t>(communicator_->rank())];
+  last_batch_ = first[static_cast<size_t>(communicator_->rank()) + 1];
 }
 
 CurvatureEngine::~CurvatureEngine() = default;
@@ -189,20 +195,59 @@ const char* CurvatureEngine::pass_name(Pass pass) {
 }
 
 void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t, double)>& body) {
-  for (size_t b = 0; b < probe_.size(); ++b) {
+  std::exception_ptr failure;
+  for (size_t b = first_batch_; b < last_batch_ && !failure; ++b) {
     try {
       body(b, probe_.weight(b));
     } catch (const Error&) {
-      throw;
+      failure = std::current_exception();
     } catch (const std::exception& e) {
       // Only the HVP needs a second derivative: the hint would mislead for the other passes.
-      throw ModelError(fmt::format("{}: {} failed on probe batch {}{}: {}", objective_.describe(),
-                                   pass_name(pass), b,
-                                   pass == Pass::kHvp || pass == Pass::kGaussNewton
-                                       ? fmt::format(" ({})", kTwiceDifferentiableHint)
-                                       : std::string(),
-                                   brief_what(e)));
+      failure = std::make_exception_ptr(ModelError(fmt::format(
+          "{}: {} failed on probe batch {}{}: {}", objective_.describe(), pass_name(pass), b,
+          pass == Pass::kHvp || pass == Pass::kGaussNewton
+              ? fmt::format(" ({})", kTwiceDifferentiableHint)
+              : std::string(),
+          brief_what(e))));
     }
+  }
+  // With several ranks, a failure on one stops all of them with the same error.
+  raise_if_any_rank_failed(*communicator_, failure);
+}
+
+void CurvatureEngine::sum_over_ranks(double* data, size_t n) {
+  communicator_->all_reduce_sum(data, n);
+}
+
+void CurvatureEngine::reduce(ParamVector& x, std::vector<double>& scalars) {
+  if (!communicator_->distributed()) return;
+  const auto& params = state_->params;
+  int64_t total = static_cast<int64_t>(scalars.size());
+  for (const auto& p : params) total += p.numel();
+  at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kDouble));
+  std::copy(scalars.begin(), scalars.end(), buffer.data_ptr<double>());
+  int64_t offset = static_cast<int64_t>(scalars.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    at::Tensor slot = buffer.narrow(0, offset, n);
+    if (x[i].defined()) {
+      slot.copy_(x[i].detach().reshape({-1}));
+    } else {
+      slot.zero_();
+    }
+    offset += n;
+  }
+  communicator_->all_reduce_sum(buffer.data_ptr<double>(), static_cast<size_t>(total));
+  std::copy(buffer.data_ptr<double>(), buffer.data_ptr<double>() + scalars.size(), scalars.begin());
+  offset = static_cast<int64_t>(scalars.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    // In float64 on the CPU a view into the buffer; otherwise a converted copy. Never written
+    // in place: a kept graph's gradient may share x[i]'s storage.
+    x[i] = buffer.narrow(0, offset, n)
+               .view(params[i].sizes())
+               .to(params[i].device(), params[i].scalar_type());
+    offset += n;
   }
 }
 
@@ -256,6 +301,11 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
     }
     s.kept[b] = keep ? std::move(g) : ParamVector{};
   });
+  std::vector<double> scalars{loss};
+  scalars.insert(scalars.end(), batch_losses.begin(), batch_losses.end());
+  reduce(grad, scalars);
+  loss = scalars[0];
+  std::copy(scalars.begin() + 1, scalars.end(), batch_losses.begin());
   fill_zeros(grad, s.params);
   check(grad, "the gradient");
   s.loss = loss;
@@ -381,6 +431,8 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       if (hv[i].defined()) accumulate(result[i], std::move(hv[i]), w);
     }
   });
+  std::vector<double> none;
+  reduce(result, none);
   fill_zeros(result, s.params);
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
@@ -399,6 +451,7 @@ Eigen::MatrixXd CurvatureEngine::gauss_newton(
     if (observer) observer(b, g_b);
     total += w * g_b;
   });
+  sum_over_ranks(total.data(), static_cast<size_t>(total.size()));
   return total;
 }
 
@@ -422,6 +475,13 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
         loss += w * value;
         if (batch_losses) (*batch_losses)[b] = value;
       });
+      if (communicator_->distributed()) {
+        std::vector<double> sums{loss};
+        if (batch_losses) sums.insert(sums.end(), batch_losses->begin(), batch_losses->end());
+        sum_over_ranks(sums.data(), sums.size());
+        loss = sums[0];
+        if (batch_losses) std::copy(sums.begin() + 1, sums.end(), batch_losses->begin());
+      }
     } catch (...) {
       for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
       throw;
@@ -498,6 +558,8 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
       }
       for (size_t i = 0; i < hv.size(); ++i) accumulate(result[i], std::move(hv[i]), w);
     });
+    std::vector<double> none;
+    reduce(result, none);
   } catch (...) {
     restore();
     throw;

@@ -16,6 +16,7 @@ struct WithinReport;
 struct BucketResult;
 class H5Writer;
 class Table;
+class Communicator;
 
 // Root attributes that identify a results file. Resuming requires the identifying ones (model,
 // dtype, probe_hash, blocks, seed) to match the file's.
@@ -30,10 +31,12 @@ struct Provenance {
   int64_t probe_batches = 0;
   std::string probe_hash;
   int64_t threads = 0;
-  std::string runtime;                       // LibTorch version and threads
-  std::string blocks;                        // block rule, e.g. "layer"
-  std::string hvp_method;                    // "exact" | "fd"
-  std::map<std::string, std::string> extra;  // free-form key/values written as attributes
+  std::string runtime;                         // LibTorch version and threads
+  std::string blocks;                          // block rule, e.g. "layer"
+  std::string hvp_method;                      // "exact" | "fd"
+  std::map<std::string, std::string> extra;    // free-form key/values written as attributes
+  int64_t world_size = 1;                      // processes the probe set was split over
+  std::string distributed_backend = "single";  // "single" | "gloo"
 };
 
 // The fields every tool fills the same way: tool, libcurv version, command line, dtype, seed,
@@ -48,7 +51,11 @@ class ProbeReport {
   // Without `resume`, an existing file at `path` is replaced at the first commit() (never
   // before). With `resume`, an existing file is loaded and must carry matching provenance
   // (InvalidArgument names the differing attribute); a missing file starts empty.
-  ProbeReport(std::string path, Provenance provenance, bool resume);
+  // With several ranks (`comm`), every rank holds the same report — rank 0 reads the file and
+  // sends its bytes to the others — and only rank 0 writes; constructing and commit() are then
+  // collectives, and a failure on rank 0 is raised on every rank.
+  ProbeReport(std::string path, Provenance provenance, bool resume,
+              std::shared_ptr<Communicator> comm = nullptr);
   ~ProbeReport();
   ProbeReport(const ProbeReport&) = delete;
   ProbeReport& operator=(const ProbeReport&) = delete;
@@ -78,10 +85,14 @@ class ProbeReport {
   H5Writer& writer();
 
  private:
+  // Loads the existing results at `source` (rank 0's file, or a copy of it) and checks that
+  // they match this run's provenance.
+  void load_for_resume(const std::string& source, const Provenance& provenance);
   std::string status_of(const std::string& run, int64_t step, const std::string& direction) const;
   void drop_status(const std::string& run, int64_t step, const std::string& direction);
 
   std::string path_;
+  std::shared_ptr<Communicator> comm_;
   std::unique_ptr<H5Writer> writer_;
   std::unique_ptr<Table> taylor_;
   std::unique_ptr<Table> status_;

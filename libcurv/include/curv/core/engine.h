@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "curv/core/distributed.h"
 #include "curv/core/objective.h"
 #include "curv/core/param_space.h"
 #include "curv/core/probe_set.h"
@@ -41,6 +42,10 @@ struct EngineOptions {
   double fd_step = 0.0;
   // Stop with NumericalError when a loss, gradient or HVP holds NaN or Inf.
   bool check_finite = true;
+  // Data parallelism (curv/core/distributed.h): each rank runs its own contiguous share of the
+  // probe batches, balanced by examples, and every result is summed over the ranks in float64, so
+  // every rank holds the whole probe set's loss, gradient and HVPs. Null: one process.
+  std::shared_ptr<Communicator> communicator;
 
   void validate() const;
 };
@@ -113,6 +118,14 @@ class CurvatureEngine {
       const ParamVector& u, const std::vector<std::vector<size_t>>& supports,
       const std::function<void(size_t batch, const Eigen::MatrixXd& g_b)>& observer = {});
 
+  // The ranks the probe set is split over (a single process unless EngineOptions.communicator).
+  Communicator& communicator() const { return *communicator_; }
+  // Whether probe batch b is this rank's: only its own batches reach a BatchObserver.
+  bool owns_batch(size_t b) const { return b >= first_batch_ && b < last_batch_; }
+  // Sums `n` values over the ranks, in place: for per-batch tables that observers filled on each
+  // rank's own batches, zero elsewhere. A collective: every rank calls it in the same order.
+  void sum_over_ranks(double* data, size_t n);
+
   // Frees the kept gradient graphs; loss and gradient stay cached.
   void release_graphs();
   size_t kept_graphs() const;
@@ -126,9 +139,12 @@ class CurvatureEngine {
   enum class Pass { kFirstOrder, kHvp, kGradientAtOffset, kLossAt, kGaussNewton };
   static const char* pass_name(Pass pass);
   // The one loop over the probe batches that every operation runs: body(b, w_b) does batch b's
-  // work (w_b = N_b / N); a failure inside the model becomes one ModelError naming the operation
-  // and the batch. Per-batch terms and a data-parallel reduction belong here.
+  // work (w_b = N_b / N) for this rank's batches; a failure inside the model becomes one
+  // ModelError naming the operation and the batch, raised on every rank.
   void for_each_batch(Pass pass, const std::function<void(size_t, double)>& body);
+  // x ← Σ_ranks x and scalars likewise, through one float64 buffer; undefined tensors count as
+  // zero. Nothing happens with one process.
+  void reduce(ParamVector& x, std::vector<double>& scalars);
   void compute_first_order(bool keep_graphs);
   bool keep_graphs_by_default() const;
   // Batch b's gradient at θ + offset (θ itself when offset is null); the caller restores θ.
@@ -141,6 +157,8 @@ class CurvatureEngine {
   Objective& objective_;
   ProbeSet probe_;
   EngineOptions options_;
+  std::shared_ptr<Communicator> communicator_;
+  size_t first_batch_ = 0, last_batch_ = 0;  // this rank's batches
   EngineCounters counters_;
   std::unique_ptr<State> state_;
 };
