@@ -7,6 +7,8 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libeigen3-dev libspectra-dev libhdf5-dev libfmt-dev catch2
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  # gloo's headers, for c10d's ProcessGroupGloo (data parallelism under torchrun)
+  libgloo-dev
   # the ctest clang_format checks every source against .clang-format
   clang-format
   # torch must not run on the netlib reference BLAS (~5 GFLOP/s); the OpenMP build of OpenBLAS

@@ -349,7 +349,9 @@ std::vector<size_t> balanced_split(const std::vector<double>& sizes, int world) 
     // The boundary nearest to the target, never before the previous rank's.
     size_t best = first[r - 1];
     for (size_t i = first[r - 1]; i <= n; ++i) {
-      if (std::abs(before[i] - target) < std::abs(before[best] - target)) {
+      // Ties go to the later boundary, so that with fewer items than ranks the first ranks
+      // (rank 0 among them) get the work.
+      if (std::abs(before[i] - target) <= std::abs(before[best] - target)) {
         best = i;
       }
     }
