@@ -247,6 +247,21 @@ TEST_CASE("distributed worker", "[.distributed_worker]") {
       message = std::string("NumericalError: ") + e.what();
     }
     std::ofstream(out) << message;
+  } else if (scenario == "root_failure_and_digest") {
+    // A rank-0-only step that fails, then digests that differ between the ranks.
+    std::string messages;
+    try {
+      on_root(*comm, [] { throw FormatError("cannot write 'x.h5'"); });
+    } catch (const FormatError& e) {
+      messages += std::string("FormatError: ") + e.what() + "\n";
+    }
+    try {
+      check_same_on_all_ranks(*comm, 1000 + static_cast<uint64_t>(comm->rank() % 2), "test values");
+    } catch (const DistributedError& e) {
+      messages += std::string("DistributedError: ") + e.what() + "\n";
+    }
+    check_same_on_all_ranks(*comm, 42, "equal values");  // no error
+    std::ofstream(out) << messages;
   }
 }
 
@@ -328,6 +343,63 @@ TEST_CASE("a NaN on one rank stops every rank with the same NumericalError namin
   CHECK(rank0 == rank1);
   CHECK_THAT(rank0, Catch::Matchers::StartsWith("NumericalError: rank 1: loss of") &&
                         Catch::Matchers::Contains("probe batch 4"));
+}
+
+TEST_CASE("a rank-0 failure and differing digests stop every rank with the same error",
+          "[distributed]") {
+  // scripts/setup-debian.sh installs gloo's headers: the data-parallel path is always built here.
+  REQUIRE(distributed_backends() == "gloo");
+  TempDir dir;
+  std::string log;
+  REQUIRE(run_workers(3, "root_failure_and_digest", dir.path(), &log) == 0);
+  const std::string rank0 = read_text(dir.file("rank0"));
+  INFO(rank0);
+  CHECK(read_text(dir.file("rank1")) == rank0);
+  CHECK(read_text(dir.file("rank2")) == rank0);
+  CHECK_THAT(rank0,
+             Catch::Matchers::Contains("FormatError: rank 0: cannot write 'x.h5'") &&
+                 Catch::Matchers::Contains(
+                     "DistributedError: the ranks' test values differ (rank 1 from rank 0)"));
+}
+
+TEST_CASE("curvtrain on 2 ranks trains the single-process run within 1e-10", "[distributed]") {
+  REQUIRE(distributed_backends() == "gloo");
+  TempDir dir;
+  const std::string args =
+      "--steps 6 --save-every 3 --eval-every 3 --optimizer muon --batch-size 6 --dtype float64 "
+      "--threads 1 --probe-every 2 --probe-on probe --quiet";
+  run_tool("curvtrain", args + " -o " + dir.file("one") + " --probe-output " + dir.file("one.h5"));
+  const int port = free_port();
+  std::string script;
+  for (int r = 0; r < 2; ++r) {
+    script += fmt::format("{} {} {} -o {} --probe-output {} > {}/rank{}.log 2>&1 &\n",
+                          rank_environment(r, 2, port), tool_path("curvtrain"), args,
+                          dir.file("two"), dir.file("two.h5"), dir.path(), r);
+  }
+  std::string log;
+  const int status = run_script(dir.file("train.sh"), script, &log);
+  log += read_text(dir.file("rank0.log")) + read_text(dir.file("rank1.log"));
+  INFO(log);
+  REQUIRE(status == 0);
+  const auto one = list_checkpoints(dir.file("one")), two = list_checkpoints(dir.file("two"));
+  REQUIRE(one.size() == 3);
+  REQUIRE(two.size() == 3);
+  for (size_t k = 0; k < one.size(); ++k) {
+    INFO("step " << one[k].step);
+    const Checkpoint a = load_checkpoint(one[k]), b = load_checkpoint(two[k]);
+    REQUIRE(a.model.size() == b.model.size());
+    for (size_t i = 0; i < a.model.size(); ++i) {
+      INFO(a.model[i].first);
+      REQUIRE(a.model[i].first == b.model[i].first);
+      const at::Tensor& t = a.model[i].second;
+      CHECK(at::norm(b.model[i].second - t).item<double>() <= 1e-10 * at::norm(t).item<double>());
+    }
+  }
+  // The probe set's audits (one batch, so rank 0 does them) equal the single process's.
+  run_python("compare_h5.py", {dir.file("one.h5"), dir.file("two.h5"), "1e-10"});
+  // Rank 0 alone wrote the log; both ranks' runs printed nothing else.
+  CHECK(read_text(dir.file("two/log.csv")).find("step,lr") == 0);
+  CHECK(read_text(dir.file("rank1.log")).empty());
 }
 
 namespace {
@@ -432,6 +504,32 @@ TEST_CASE(
   const size_t partial = H5Reader(out).table("/taylor").num_rows();
   CHECK(partial < units);
   // A single process resumes the file two ranks started.
+  run_tool("ndsprobe", f.args + " --resume -o " + out);
+  check_files_close(whole, out, 1e-12);
+}
+
+TEST_CASE("SIGINT on one rank stops both after the same unit and --resume completes the file",
+          "[distributed]") {
+  REQUIRE(distributed_backends() == "gloo");
+  ProbeFixture f;
+  const std::string whole = f.dir.file("whole.h5"), out = f.dir.file("stopped.h5");
+  run_tool("ndsprobe", f.args + " -o " + whole);
+  const int port = free_port();
+  const std::string p = tool_path("ndsprobe");
+  const std::string script = fmt::format(
+      "{} {} {} -o {} 2> {}/rank0.log & r0=$!\n"
+      "{} {} {} -o {} 2> {}/rank1.log & r1=$!\n"
+      "while [ ! -f {} ] && kill -0 $r0 2>/dev/null; do sleep 0.02; done\n"
+      "kill -INT $r1\nwait $r0; s0=$?\nwait $r1; s1=$?\necho \"statuses $s0 $s1\"\n",
+      rank_environment(0, 2, port), p, f.args, out, f.dir.path(), rank_environment(1, 2, port), p,
+      f.args, out, f.dir.path(), out);
+  std::ofstream(f.dir.file("stop.sh")) << script;
+  std::string log;
+  run_command("bash " + f.dir.file("stop.sh"), &log);
+  log += read_text(f.dir.file("rank0.log")) + read_text(f.dir.file("rank1.log"));
+  INFO(log);
+  CHECK_THAT(log, Catch::Matchers::Contains("statuses 130 130"));
+  CHECK(H5Reader(out).table("/taylor").num_rows() < H5Reader(whole).table("/taylor").num_rows());
   run_tool("ndsprobe", f.args + " --resume -o " + out);
   check_files_close(whole, out, 1e-12);
 }

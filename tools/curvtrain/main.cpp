@@ -177,11 +177,13 @@ int run(int argc, char** argv) {
   probe.to_options(options);
   options.init = runtime.model_init();
   options.provenance = runtime.provenance("curvtrain", argc, argv);
+  options.communicator = runtime.communicator();
 
-  tools::Progress progress(runtime.quiet);
+  // Under torchrun every rank trains; rank 0 alone prints and writes.
+  tools::Progress progress(runtime.quiet || !runtime.prints());
   const TrainingRunResult result = run_training(options, progress.callback());
   progress.finish();
-  std::printf("curvtrain: %s\n", result.brief().c_str());
+  if (runtime.prints()) std::printf("curvtrain: %s\n", result.brief().c_str());
   return 0;
 }
 

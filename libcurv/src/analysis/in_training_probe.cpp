@@ -33,9 +33,12 @@ TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step,
                                       const ParamVector& theta_before, const ParamVector& update,
                                       const Batch& training_batch) {
   load_parameters(objective, theta_before);
+  EngineOptions engine_options;
+  engine_options.communicator = options_.communicator;
+  const int world = options_.communicator ? options_.communicator->world_size() : 1;
   TaylorResult on_batch;
   {
-    CurvatureEngine engine(objective, ProbeSet({training_batch}));
+    CurvatureEngine engine(objective, ProbeSet::shards(training_batch, world), engine_options);
     on_batch = taylor_audit(engine, update, blocks_, options_.taylor);
     if (options_.on_training_batch) {
       report_.add_checkpoint(run_, step, on_batch.loss, norm(engine.gradient()));
@@ -43,7 +46,7 @@ TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step,
     }
   }
   if (probe_set_) {
-    CurvatureEngine engine(objective, *probe_set_);
+    CurvatureEngine engine(objective, *probe_set_, engine_options);
     report_.add_taylor(run_, step, "update.probe",
                        taylor_audit(engine, update, blocks_, options_.taylor));
   }

@@ -100,6 +100,17 @@ void truncate_log(const std::string& path, int64_t step) {
   std::ofstream(path, std::ios::trunc) << kept;
 }
 
+// FNV-1a over the parameters' bytes: equal digests mean bit-identical parameters.
+uint64_t parameter_digest(const ParamVector& theta) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& t : theta) {
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  }
+  return h;
+}
+
 }  // namespace
 
 TrainingData make_training_data(const TrainingDataOptions& o, const ModelConfig& config) {
@@ -201,10 +212,15 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   const int64_t steps = schedule.total_steps;
 
   TrainingData data = make_training_data(o.data, o.model);
-  fs::create_directories(o.out);
-  write_safetensors(o.out + "/probe.safetensors",
-                    {{"inputs", data.probe.inputs}, {"targets", data.probe.targets}},
-                    {{"description", data.probe_description}});
+  // Every rank computes; rank 0 alone writes the checkpoint directory.
+  Communicator& comm = o.communicator ? *o.communicator : *single_process();
+  const int world = comm.world_size();
+  on_root(comm, [&] {
+    fs::create_directories(o.out);
+    write_safetensors(o.out + "/probe.safetensors",
+                      {{"inputs", data.probe.inputs}, {"targets", data.probe.targets}},
+                      {{"description", data.probe_description}});
+  });
 
   int64_t start = 0;
   if (o.resume) {
@@ -239,8 +255,14 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     return meta.dump();
   };
   auto save = [&](int64_t step) {
-    save_checkpoint(o.out, step, model->space(), snapshot_parameters(*model), optimizer->state(),
-                    meta_for(step));
+    const ParamVector theta = snapshot_parameters(*model);
+    // The ranks took the same steps from the same reduced gradients: a rank whose parameters
+    // differ (another build or thread count) stops the run rather than train something else.
+    check_same_on_all_ranks(comm, parameter_digest(theta),
+                            fmt::format("parameters at step {}", step));
+    on_root(comm, [&] {
+      save_checkpoint(o.out, step, model->space(), theta, optimizer->state(), meta_for(step));
+    });
   };
 
   std::unique_ptr<ProbeReport> report;
@@ -257,13 +279,17 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
                                            : "training-batch+" + fixed_probe->hash();
     p.blocks = "layer";
     p.hvp_method = "exact";
-    report = std::make_unique<ProbeReport>(o.probe_output, p, /*resume=*/true);
+    p.world_size = world;
+    p.distributed_backend = comm.backend();
+    report = std::make_unique<ProbeReport>(o.probe_output, p, /*resume=*/true,
+                                           o.communicator ? o.communicator : single_process());
     const std::string run = o.run_name.empty() ? o.optimizer.name : o.run_name;
     report->set_run_attribute(run, "optimizer", optimizer->meta_json());
     report->set_run_attribute(run, "data", data.meta_json);
     InTrainingProbeOptions po;
     po.every = o.probe_every;
     po.on_training_batch = o.probe_on != "probe";
+    po.communicator = o.communicator;
     probe = std::make_unique<InTrainingProbe>(
         *report, run,
         BlockPartition::by_rule(model->space(), model->structure(), BlockRule::kLayer), po,
@@ -271,10 +297,13 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   }
 
   const std::string log_path = o.out + "/log.csv";
-  if (o.resume && fs::exists(log_path)) truncate_log(log_path, start);
-  std::ofstream log(log_path, o.resume ? std::ios::app : std::ios::trunc);
-  if (!log) throw InvalidArgument(fmt::format("cannot write '{}'", log_path));
-  if (!o.resume) log << "step,lr,train_loss,val_loss,val_head_loss,val_tail_loss\n";
+  std::ofstream log;
+  on_root(comm, [&] {
+    if (o.resume && fs::exists(log_path)) truncate_log(log_path, start);
+    log.open(log_path, o.resume ? std::ios::app : std::ios::trunc);
+    if (!log) throw InvalidArgument(fmt::format("cannot write '{}'", log_path));
+    if (!o.resume) log << "step,lr,train_loss,val_loss,val_head_loss,val_tail_loss\n";
+  });
   if (!o.resume) save(0);
 
   const int64_t stop = o.stop_at > 0 ? std::min(o.stop_at, steps) : steps;
@@ -282,6 +311,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   double running = std::nan("");
   EngineOptions plain;
   plain.reuse_graph = false;  // training needs gradients only
+  plain.communicator = o.communicator;
   for (int64_t t = start; t < stop; ++t) {
     const double mult = lr_multiplier(schedule, t + 1);
     optimizer->mutable_config().lr = base_lr * mult;
@@ -291,7 +321,8 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     ParamVector grad;
     double loss;
     {
-      CurvatureEngine engine(*model, ProbeSet({batch}), plain);
+      // One shard of the batch per rank; the engine sums the shards' gradients over the ranks.
+      CurvatureEngine engine(*model, ProbeSet::shards(batch, world), plain);
       loss = engine.loss();
       grad = clone(engine.gradient());
     }
@@ -307,7 +338,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     }
     running = std::isnan(running) ? loss : 0.9 * running + 0.1 * loss;
     const int64_t done = t + 1;
-    if (done % o.eval_every == 0 || done == steps) {
+    if ((done % o.eval_every == 0 || done == steps) && comm.is_root()) {
       Evaluation e = evaluate(*model, data.validation, data.buckets);
       log << fmt::format("{},{:.6g},{:.6f},{:.6f},{:.6f},{:.6f}\n", done, base_lr * mult, running,
                          e.loss, e.head, e.tail);
@@ -324,7 +355,12 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   result.step = stop;
   result.total_steps = steps;
   result.train_loss = running;
-  result.validation = evaluate(*model, data.validation, data.buckets);
+  // The other ranks hold the same parameters: rank 0 evaluates for all.
+  if (comm.is_root()) {
+    result.validation = evaluate(*model, data.validation, data.buckets);
+  } else {
+    result.validation.loss = result.validation.head = result.validation.tail = std::nan("");
+  }
   return result;
 }
 

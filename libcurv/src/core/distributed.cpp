@@ -336,6 +336,37 @@ void raise_if_any_rank_failed(Communicator& comm, const std::exception_ptr& loca
   }
 }
 
+void on_root(Communicator& comm, const std::function<void()>& body) {
+  std::exception_ptr failure;
+  if (comm.is_root()) {
+    try {
+      body();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  raise_if_any_rank_failed(comm, failure);
+}
+
+void check_same_on_all_ranks(Communicator& comm, uint64_t digest, const std::string& what) {
+  if (!comm.distributed()) return;
+  // Two 32-bit halves per rank: doubles hold them exactly, and the sums leave them apart.
+  const auto world = static_cast<size_t>(comm.world_size());
+  std::vector<double> halves(2 * world, 0.0);
+  const auto r = static_cast<size_t>(comm.rank());
+  halves[2 * r] = static_cast<double>(digest >> 32);
+  halves[2 * r + 1] = static_cast<double>(digest & 0xffffffffULL);
+  comm.all_reduce_sum(halves.data(), halves.size());
+  for (size_t k = 1; k < world; ++k) {
+    if (halves[2 * k] != halves[0] || halves[2 * k + 1] != halves[1]) {
+      throw DistributedError(fmt::format(
+          "the ranks' {} differ (rank {} from rank 0): every rank must run the same build with "
+          "the same --threads, so that the same reduced gradient gives the same step",
+          what, k));
+    }
+  }
+}
+
 std::vector<size_t> balanced_split(const std::vector<double>& sizes, int world) {
   if (world < 1) throw InvalidArgument(fmt::format("balanced_split: world size {}", world));
   const size_t n = sizes.size();

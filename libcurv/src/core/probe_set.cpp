@@ -42,6 +42,13 @@ ProbeSet ProbeSet::split(const at::Tensor& inputs, const at::Tensor& targets, in
   return ProbeSet(std::move(batches));
 }
 
+ProbeSet ProbeSet::shards(const Batch& batch, int count) {
+  if (count < 1) throw InvalidArgument(fmt::format("ProbeSet::shards: count {}", count));
+  if (count == 1) return ProbeSet({batch});
+  const int64_t n = batch.size();
+  return split(batch.inputs, batch.targets, (n + count - 1) / count);
+}
+
 double ProbeSet::weight(size_t i) const {
   return static_cast<double>(batches_.at(i).size()) / static_cast<double>(num_examples_);
 }

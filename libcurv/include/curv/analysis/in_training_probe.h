@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "curv/analysis/taylor.h"
 #include "curv/core/blocks.h"
+#include "curv/core/distributed.h"
 #include "curv/core/objective.h"
 #include "curv/core/probe_set.h"
 
@@ -19,6 +21,10 @@ struct InTrainingProbeOptions {
   int64_t every = 100;            // measure update t (0-based) when t % every == 0
   bool on_training_batch = true;  // direction "update": the batch the step was computed on
   TaylorOptions taylor;           // coupling, realized change, multipliers
+  // A trainer running under torchrun hands over its ranks: the training batch is then taken as
+  // one shard per rank (each rank passes the same whole batch), the fixed probe set's batches are
+  // split over the ranks, and the report must have been made with the same communicator.
+  std::shared_ptr<Communicator> communicator;
   void validate() const;
 };
 

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "curv/analysis/report.h"
+#include "curv/core/distributed.h"
 #include "curv/core/objective.h"
 #include "curv/core/progress.h"
 #include "curv/models/models.h"
@@ -76,6 +78,10 @@ struct TrainingRunOptions {
   bool resume = false;    // continue from the last checkpoint in `out`, exactly
   int64_t stop_at = 0;    // stop after this step (the schedule still spans total_steps); 0 = end
   Provenance provenance;  // of the probe output: tool, command line, dtype, threads
+  // Data parallelism (curv/core/distributed.h): each step's batch is split into one shard per
+  // rank, the gradient summed over the ranks, and every rank takes the same step; rank 0 alone
+  // writes checkpoints, the log and the probe output. Null: one process.
+  std::shared_ptr<Communicator> communicator;
 
   void validate() const;  // InvalidArgument naming the field and value
 };

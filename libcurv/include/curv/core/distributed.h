@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,14 @@ std::string distributed_backends();
 // ModelError, NumericalError, DistributedError, else Error) and its message prefixed "rank R: ".
 // With one process it rethrows `local_error` unchanged.
 void raise_if_any_rank_failed(Communicator& comm, const std::exception_ptr& local_error);
+
+// Runs `body` on rank 0 alone (a file only rank 0 writes) and raises its failure on every rank: a
+// collective.
+void on_root(Communicator& comm, const std::function<void()>& body);
+
+// Stops every rank with DistributedError when the ranks' `digest`s of something that must be the
+// same everywhere (`what`, e.g. "parameters after step 50") differ: a collective.
+void check_same_on_all_ranks(Communicator& comm, uint64_t digest, const std::string& what);
 
 // The balanced contiguous split of items of the given sizes (e.g. a probe set's batches by
 // examples): rank r gets items [first[r], first[r + 1]), first[r] being the item boundary nearest

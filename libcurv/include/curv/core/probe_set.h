@@ -18,6 +18,9 @@ class ProbeSet {
   // Splits the examples (first dim) into consecutive batches of `batch_size`; the last may be
   // smaller. batch_size <= 0 keeps one batch.
   static ProbeSet split(const at::Tensor& inputs, const at::Tensor& targets, int64_t batch_size);
+  // `batch` as `count` consecutive shards of ⌈N / count⌉ examples (fewer when N < count·⌈N/count⌉
+  // leaves the last ones empty): one per rank of a data-parallel step; count 1 keeps it whole.
+  static ProbeSet shards(const Batch& batch, int count);
 
   size_t size() const { return batches_.size(); }
   bool empty() const { return batches_.empty(); }
