@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "curv/analysis/probe_run.h"
 #include "curv/core/engine.h"
@@ -516,4 +518,141 @@ TEST_CASE("ndsprobe stops cleanly on SIGINT and SIGTERM and --resume completes i
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
     }
   }
+}
+
+namespace {
+
+// Every column of the two files' /taylor tables, bit for bit.
+void check_taylor_identical(const std::string& a, const std::string& b) {
+  const Table ta = H5Reader(a).table("/taylor"), tb = H5Reader(b).table("/taylor");
+  REQUIRE(ta.names() == tb.names());
+  REQUIRE(ta.num_rows() == tb.num_rows());
+  for (const auto& name : ta.names()) {
+    INFO(name);
+    const auto& ca = ta.column(name);
+    const auto& cb = tb.column(name);
+    if (const auto* x = std::get_if<std::vector<double>>(&ca)) {
+      const auto& y = std::get<std::vector<double>>(cb);
+      CHECK(std::memcmp(x->data(), y.data(), x->size() * sizeof(double)) == 0);
+    } else {
+      CHECK(ca == cb);
+    }
+  }
+}
+
+// A GPT run whose audit takes a few seconds: enough units to be interrupted between commits.
+struct ReliabilityFixture {
+  TempDir dir;
+  std::string run, data, args;
+  ReliabilityFixture() {
+    GptConfig g;
+    g.vocab_size = 64;
+    g.block_size = 32;
+    g.n_layer = 2;
+    g.n_head = 4;
+    g.n_embd = 64;
+    const ModelConfig cfg("gpt", g);
+    auto model = make_model(cfg, ModelInit{1, at::kFloat});
+    const ProbeSet probe = gpt_probe(3, 32, 32, g.vocab_size, g.block_size);
+    data = dir.file("probe.safetensors");
+    run = dir.file("run");
+    write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
+    for (int step = 0; step <= 50; step += 10) {
+      ParamVector theta = random_direction(*model, 100 + step);
+      for (auto& t : theta) t = t.mul(0.05).to(at::kFloat);
+      save_checkpoint(run, step, model->space(), theta, {}, R"({"model": )" + cfg.to_json() + "}");
+    }
+    args = fmt::format("{} --data {} --batch-size 8 --directions gradient,random,delta --threads 1",
+                       run, data);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "kill -9 at 20 random moments: every survivor file is readable and --resume gives the "
+    "uninterrupted /taylor bit for bit",
+    "[ndsprobe][reliability]") {
+  ReliabilityFixture f;
+  const std::string whole = f.dir.file("whole.h5");
+  const auto start = std::chrono::steady_clock::now();
+  run_tool("ndsprobe", f.args + " --quiet -o " + whole);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const size_t units = H5Reader(whole).table("/taylor").num_rows();
+  // Moments spread over the whole run, process start included, from a fixed seed.
+  std::mt19937_64 gen(2026);
+  std::uniform_real_distribution<double> moment(0.0, seconds);
+  size_t partial_files = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const double delay = moment(gen);
+    INFO("trial " << trial << ", kill after " << delay << " s of " << seconds);
+    const std::string out = f.dir.file(fmt::format("killed{}.h5", trial));
+    run_command(
+        fmt::format("{} {} --quiet -o {} 2>/dev/null & pid=$!; sleep {:.3f}; kill -9 $pid; "
+                    "wait $pid",
+                    tool_path("ndsprobe"), f.args, out, delay));
+    if (fs::exists(out)) {
+      // Readable, and holding only whole units.
+      const size_t rows = H5Reader(out).table("/taylor").num_rows();
+      CHECK(rows <= units);
+      partial_files += rows < units ? 1 : 0;
+    }
+    run_tool("ndsprobe", f.args + " --quiet --resume -o " + out);
+    check_taylor_identical(whole, out);
+  }
+  // The moments fell inside the run, not only before its first or after its last commit.
+  CHECK(partial_files >= 5);
+}
+
+TEST_CASE(
+    "a full file system (RLIMIT_FSIZE) stops the run with a clear error, keeps the last "
+    "committed file and --resume completes it",
+    "[ndsprobe][reliability]") {
+  ReliabilityFixture f;
+  const std::string whole = f.dir.file("whole.h5"), out = f.dir.file("full.h5");
+  run_tool("ndsprobe", f.args + " --quiet -o " + whole);
+  const auto size = fs::file_size(whole);
+  // Files may grow to half the final size: the early commits fit, the later ones do not. An
+  // ignored SIGXFSZ makes the write fail with EFBIG instead of killing the process.
+  std::string log;
+  const int status =
+      run_command(fmt::format("bash -c \"trap '' XFSZ; ulimit -f {}; {} {} --quiet -o {}\"",
+                              size / 2048, tool_path("ndsprobe"), f.args, out),
+                  &log);
+  INFO(log);
+  CHECK(status == 1);
+  CHECK_THAT(log, Catch::Matchers::Contains("ndsprobe: error:") && Catch::Matchers::Contains(out));
+  const size_t rows = H5Reader(out).table("/taylor").num_rows();
+  CHECK(rows > 0);
+  CHECK(rows < H5Reader(whole).table("/taylor").num_rows());
+  CHECK_FALSE(fs::exists(out + ".tmp"));
+  run_tool("ndsprobe", f.args + " --quiet --resume -o " + out);
+  check_taylor_identical(whole, out);
+}
+
+TEST_CASE("a checkpoint changed between a run and its resume is named and the file kept",
+          "[ndsprobe][reliability]") {
+  Fixture f;
+  const std::string out = f.dir.file("out.h5");
+  const std::string args = f.run + " --data " + f.data + " --directions delta,random -o " + out;
+  f.ndsprobe(args);
+  CHECK_THAT(H5Reader(out).attribute_string("/runs/run_a/step_10", "checkpoint_digest"),
+             Catch::Matchers::StartsWith("crc32:"));
+  // Unchanged checkpoints resume (nothing to do).
+  f.ndsprobe(args + " --resume");
+  const std::string before = read_file(out);
+  // step_10 saved again with other weights.
+  ParamVector theta = f.thetas[1];
+  for (auto& t : theta) t = t * 1.5;
+  auto model = make_model(tiny_gpt_config(), ModelInit{1, at::kFloat});
+  save_checkpoint(f.run, 10, model->space(), theta, {},
+                  R"({"model": )" + tiny_gpt_config().to_json() + "}");
+  int status = 0;
+  const std::string text = f.ndsprobe(args + " --resume", &status);
+  CHECK(status == 1);
+  CHECK_THAT(text, Catch::Matchers::Contains("changed since its results were written") &&
+                       Catch::Matchers::Contains(f.run + "/step_10") &&
+                       Catch::Matchers::Contains("step 10"));
+  CHECK(read_file(out) == before);
 }

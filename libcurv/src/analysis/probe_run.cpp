@@ -294,9 +294,17 @@ void check_writable(const std::string& path) {
   fs::remove(probe);
 }
 
-void report_progress(const ProgressCallback& progress, size_t done, size_t total,
-                     const std::string& label) {
-  if (progress) progress(done, total, label);
+// The progress callback is where a tool stops the run (a stop signal throws from it): units not
+// yet in the file are committed first, so that the output holds every finished unit.
+void report_progress(const ProgressCallback& progress, ProbeReport& report, size_t done,
+                     size_t total, const std::string& label) {
+  if (!progress) return;
+  try {
+    progress(done, total, label);
+  } catch (...) {
+    if (report.has_uncommitted()) report.commit();
+    throw;
+  }
 }
 
 }  // namespace
@@ -380,12 +388,25 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
     w.dataset("/token_bucket_of_id",
               std::vector<int64_t>(of.data_ptr<int64_t>(), of.data_ptr<int64_t>() + of.numel()));
   }
-  for (const auto& run : runs_) {
-    report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
-    report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
-    for (const auto& info : run.chosen) {
-      probe_checkpoint(run, info, engine, blocks, report, progress, done, summary);
+  try {
+    for (const auto& run : runs_) {
+      report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
+      report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
+      for (const auto& info : run.chosen) {
+        probe_checkpoint(run, info, engine, blocks, report, progress, done, summary);
+      }
     }
+  } catch (...) {
+    // Keeps the finished units of a run that fails. Not with several ranks: the failure may be
+    // one rank's alone, and a commit is a collective.
+    if (report.has_uncommitted() && !engine.communicator().distributed()) {
+      try {
+        report.commit();
+      } catch (const std::exception&) {
+        // The original failure is the one to report (this commit fails when the disk is full).
+      }
+    }
+    throw;
   }
   report.commit();
   if (!options_.comparisons.empty()) {
@@ -472,6 +493,16 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   if (o.within_heads_from_model) within_options.n_head = engine.objective().structure().n_head;
   const bool any_spectrum = o.spectrum.any();
   const size_t per_checkpoint = directions_.size() + (any_spectrum ? 1 : 0);
+  // Results already in the file belong to the checkpoint as it was then: a checkpoint that
+  // changed since (overwritten, re-saved by a resumed training run) is refused by name.
+  const std::string digest = checkpoint_digest(info);
+  const std::string recorded = report.checkpoint_digest(run.name, info.step);
+  if (!recorded.empty() && recorded != digest) {
+    throw InvalidArgument(fmt::format(
+        "cannot resume '{}': checkpoint '{}' (run '{}', step {}) changed since its results were "
+        "written (then {}, now {}); write to a new file, or drop --resume to start over",
+        report.path(), info.path, run.name, info.step, recorded, digest));
+  }
   const bool spectrum_done =
       !any_spectrum || report.writer().exists(spectrum_path(run.name, info.step));
   bool all_done = spectrum_done;
@@ -481,7 +512,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   if (all_done) {
     done += per_checkpoint;
     summary.skipped += per_checkpoint;
-    report_progress(progress, done, total,
+    report_progress(progress, report, done, total,
                     fmt::format("{} step {} (already in output)", run.name, info.step));
     return;
   }
@@ -524,7 +555,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       break;
     }
   }
-  report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()));
+  report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()), digest);
   std::vector<Eigen::VectorXd> top_vectors;
   if (any_spectrum) {
     bool overlap_needed = false;
@@ -535,11 +566,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     if (!spectrum_done || overlap_needed) {
       top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum, report.writer(), run.name,
                                         !spectrum_done);
-      if (!spectrum_done) report.commit();
+      if (!spectrum_done) report.commit_if_due();
     } else {
       ++summary.skipped;
     }
-    report_progress(progress, ++done, total,
+    report_progress(progress, report, ++done, total,
                     fmt::format("{} step {} spectrum", run.name, info.step));
   }
   std::unique_ptr<TokenBucketAudit> bucket_audit;
@@ -553,7 +584,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     const std::string label = fmt::format("{} step {} {}", run.name, info.step, d->name());
     if (report.done(run.name, info.step, d->name())) {
       ++summary.skipped;
-      report_progress(progress, ++done, total, label);
+      report_progress(progress, report, ++done, total, label);
       continue;
     }
     const std::string why = d->unavailable(context);
@@ -592,8 +623,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         report.writer().attribute(unit, "partition", context.partition);
       }
     }
-    report.commit();
-    report_progress(progress, ++done, total, label);
+    report.commit_if_due();
+    report_progress(progress, report, ++done, total, label);
   }
 }
 

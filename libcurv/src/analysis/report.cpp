@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -301,6 +302,18 @@ void ProbeReport::load_for_resume(const std::string& source, const Provenance& p
   if (reader.exists("/taylor")) *taylor_ = reader.table("/taylor");
   if (reader.exists("/status")) *status_ = reader.table("/status");
   if (reader.exists("/token_buckets")) *buckets_ = reader.table("/token_buckets");
+  if (reader.is_group("/runs")) {
+    for (const auto& run : reader.children("/runs")) {
+      const std::string r = "/runs/" + run;
+      if (!reader.is_group(r)) continue;
+      for (const auto& step : reader.children(r)) {
+        const std::string g = r + "/" + step;
+        if (reader.is_group(g) && reader.has_attribute(g, "checkpoint_digest")) {
+          digests_[g] = reader.attribute_string(g, "checkpoint_digest");
+        }
+      }
+    }
+  }
 }
 
 ProbeReport::~ProbeReport() = default;
@@ -333,13 +346,22 @@ void ProbeReport::drop_status(const std::string& run, int64_t step, const std::s
 }
 
 void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss,
-                                 double grad_norm) {
+                                 double grad_norm, const std::string& digest) {
   check_name("run", run);
   const std::string g = step_group(run, step);
   writer_->group(g);
   writer_->attribute(g, "step", step);
   writer_->attribute(g, "loss", loss);
   writer_->attribute(g, "grad_norm", grad_norm);
+  if (!digest.empty()) {
+    writer_->attribute(g, "checkpoint_digest", digest);
+    digests_[g] = digest;
+  }
+}
+
+std::string ProbeReport::checkpoint_digest(const std::string& run, int64_t step) const {
+  const auto it = digests_.find(step_group(run, step));
+  return it == digests_.end() ? std::string() : it->second;
 }
 
 void ProbeReport::set_run_attribute(const std::string& run, const std::string& key,
@@ -616,7 +638,35 @@ void ProbeReport::add_status(const std::string& run, int64_t step, const std::st
   status_->append_rows(row);
 }
 
+namespace {
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void ProbeReport::set_commit_share(double share) {
+  if (!(share >= 0.0 && share < 1.0)) {
+    throw InvalidArgument(fmt::format("commit share {} is not in [0, 1)", share));
+  }
+  commit_share_ = share;
+}
+
+void ProbeReport::commit_if_due() {
+  uncommitted_ = true;
+  double due = 1.0;
+  if (comm_->is_root() && commit_share_ > 0.0) {
+    const double since = steady_seconds() - last_commit_end_;
+    due = since * commit_share_ >= (1.0 - commit_share_) * last_commit_seconds_ ? 1.0 : 0.0;
+  }
+  // Every rank takes part in commit(), so all follow rank 0's clock.
+  if (comm_->distributed()) comm_->all_reduce_sum(&due, 1);
+  if (due > 0.0) commit();
+}
+
 void ProbeReport::commit() {
+  const double start = steady_seconds();
   writer_->table("/taylor", *taylor_);
   writer_->table("/status", *status_);
   if (buckets_->num_rows() > 0) writer_->table("/token_buckets", *buckets_);
@@ -630,6 +680,9 @@ void ProbeReport::commit() {
   }
   // A failed write (a full disk) stops every rank at the same unit.
   raise_if_any_rank_failed(*comm_, failure);
+  uncommitted_ = false;
+  last_commit_end_ = steady_seconds();
+  last_commit_seconds_ = last_commit_end_ - start;
 }
 
 }  // namespace curv

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "core/strings.h"
 #include "curv/core/error.h"
@@ -404,6 +406,33 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
   if (ckpt.meta.optimizer) saved.record = *ckpt.meta.optimizer;
   saved.unresolved = ckpt.indexed_optimizer != nullptr;
   return saved;
+}
+
+std::string checkpoint_digest(const CheckpointInfo& info) {
+  std::vector<fs::path> files;
+  if (fs::is_directory(info.path)) {
+    for (const auto& entry : fs::directory_iterator(info.path)) {
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(info.path);
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t total = 0;
+  std::vector<char> buffer(1 << 20);
+  for (const auto& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw FormatError(fmt::format("cannot read '{}'", file.string()));
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const auto n = static_cast<uInt>(in.gcount());
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), n);
+      total += n;
+    }
+    if (in.bad()) throw FormatError(fmt::format("cannot read '{}'", file.string()));
+  }
+  return fmt::format("crc32:{:08x} bytes:{}", static_cast<uint32_t>(crc), total);
 }
 
 Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {

@@ -443,22 +443,126 @@ void write_group(hid_t group, const std::string& path, const Node& node, const W
   }
 }
 
-void write_file(const std::string& tmp, const Node& root, const WriteContext& ctx) {
-  Handle fapl = file_access_plist();
+// Bob Jenkins' lookup3 hash (hashlittle, initial value 0): the checksum HDF5 puts on its
+// version 2 and later metadata.
+uint32_t lookup3(const unsigned char* k, size_t length) {
+  auto rot = [](uint32_t x, int r) { return (x << r) | (x >> (32 - r)); };
+  uint32_t a, b, c;
+  a = b = c = 0xdeadbeefu + static_cast<uint32_t>(length);
+  auto word = [&](size_t i, size_t n) {  // n little-endian bytes from k + i
+    uint32_t w = 0;
+    for (size_t j = 0; j < n; ++j) w |= static_cast<uint32_t>(k[i + j]) << (8 * j);
+    return w;
+  };
+  while (length > 12) {
+    a += word(0, 4), b += word(4, 4), c += word(8, 4);
+    a -= c, a ^= rot(c, 4), c += b;
+    b -= a, b ^= rot(a, 6), a += c;
+    c -= b, c ^= rot(b, 8), b += a;
+    a -= c, a ^= rot(c, 16), c += b;
+    b -= a, b ^= rot(a, 19), a += c;
+    c -= b, c ^= rot(b, 4), b += a;
+    length -= 12, k += 12;
+  }
+  if (length == 0) return c;
+  a += word(0, std::min<size_t>(length, 4));
+  if (length > 4) b += word(4, std::min<size_t>(length - 4, 4));
+  if (length > 8) c += word(8, length - 8);
+  c ^= b, c -= rot(b, 14);
+  a ^= c, a -= rot(c, 11);
+  b ^= a, b -= rot(a, 25);
+  c ^= b, c -= rot(b, 16);
+  a ^= c, a -= rot(c, 4);
+  b ^= a, b -= rot(a, 14);
+  c ^= b, c -= rot(b, 24);
+  return c;
+}
+
+// HDF5 1.10's H5Fget_file_image clears the superblock's "file open for writing" flags in the copy
+// but keeps the checksum computed with them set, so a version 2 or 3 superblock in the image
+// fails its checksum when read. Recomputes it. The old checksum must match the image with some
+// flags value, which also checks this hash against HDF5's own.
+void repair_superblock_checksum(std::vector<char>& image, const WriteContext& ctx) {
+  auto* bytes = reinterpret_cast<unsigned char*>(image.data());
+  constexpr size_t kVersion = 8, kOffsetSize = 9, kFlags = 11, kAddresses = 12;
+  if (image.size() < kAddresses || bytes[kVersion] < 2) return;  // no checksum before version 2
+  const size_t checksum_at = kAddresses + 4 * size_t{bytes[kOffsetSize]};
+  if (image.size() < checksum_at + 4) {
+    throw Error(ctx.fail("file image", "superblock cut short"));
+  }
+  uint32_t stored = 0;
+  for (int j = 0; j < 4; ++j) stored |= static_cast<uint32_t>(bytes[checksum_at + j]) << (8 * j);
+  const unsigned char flags = bytes[kFlags];
+  bool known = false;
+  for (int f = 0; f < 256 && !known; ++f) {
+    bytes[kFlags] = static_cast<unsigned char>(f);
+    known = lookup3(bytes, checksum_at) == stored;
+  }
+  bytes[kFlags] = flags;
+  if (!known) throw Error(ctx.fail("file image", "superblock checksum does not match"));
+  const uint32_t fixed = lookup3(bytes, checksum_at);
+  for (int j = 0; j < 4; ++j) bytes[checksum_at + j] = static_cast<unsigned char>(fixed >> (8 * j));
+}
+
+// Builds the whole file in memory (HDF5's core driver, no backing store) and returns its bytes.
+// Writing to disk is then ours alone: a failed write (a full disk, a file size limit) leaves no
+// HDF5 file half-open, which HDF5 would otherwise try to flush again at exit and crash on.
+std::vector<char> file_image(const std::string& tmp, const Node& root, const WriteContext& ctx) {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  constexpr size_t kImageIncrement = size_t{1} << 20;
+  if (!fapl.valid() || H5Pset_fapl_core(fapl.get(), kImageIncrement, false) < 0) {
+    throw Error(ctx.fail("file image", "cannot set up HDF5's in-memory driver"));
+  }
   // The 1.8 object-header format stores attributes over 64 KB (long column lists) densely;
   // every HDF5 since 1.8 and h5py read it.
   H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18);
-  // Fail the close if an object were still open, rather than silently deferring it past fsync.
+  // Fail the close if an object were still open, rather than silently keeping it open.
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_SEMI);
   Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.valid()) throw Error(ctx.fail("temporary file '" + tmp + "'", "cannot create it"));
+  if (!file.valid()) throw Error(ctx.fail("file image", "cannot create it"));
   {
     Handle root_group(H5Gopen2(file.get(), "/", H5P_DEFAULT), H5Gclose);
     if (!root_group.valid()) throw Error(ctx.fail("group /", "cannot open root group"));
     write_group(root_group.get(), "/", root, ctx);
   }
-  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0 || !file.close()) {
-    throw Error(ctx.fail("temporary file '" + tmp + "'", "cannot flush and close it"));
+  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) {
+    throw Error(ctx.fail("file image", "cannot flush it"));
+  }
+  const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
+  if (size < 0) throw Error(ctx.fail("file image", "cannot measure it"));
+  std::vector<char> image(static_cast<size_t>(size));
+  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size || !file.close()) {
+    throw Error(ctx.fail("file image", "cannot copy it out of HDF5"));
+  }
+  repair_superblock_checksum(image, ctx);
+  return image;
+}
+
+// Writes the bytes to a new file and syncs them to disk; every failure names the file and errno.
+void write_synced(const std::string& path, const std::vector<char>& bytes,
+                  const std::string& context) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error(context + ": cannot create temporary file '" + path + "': " + std::strerror(errno));
+  }
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  const char* step = "writing";
+  if (err == 0 && ::fsync(fd) != 0) err = errno, step = "syncing";
+  if (::close(fd) != 0 && err == 0) err = errno, step = "closing";
+  if (err != 0) {
+    throw Error(context + ": " + step + " temporary file '" + path + "' failed after " +
+                std::to_string(done) + " of " + std::to_string(bytes.size()) +
+                " bytes: " + std::strerror(err));
   }
 }
 
@@ -545,8 +649,7 @@ void H5Writer::commit() {
   }
   WriteContext ctx{path_};
   try {
-    write_file(tmp, *root_, ctx);
-    fsync_path(tmp, false);
+    write_synced(tmp, file_image(tmp, *root_, ctx), "cannot write HDF5 file '" + path_ + "'");
     if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
       throw Error("cannot write HDF5 file '" + path_ + "': renaming '" + tmp +
                   "' over it failed: " + std::strerror(errno));

@@ -1,7 +1,8 @@
 // The probe loop behind ndsprobe, as a library call: for every run, every selected checkpoint
 // and every direction, the Taylor audit (with within-block breakdown and eigenspace overlap),
 // plus the Hessian spectrum once per checkpoint, each unit committed to a ProbeReport so that a
-// killed run resumes where it stopped. Custom drivers run the same loop on their own engine.
+// killed run resumes where it stopped (commit_if_due: the commits' share of the run time stays
+// small however large the file grows). Custom drivers run the same loop on their own engine.
 #pragma once
 
 #include <cstdint>
@@ -108,7 +109,9 @@ class ProbeRun {
   size_t units() const;  // what progress counts to
 
   // Probes every selected checkpoint of every run at the engine's objective and probe set and
-  // commits each unit to `report` (skipping units already there).
+  // commits each unit to `report` (skipping units already there) with ProbeReport::commit_if_due;
+  // everything is committed before it returns, and before an exception from `progress` (a stop
+  // signal in a tool) leaves it.
   ProbeRunSummary execute(CurvatureEngine& engine, const BlockPartition& blocks,
                           ProbeReport& report, const ProgressCallback& progress = {});
 

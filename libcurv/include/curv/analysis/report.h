@@ -64,8 +64,12 @@ class ProbeReport {
   // True when results (or a recorded status) for this unit are already in the file.
   bool done(const std::string& run, int64_t step, const std::string& direction) const;
 
-  // Checkpoint-level values: loss and gradient norm at θ_t; attributes of /runs/<run>.
-  void add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm);
+  // Checkpoint-level values: loss and gradient norm at θ_t, and the checkpoint's content digest
+  // (io's checkpoint_digest; "" for none); attributes of /runs/<run>/step_<N>.
+  void add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm,
+                      const std::string& digest = "");
+  // The digest recorded for a checkpoint by add_checkpoint or in the resumed file; "" if none.
+  std::string checkpoint_digest(const std::string& run, int64_t step) const;
   void set_run_attribute(const std::string& run, const std::string& key, const std::string& value);
   void add_taylor(const std::string& run, int64_t step, const std::string& direction,
                   const TaylorResult& taylor, const WithinReport* within = nullptr);
@@ -78,6 +82,17 @@ class ProbeReport {
                   const std::string& status, const std::string& message);
   // Rewrites the file atomically with everything added so far.
   void commit();
+  // Commits unless the time since the last commit is short next to that commit's own cost: the
+  // file is rewritten whole, so committing after every unit would cost time quadratic in the
+  // number of units. Commits when the work since the last commit took at least
+  // (1 - share) / share times as long as that commit did, which keeps the commits' share of the
+  // run time near `share` (set_commit_share; 0 commits every time). The units in between are
+  // written by the next commit; after a crash --resume recomputes them. With several ranks the
+  // decision is rank 0's, sent to the others.
+  void commit_if_due();
+  // True when results were added since the last commit.
+  bool has_uncommitted() const { return uncommitted_; }
+  void set_commit_share(double share);
 
   const Table& taylor_table() const;
   const Table& status_table() const;
@@ -96,7 +111,12 @@ class ProbeReport {
   std::unique_ptr<H5Writer> writer_;
   std::unique_ptr<Table> taylor_;
   std::unique_ptr<Table> status_;
-  std::unique_ptr<Table> buckets_;  // /token_buckets
+  std::unique_ptr<Table> buckets_;              // /token_buckets
+  std::map<std::string, std::string> digests_;  // step group → checkpoint_digest attribute
+  double commit_share_ = 0.05;
+  double last_commit_seconds_ = 0.0;
+  double last_commit_end_ = 0.0;  // seconds on the steady clock
+  bool uncommitted_ = false;
 };
 
 // Group path of one unit: "/runs/<run>/step_<N>/<direction>".

@@ -42,6 +42,12 @@ struct CheckpointInfo {
   CheckpointLayout layout = CheckpointLayout::kNative;
 };
 
+// The checkpoint's content as "crc32:XXXXXXXX bytes:N": the CRC-32 of the bytes of every regular
+// file it consists of (a folder's files in name order, or the file), so that a resumed run can
+// tell whether a checkpoint changed since its results were written. Reads every byte once.
+// FormatError naming the file when one cannot be read.
+std::string checkpoint_digest(const CheckpointInfo& info);
+
 // Which checkpoints of a run to analyse: those with first <= step <= last, then every stride-th of
 // them by position (the first in range is always kept), so a run saved at irregular steps thins
 // evenly.
