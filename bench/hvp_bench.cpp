@@ -4,6 +4,9 @@
 //
 //   hvp_bench [--threads 2] [--repeats 5]            all ops, float32 and float64, a Markdown table
 //   hvp_bench --op hvp_reused --dtype float32        one measurement, one JSON line
+//   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
+//       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
+//       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -48,12 +51,22 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode) {
+curv::ModelConfig shape_config(const std::string& shape) {
+  if (shape == "gpt2") {
+    return curv::ModelConfig::from_json(
+        R"({"arch": "gpt", "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304,
+            "block_size": 256, "tied": true})");
+  }
+  return reference_config();
+}
+
+int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode,
+            const std::string& shape) {
   const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
-  auto config = reference_config();
+  auto config = shape_config(shape);
   auto model = curv::make_model(config, curv::ModelInit{0, dtype});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  curv::ProbeSet probe = curv_bench::reference_probe(config, gen);
+  curv::ProbeSet probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
   curv::ParamVector v;
   for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
 
@@ -116,9 +129,9 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
 
 int main(int argc, char** argv) {
   curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
-  std::string op, dtype = "float32";
+  std::string op, dtype = "float32", shape = "reference", cross_entropy = "fused";
   int threads = 2, repeats = 5;
-  bool memory_mode = false;
+  bool memory_mode = false, compare_cross_entropy = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--op")
@@ -131,6 +144,12 @@ int main(int argc, char** argv) {
       repeats = std::stoi(value);
     else if (flag == "--memory")
       memory_mode = value == "1";
+    else if (flag == "--shape")
+      shape = value;
+    else if (flag == "--cross-entropy")
+      cross_entropy = value;
+    else if (flag == "--compare-cross-entropy")
+      compare_cross_entropy = value == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -146,7 +165,43 @@ int main(int argc, char** argv) {
   curv::RuntimeOptions runtime{threads};
   runtime.tune_allocator = !memory_mode;  // the memory runs keep the thresholds set above
   curv::init_runtime(runtime);
-  if (!op.empty()) return measure(op, dtype, repeats, memory_mode);
+  curv::set_fused_cross_entropy(cross_entropy == "fused");
+  if (!op.empty()) return measure(op, dtype, repeats, memory_mode, shape);
+  // One measurement in a child process: the value after `key` in its JSON line.
+  auto child = [&](const std::string& flags, const char* key) {
+    const std::string command = fmt::format("'{}' --threads {} --repeats {} --shape {} {}", argv[0],
+                                            threads, repeats, shape, flags);
+    FILE* pipe = popen(command.c_str(), "r");
+    char buffer[512] = {0};
+    const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
+    if (pipe) pclose(pipe);
+    const char* at = ok ? std::strstr(buffer, key) : nullptr;
+    if (!at) {
+      std::fprintf(stderr, "measurement failed: %s\n", command.c_str());
+      std::exit(1);
+    }
+    return std::atof(at + std::strlen(key));
+  };
+  if (compare_cross_entropy) {
+    std::printf("%s; %s GPT %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
+                shape.c_str(), shape_config(shape).describe().c_str(), repeats);
+    std::printf(
+        "| cross-entropy | op | median time (s) | x ATen's gradient | peak extra memory (MiB) "
+        "|\n|---|---|---|---|---|\n");
+    double aten_gradient = 0.0;
+    for (const char* ce : {"aten", "fused"}) {
+      for (const char* o : {"gradient", "hvp_first", "hvp_reused"}) {
+        const std::string flags = fmt::format("--op {} --dtype float32 --cross-entropy {}", o, ce);
+        const double seconds = child(flags + " --memory 0", "\"seconds\": ");
+        const double mib = child(flags + " --memory 1", "\"peak_extra_mib\": ");
+        if (aten_gradient == 0.0) aten_gradient = seconds;
+        std::printf("| %s | %s | %.3f | %.2f | %.0f |\n", ce, o, seconds, seconds / aten_gradient,
+                    mib);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
 
   std::printf("%s; reference GPT %s, batch 32 x 64 tokens\n", curv::runtime_summary().c_str(),
               reference_config().describe().c_str());
@@ -159,19 +214,7 @@ int main(int argc, char** argv) {
     std::map<std::string, std::pair<double, double>> results;
     for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
       auto run = [&](int memory, const char* key) {
-        const std::string command =
-            fmt::format("'{}' --op {} --dtype {} --threads {} --repeats {} --memory {}", argv[0], o,
-                        d, threads, repeats, memory);
-        FILE* pipe = popen(command.c_str(), "r");
-        char buffer[512] = {0};
-        const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
-        if (pipe) pclose(pipe);
-        const char* at = ok ? std::strstr(buffer, key) : nullptr;
-        if (!at) {
-          std::fprintf(stderr, "measurement failed: %s\n", command.c_str());
-          std::exit(1);
-        }
-        return std::atof(at + std::strlen(key));
+        return child(fmt::format("--op {} --dtype {} --memory {}", o, d, memory), key);
       };
       results[o] = {run(0, "\"seconds\": "), run(1, "\"peak_extra_mib\": ")};
     }

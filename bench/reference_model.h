@@ -15,10 +15,11 @@ inline curv::ModelConfig reference_config() {
                                           "vocab_size": 512, "block_size": 64, "tied": true})");
 }
 
-// One batch of 32 random sequences of block_size tokens (inputs and next-token targets).
-inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen) {
+// One batch of `sequences` random sequences of block_size tokens (inputs and next-token targets).
+inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen,
+                                      int64_t sequences = 32) {
   auto tokens = at::randint(0, config.as<curv::GptConfig>().vocab_size,
-                            {32, config.as<curv::GptConfig>().block_size + 1}, gen,
+                            {sequences, config.as<curv::GptConfig>().block_size + 1}, gen,
                             at::TensorOptions().dtype(at::kLong));
   const int64_t t = config.as<curv::GptConfig>().block_size;
   return curv::ProbeSet(

@@ -1,8 +1,12 @@
 #include "curv/models/models.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
@@ -126,4 +130,86 @@ TEST_CASE("the registry lists the built-in architectures and names them for an u
   CHECK_THROWS_AS(register_architecture(std::shared_ptr<const Architecture>(
                       &find_architecture("gpt"), [](const Architecture*) {})),
                   InvalidArgument);
+}
+
+namespace {
+
+// Loss, gradient, a Hessian-vector product and a third-derivative contraction of a model's loss
+// over its parameters, with autograd alone.
+struct Derivatives {
+  double loss = 0.0;
+  at::Tensor gradient, hvp, third;
+};
+
+double relative_difference(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / b.norm().item<double>();
+}
+
+Derivatives derivatives(Objective& model, const Batch& batch, uint64_t seed) {
+  auto params = model.parameters();
+  std::vector<at::Tensor> v, w;
+  for (const auto& p : params) {
+    v.push_back(at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed), p.options()));
+    w.push_back(
+        at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(seed + 1), p.options()));
+  }
+  auto flat = [](const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> parts;
+    for (const auto& t : ts) parts.push_back(t.reshape(-1));
+    return at::cat(parts);
+  };
+  const at::Tensor loss = model.loss(batch);
+  const auto g = torch::autograd::grad({loss}, params, {}, true, true);
+  const auto hv = torch::autograd::grad(g, params, v, true, true);
+  at::Tensor hvw = flat(hv).dot(flat(w));
+  const auto t = torch::autograd::grad({hvw}, params, {}, true, false, true);
+  std::vector<at::Tensor> third;
+  for (size_t i = 0; i < t.size(); ++i) {
+    third.push_back(t[i].defined() ? t[i] : at::zeros_like(params[i]));
+  }
+  return {loss.item<double>(), flat(g).detach(), flat(hv).detach(), flat(third)};
+}
+
+}  // namespace
+
+TEST_CASE("the fused cross-entropy equals ATen's to rounding in value and three derivatives",
+          "[models][cross_entropy]") {
+  REQUIRE(fused_cross_entropy());
+  for (const std::string arch : {"gpt", "llama"}) {
+    INFO(arch);
+    ModelConfig config = tiny_gpt_config();
+    if (arch == "llama") {
+      config = ModelConfig::from_json(
+          R"({"arch": "llama", "vocab_size": 7, "hidden_size": 8, "intermediate_size": 12,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 4})");
+    }
+    auto model = make_model(config, ModelInit{3, at::kDouble});
+    const ProbeSet probe = gpt_probe(5, 3, 3, arch == "gpt" ? 5 : 7, 4);
+    // The fused operation is what the model's loss runs through.
+    CHECK_THAT(model->loss(probe[0]).grad_fn()->name(), Catch::Matchers::Contains("CrossEntropy"));
+    const Derivatives fused = derivatives(*model, probe[0], 11);
+    set_fused_cross_entropy(false);
+    const Derivatives aten = derivatives(*model, probe[0], 11);
+    set_fused_cross_entropy(true);
+    CHECK(fused.loss == Approx(aten.loss).epsilon(1e-14));
+    CHECK(relative_difference(fused.gradient, aten.gradient) < 1e-13);
+    CHECK(relative_difference(fused.hvp, aten.hvp) < 1e-13);
+    CHECK(relative_difference(fused.third, aten.third) < 1e-12);
+    CHECK(aten.third.abs().max().item<double>() > 0.0);
+  }
+}
+
+TEST_CASE("the cross-entropy ignores targets of -100 as nll_loss does", "[models][cross_entropy]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{3, at::kDouble});
+  ProbeSet probe = gpt_probe(5, 3, 3, 5, 4);
+  Batch batch = probe[0];
+  batch.targets = batch.targets.clone();
+  batch.targets.index_put_({0, 1}, -100);
+  const double with_ignored = model->loss(batch).item<double>();
+  set_fused_cross_entropy(false);
+  const double aten = model->loss(batch).item<double>();
+  set_fused_cross_entropy(true);
+  CHECK(with_ignored == aten);
+  CHECK(std::isfinite(with_ignored));
 }

@@ -106,11 +106,6 @@ at::Tensor& FunctionalModel::add(const std::string& name, at::Tensor value) {
 
 void FunctionalModel::finish() { space_ = ParamSpace(names_, params_); }
 
-at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
-  const int64_t classes = logits.size(-1);
-  return at::nll_loss(at::log_softmax(logits.reshape({-1, classes}), -1), targets.reshape({-1}));
-}
-
 std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit& init) {
   config.validate();
   if (!at::isFloatingType(init.dtype)) {

@@ -177,4 +177,12 @@ struct ModelInit {
 // 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains).
 std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit& init = {});
 
+// The built-in language models (gpt, llama, modded) and the MLP take their mean cross-entropy
+// from one fused autograd operation whose backward is one differentiable operation with a
+// hand-written derivative (default): the same numbers as ATen's log_softmax + nll_loss to
+// rounding, with less memory kept for HVPs and fewer passes over the [tokens, vocabulary]
+// logits in each. `false` selects ATen's operations, for comparison. Process-wide.
+void set_fused_cross_entropy(bool enabled);
+bool fused_cross_entropy();
+
 }  // namespace curv
