@@ -18,6 +18,8 @@
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
 #include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
+#include "curv/io/safetensors.h"
 #include "curv/models/model_loader.h"
 #include "curv/models/models.h"
 #include "fixtures.h"
@@ -172,8 +174,7 @@ TEST_CASE("modded-nanogpt optimizers map by the script's order and rebuild its n
   CHECK(named.meta.optimizer->param_groups[3].params == muon);
 }
 
-TEST_CASE("modded-nanogpt Newton-Schulz coefficients come from the checkpoint's code",
-          "[modded]") {
+TEST_CASE("modded-nanogpt Newton-Schulz coefficients come from the checkpoint's code", "[modded]") {
   ModdedFixture f;
   Checkpoint ckpt = f.load("coeffs");
   LoadedModel model = model_of(ckpt);
@@ -206,8 +207,8 @@ TEST_CASE("modded-nanogpt optimizer state that is sharded or misfits is refused 
                       Contains("state_step000010.pt ['optimizers'][1]") &&
                           Contains("6 of its 12 parameters") && Contains("rank 0 of a run on 2"));
     // Directions without optimizer state still run on it: the model-only load skips the state.
-    Checkpoint model_only = load_checkpoint(list_checkpoints(f.dir.file("sharded")).at(0),
-                                            CheckpointParts::kModelOnly);
+    Checkpoint model_only =
+        load_checkpoint(list_checkpoints(f.dir.file("sharded")).at(0), CheckpointParts::kModelOnly);
     CHECK_NOTHROW(resolve_optimizer_state(model_only, model.objective->space()));
   }
   {
@@ -226,4 +227,53 @@ TEST_CASE("modded-nanogpt optimizer state that is sharded or misfits is refused 
                       InvalidArgument, Contains("--param-order ndim does not fit"));
   }
   CURV_CHECK_THROWS(validate_param_order("moded"), InvalidArgument, Contains("modded"));
+}
+
+TEST_CASE("ndsprobe audits the update direction of a modded-nanogpt run and refuses sharded state",
+          "[modded][ndsprobe]") {
+  ModdedFixture f;
+  const std::string probe = f.dir.file("probe.safetensors");
+  write_safetensors(
+      probe, {{"inputs", tokens_of(f.ref["inputs"])}, {"targets", tokens_of(f.ref["targets"])}});
+  int status = 0;
+  std::string log =
+      run_tool("ndsprobe",
+               fmt::format("{} --data {} --dtype float64 --directions update --coupling none "
+                           "--no-realized -o {}",
+                           f.dir.file("run"), probe, f.dir.file("run.h5")),
+               &status);
+  INFO(log);
+  REQUIRE(status == 0);
+  H5Reader reader(f.dir.file("run.h5"));
+  const Table taylor = reader.table("/taylor");
+  double u_sq = 0.0;
+  for (const auto& [name, values] : f.ref["u"].items()) {
+    for (const auto& x : values) u_sq += x.get<double>() * x.get<double>();
+  }
+  bool found = false;
+  for (size_t r = 0; r < taylor.num_rows(); ++r) {
+    if (taylor.strings("direction")[r] != "update" || taylor.strings("block")[r] != "total") {
+      continue;
+    }
+    found = true;
+    const double got = taylor.doubles("update_norm")[r];
+    INFO("update_norm " << got << ", want " << std::sqrt(u_sq));
+    CHECK(std::abs(got - std::sqrt(u_sq)) <= 1e-12 * std::sqrt(u_sq));
+  }
+  CHECK(found);
+  // Sharded Muon state: update is refused with the file, key and ranks; random still runs.
+  log = run_tool("ndsprobe",
+                 fmt::format("{} --data {} --dtype float64 --directions update --coupling none "
+                             "--no-realized -o {}",
+                             f.dir.file("sharded"), probe, f.dir.file("sharded.h5")),
+                 &status);
+  CHECK(status != 0);
+  CHECK_THAT(log, Contains("['optimizers'][1]") && Contains("rank 0 of a run on 2 ranks"));
+  log = run_tool("ndsprobe",
+                 fmt::format("{} --data {} --dtype float64 --directions random --coupling none "
+                             "--no-realized -o {}",
+                             f.dir.file("sharded"), probe, f.dir.file("random.h5")),
+                 &status);
+  INFO(log);
+  CHECK(status == 0);
 }
