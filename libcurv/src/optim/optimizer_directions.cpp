@@ -168,8 +168,10 @@ class OptimizerDirection : public Direction {
   }
 
   // Step 3: the rebuilt optimizer's next step. Parameter groups with their own hyper-parameters
-  // (nanoGPT: no weight decay on gains and biases) take their step from an optimizer configured
-  // like the group.
+  // (nanoGPT: no weight decay on gains and biases; modded-nanogpt: one learning rate per AdamW
+  // group) take their step from an optimizer configured like the group, built over the group's
+  // parameters only, so that each parameter's step (a Newton–Schulz iteration for Muon's
+  // matrices) is computed once whatever the number of groups.
   // The optimizers here are built for this one step, so they take it in place: peek() would
   // copy their state (twice the parameters for Adam) only to throw the copy away.
   ParamVector rebuilt_step(DirectionContext& c, Optimizer& optimizer) const {
@@ -179,12 +181,26 @@ class OptimizerDirection : public Direction {
     c.note =
         fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
     c.partition = optimizer.partition();
-    ParamVector u = optimizer.step(c.theta, g);
     const auto& groups = saved.record.param_groups;
+    if (groups.empty()) return optimizer.step(c.theta, g);
+    ParamVector u(space.size());
+    std::vector<bool> grouped(space.size(), false);
+    // The step of `indices` under `group`'s hyper-parameters (the record's alone when null).
+    auto step_of = [&](const std::vector<size_t>& indices, const OptimizerParamGroup* group) {
+      std::vector<std::string> names;
+      ParamVector theta, grad;
+      for (size_t i : indices) {
+        names.push_back(space[i].name);
+        theta.push_back(c.theta[i]);
+        grad.push_back(g[i]);
+      }
+      auto sub = optimizer_from_record(saved, ParamSpace(names, theta), group);
+      sub->load_state(saved.tensors, saved.step_count(), saved.file);
+      const ParamVector sub_u = sub->step(theta, grad);
+      for (size_t k = 0; k < indices.size(); ++k) u[indices[k]] = sub_u[k];
+    };
     for (size_t k = 0; k < groups.size(); ++k) {
-      auto group_optimizer = optimizer_from_record(saved, space, &groups[k]);
-      group_optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
-      const ParamVector group_u = group_optimizer->step(c.theta, g);
+      std::vector<size_t> indices;
       for (const auto& name : groups[k].params) {
         const auto index = space.find(name);
         if (!index) {
@@ -193,9 +209,16 @@ class OptimizerDirection : public Direction {
                           "is not a model parameter",
                           saved.meta_file, k, name));
         }
-        u[*index] = group_u[*index];
+        if (!grouped[*index]) indices.push_back(*index);
+        grouped[*index] = true;
       }
+      if (!indices.empty()) step_of(indices, &groups[k]);
     }
+    std::vector<size_t> rest;
+    for (size_t i = 0; i < space.size(); ++i) {
+      if (!grouped[i]) rest.push_back(i);
+    }
+    if (!rest.empty()) step_of(rest, nullptr);
     if (groups.size() > 1) c.note += fmt::format(", {} parameter groups", groups.size());
     return u;
   }

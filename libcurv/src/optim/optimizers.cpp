@@ -44,6 +44,9 @@ const std::vector<Field>& fields() {
       {"sum_momentum", nullptr, &OptimizerConfig::sum_momentum},
       {"rms_scale", nullptr, &OptimizerConfig::rms_scale},
       {"ns_steps", nullptr, nullptr, &OptimizerConfig::ns_steps},
+      {"ns_a", &OptimizerConfig::ns_a},
+      {"ns_b", &OptimizerConfig::ns_b},
+      {"ns_c", &OptimizerConfig::ns_c},
       {"exact_polar", nullptr, &OptimizerConfig::exact_polar},
       {"adam_lr", &OptimizerConfig::adam_lr},
       {"adam_beta1", &OptimizerConfig::adam_beta1},
@@ -156,6 +159,9 @@ void OptimizerConfig::validate() const {
   check("momentum", momentum, momentum >= 0 && momentum < 1);
   check("dampening", dampening, dampening >= 0 && dampening <= 1);
   check("ns_steps", static_cast<double>(ns_steps), ns_steps >= 0);
+  check("ns_a", ns_a, true);
+  check("ns_b", ns_b, true);
+  check("ns_c", ns_c, true);
   check("adam_lr", adam_lr, adam_lr >= 0);
   check("adam_beta1", adam_beta1, adam_beta1 >= 0 && adam_beta1 < 1);
   check("adam_beta2", adam_beta2, adam_beta2 >= 0 && adam_beta2 < 1);
@@ -185,7 +191,10 @@ double muon_scale(int64_t rows, int64_t cols, bool rms_scale) {
 }
 
 at::Tensor newton_schulz(const at::Tensor& g, int64_t steps) {
-  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  return newton_schulz(g, steps, 3.4445, -4.7750, 2.0315);
+}
+
+at::Tensor newton_schulz(const at::Tensor& g, int64_t steps, double a, double b, double c) {
   at::Tensor x = g.reshape({g.size(0), -1});
   x = x / (x.norm() + 1e-7);
   const bool transposed = x.size(0) > x.size(1);
@@ -465,7 +474,8 @@ class MuonFamily : public Optimizer {
     }
     const int64_t rows = d.size(0), cols = d.numel() / rows;
     at::Tensor o =
-        (c.exact_polar ? polar_factor(d) : newton_schulz(d, c.ns_steps)).reshape({rows, cols});
+        (c.exact_polar ? polar_factor(d) : newton_schulz(d, c.ns_steps, c.ns_a, c.ns_b, c.ns_c))
+            .reshape({rows, cols});
     if (c.name == "normuon") {
       const at::Tensor n = o.norm();
       at::Tensor& v = slot(i, "second_momentum_buffer", g);
@@ -513,9 +523,11 @@ const std::vector<OptimizerEntry>& optimizer_table() {
   // The keys are the fields each rule's update() reads; the Muon family's AdamW part reads the
   // adam_* fields on parameters outside its partition.
   static const std::vector<std::string> kMuonKeys = {
-      "lr",         "weight_decay", "momentum",          "nesterov",   "sum_momentum",
-      "rms_scale",  "ns_steps",     "exact_polar",       "adam_lr",    "adam_beta1",
-      "adam_beta2", "adam_eps",     "adam_weight_decay", "muon_params"};
+      "lr",           "weight_decay", "momentum",    "nesterov",
+      "sum_momentum", "rms_scale",    "ns_steps",    "ns_a",
+      "ns_b",         "ns_c",         "exact_polar", "adam_lr",
+      "adam_beta1",   "adam_beta2",   "adam_eps",    "adam_weight_decay",
+      "muon_params"};
   static const std::vector<OptimizerEntry> table = [] {
     std::vector<std::string> normuon_keys = kMuonKeys;
     normuon_keys.insert(normuon_keys.begin() + 3, "beta2");

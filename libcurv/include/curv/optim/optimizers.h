@@ -34,7 +34,13 @@ struct OptimizerConfig {
   bool sum_momentum = false;  // B = μB + g (torch.optim.Muon, Moonlight) instead of the EMA form
   bool rms_scale = false;     // scale 0.2·sqrt(max(rows, cols)) instead of sqrt(max(1, rows/cols))
   int64_t ns_steps = 5;       // Newton–Schulz iterations
-  bool exact_polar = false;   // U Vᵀ from an SVD instead of Newton–Schulz (analysis only)
+  // The Newton–Schulz quintic's coefficients: X ← a X + (b A + c A²) X with A = X Xᵀ. Keller
+  // Jordan's reference (3.4445, −4.7750, 2.0315) by default; modded-nanogpt's
+  // train_gpt_simple.py uses (2, −1.5, 0.5) with 12 steps.
+  double ns_a = 3.4445;
+  double ns_b = -4.7750;
+  double ns_c = 2.0315;
+  bool exact_polar = false;  // U Vᵀ from an SVD instead of Newton–Schulz (analysis only)
   // The AdamW that Muon/NorMuon apply to parameters outside their partition.
   double adam_lr = 1e-3;
   double adam_beta1 = 0.9;
@@ -143,6 +149,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const P
 // Newton–Schulz quintic orthogonalisation (coefficients 3.4445, −4.7750, 2.0315) of a matrix
 // (4-D tensors viewed as (out, −1)), after Frobenius normalisation; transposes when rows > cols.
 at::Tensor newton_schulz(const at::Tensor& g, int64_t steps = 5);
+// The same with the quintic's coefficients (a, b, c): X ← a X + (b A + c A²) X, A = X Xᵀ.
+at::Tensor newton_schulz(const at::Tensor& g, int64_t steps, double a, double b, double c);
 // U Vᵀ from the thin SVD of g: the exact polar factor, the limit of Newton–Schulz. Directions of
 // singular values below max(rows, cols)·eps·σ_max (a rank-deficient g) map to zero, as they do
 // under Newton–Schulz.
