@@ -795,7 +795,8 @@ std::vector<std::string> read_strings(const Source& src, std::vector<uint64_t>* 
 
 // libhdf5 1.10 parses a global heap collection (the "GCOL" blocks that hold variable-length
 // strings) in a loop that never ends when an object header declares index 0 and size 0, or a size
-// that wraps the position around; a damaged results file would hang --resume for ever. Every
+// that wraps the position around, and copies an object's declared size without checking that it
+// fits in the collection; a damaged results file would hang --resume or overrun a buffer. Every
 // such collection in the file is walked here as libhdf5 walks it (8-byte lengths, the default
 // and what every writer we know uses) and FormatError names the file and offset of one that
 // would not advance.
@@ -821,7 +822,9 @@ void check_global_heaps(const std::string& path, const std::string& context) {
       const uint64_t object = le(at + pos + 8, 8);
       const uint64_t aligned = object > UINT64_MAX - 7 ? 0 : (object + 7) / 8 * 8;
       const uint64_t need = index > 0 ? kObjectHeader + aligned : object;
-      if (need == 0 || (index > 0 && aligned == 0 && object != 0) || pos + need <= pos) {
+      // An object reaching past its collection: libhdf5 copies `size` bytes from it.
+      const bool overruns = index > 0 && object > end - pos - kObjectHeader;
+      if (need == 0 || overruns || pos + need <= pos) {
         throw FormatError(
             fmt::format("{}the global heap collection at byte {} is corrupt (object {} at byte {} "
                         "declares size {})",
