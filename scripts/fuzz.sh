@@ -47,7 +47,7 @@ for h in "${harnesses[@]}"; do
   corpus="$build/fuzz-corpus/$kind"
   artifacts="$build/fuzz-artifacts/$kind"
   log="$build/fuzz-logs/$h.log"
-  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
+  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")" "$seeds/$kind"
   rc=0
   start=$(date +%s)
   "$build/fuzz/$h" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=3072 -max_len=262144 \

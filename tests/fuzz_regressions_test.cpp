@@ -1,8 +1,8 @@
 // Inputs that crashed a fuzz harness (fuzz/, docs/reliability.md#fuzzing), replayed through the
 // same API: each must now be rejected with a curv::Error. tests/fuzz_regressions/<kind>/<file>,
 // <kind> naming the reader as the harness fuzz/fuzz_<kind>.cpp does.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
