@@ -5,12 +5,13 @@ set -uo pipefail
 build="$(cd "${1:?usage: bad_inputs.sh BUILD_DIR [WORK_DIR]}" && pwd)"
 work="${2:-$(mktemp -d)}"
 nds="$build/tools/ndsprobe/ndsprobe"
-train="$build/tools/curvtrain/curvtrain"
+here="$(cd "$(dirname "$0")/.." && pwd)"
 export OMP_NUM_THREADS=1 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
 mkdir -p "$work" && cd "$work" || exit 1
-# A good run to damage: three checkpoints of the default tiny GPT and its probe set.
-"$train" -o good --steps 4 --save-every 2 --quiet >/dev/null 2>&1 || { echo "curvtrain failed"; exit 1; }
-probe=(--data good/probe.safetensors --examples 8 --directions delta --quiet)
+# A good run to damage: the native two-checkpoint run of the interop tests and its probe set.
+/usr/bin/python3 "$here/tests/python/make_torch_fixtures.py" fx >/dev/null || exit 1
+rm -rf good && cp -r fx/native good && cp fx/probe.safetensors probe.safetensors
+probe=(--data probe.safetensors --directions delta --quiet)
 "$nds" good "${probe[@]}" -o good.h5 >/dev/null 2>&1 || { echo "good run failed"; exit 1; }
 
 case_run() {  # NAME, then ndsprobe's arguments
@@ -73,11 +74,12 @@ echo 'not hdf5' > noth5.h5
 case_run "--resume on a file that is not HDF5" good "${probe[@]}" --resume -o noth5.h5
 cp good.h5 other.h5 && /usr/bin/python3 -c "import h5py; f = h5py.File('other.h5', 'a'); f.attrs['dtype'] = 'float64'"
 case_run "--resume on results of another dtype" good "${probe[@]}" --resume -o other.h5
-cp "$(dirname "$0")/../tests/fuzz_regressions/h5/global_heap_loop.h5" heap.h5 2>/dev/null || true
+cp "$here/tests/fuzz_regressions/h5/global_heap_loop.h5" heap.h5
 case_run "--resume on a file with a corrupt global heap" good "${probe[@]}" --resume -o heap.h5
 cp good.h5 cut.h5 && truncate -s 2000 cut.h5
 case_run "--resume on a results file cut short" good "${probe[@]}" --resume -o cut.h5
-copy changed && cp good.h5 changed.h5 && /usr/bin/python3 -c "
-b = bytearray(open('changed/step_2/model.safetensors','rb').read()); b[-1] ^= 1
-open('changed/step_2/model.safetensors','wb').write(b)"
-case_run "--resume after a checkpoint changed" changed "${probe[@]}" --resume -o changed.h5
+# The run keeps its name (the folder's), so the resumed file's digest of step_2 applies.
+rm -rf c && mkdir c && cp -r good c/good && cp good.h5 changed.h5 && /usr/bin/python3 -c "
+b = bytearray(open('c/good/step_2/model.safetensors','rb').read()); b[-1] ^= 1
+open('c/good/step_2/model.safetensors','wb').write(b)"
+case_run "--resume after a checkpoint changed" c/good "${probe[@]}" --resume -o changed.h5
