@@ -15,7 +15,7 @@ shift || true
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 
 # fuzz_h5_resume runs only when named: on raw HDF5 bytes it mostly finds crashes inside libhdf5
-# 1.10's own parser, which libcurv cannot fix (docs/reliability.md#hdf5-files).
+# 1.10's own parser, which libcurv cannot fix (docs/reliability.md#crashes-found-and-fixed).
 harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
   for src in "$root"/fuzz/fuzz_*.cpp; do
