@@ -45,12 +45,19 @@ void check_integer(const nlohmann::json& value, const nlohmann::json& like, cons
                    const std::string& origin) {
   if (!value.is_number_float() || !like.is_number_integer()) return;
   const double v = value.get<double>();
-  const bool is_unsigned = like.is_number_unsigned();
-  const double low = is_unsigned ? 0.0 : -9223372036854775808.0;
-  const double high = is_unsigned ? 18446744073709551616.0 : 9223372036854775808.0;
-  if (!(v >= low && v < high) || std::trunc(v) != v) {
-    throw FormatError(fmt::format("{}: model config key '{}' must be an integer{}, got {}", origin,
-                                  key, is_unsigned ? " >= 0" : "", value.dump()));
+  // Parsed defaults of 0 or more read as unsigned: such a key takes no negative value.
+  const double low = like.is_number_unsigned() ? 0.0 : -9223372036854775808.0;
+  const char* why = nullptr;
+  if (std::trunc(v) != v) {
+    why = "must be an integer";
+  } else if (!(v >= low)) {
+    why = "must be a non-negative integer";
+  } else if (!(v < 9223372036854775808.0)) {
+    why = "is too large for a 64-bit integer";
+  }
+  if (why) {
+    throw FormatError(
+        fmt::format("{}: model config key '{}' {}, got {}", origin, key, why, value.dump()));
   }
 }
 
