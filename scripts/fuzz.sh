@@ -52,7 +52,11 @@ for h in "${harnesses[@]}"; do
   start=$(date +%s)
   "$build/fuzz/$h" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=3072 -max_len=262144 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "$seeds/$kind" \
-    >"$log" 2>&1 || rc=$?
+    >"$log" 2>&1 &
+  pid=$!
+  wait "$pid" || rc=$?
+  # A crashed harness leaves its scratch folder (fuzz/fuzz_support.cpp) behind.
+  rm -rf "/dev/shm/curv_fuzz_$pid"
   elapsed=$(( $(date +%s) - start ))
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   if [ -z "$execs" ]; then
