@@ -11,6 +11,8 @@ packages=(
   libgloo-dev
   # the ctest clang_format checks every source against .clang-format
   clang-format
+  # the ASan + UBSan stage and the libFuzzer harnesses (scripts/sanitize.sh, scripts/fuzz.sh)
+  clang libclang-rt-14-dev
   # torch must not run on the netlib reference BLAS (~5 GFLOP/s); the OpenMP build of OpenBLAS
   # shares ATen's OpenMP threads, the pthread build fights them (~2.5x slower on 2 cores).
   libopenblas0-openmp

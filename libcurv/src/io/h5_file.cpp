@@ -2,14 +2,18 @@
 #include "curv/io/h5_file.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -789,6 +793,48 @@ std::vector<std::string> read_strings(const Source& src, std::vector<uint64_t>* 
   return out;
 }
 
+// libhdf5 1.10 parses a global heap collection (the "GCOL" blocks that hold variable-length
+// strings) in a loop that never ends when an object header declares index 0 and size 0, or a size
+// that wraps the position around, and copies an object's declared size without checking that it
+// fits in the collection; a damaged results file would hang --resume or overrun a buffer. Every
+// such collection in the file is walked here as libhdf5 walks it (8-byte lengths, the default
+// and what every writer we know uses) and FormatError names the file and offset of one that
+// would not advance.
+void check_global_heaps(const std::string& path, const std::string& context) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FormatError(context + "cannot open it: " + std::strerror(errno));
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto le = [&file](size_t at, size_t bytes) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(file[at + i])} << (8 * i);
+    return v;
+  };
+  constexpr uint64_t kHeader = 16, kObjectHeader = 16;  // with 8-byte lengths
+  for (size_t at = file.find("GCOL"); at != std::string::npos; at = file.find("GCOL", at + 1)) {
+    if (file.size() - at < kHeader || file[at + 4] != 1) continue;  // not a version-1 collection
+    const uint64_t size = le(at + 8, 8);
+    const uint64_t end = size;  // offsets relative to the collection's start
+    uint64_t pos = kHeader;
+    while (pos < end) {
+      if (end - pos < kObjectHeader) break;               // trailing free space
+      if (at + pos + kObjectHeader > file.size()) break;  // beyond the file: libhdf5 fails to read
+      const uint64_t index = le(at + pos, 2);
+      const uint64_t object = le(at + pos + 8, 8);
+      const uint64_t aligned = object > UINT64_MAX - 7 ? 0 : (object + 7) / 8 * 8;
+      const uint64_t need = index > 0 ? kObjectHeader + aligned : object;
+      // An object reaching past its collection: libhdf5 copies `size` bytes from it.
+      const bool overruns = index > 0 && object > end - pos - kObjectHeader;
+      if (need == 0 || overruns || pos + need <= pos) {
+        throw FormatError(
+            fmt::format("{}the global heap collection at byte {} is corrupt (object {} at byte {} "
+                        "declares size {})",
+                        context, at, index, at + pos, object));
+      }
+      pos += need;
+    }
+  }
+}
+
 // Opens an existing HDF5 file read-only; FormatError naming the path if that is not possible.
 Handle open_for_reading(const std::string& path) {
   namespace fs = std::filesystem;
@@ -800,6 +846,7 @@ Handle open_for_reading(const std::string& path) {
     hdf5_detail();  // clears the stack
     throw FormatError(context + "not an HDF5 file");
   }
+  check_global_heaps(path, context);
   Handle fapl = file_access_plist();
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!file.valid()) throw FormatError(context + "cannot open it" + hdf5_detail());

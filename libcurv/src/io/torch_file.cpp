@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <unordered_map>
 
 #include "core/strings.h"
@@ -161,6 +162,13 @@ class Unpickler {
         checksums_(checksums),
         load_tensors_(load_tensors) {}
 
+  // A pickle can make a container hold itself (L = []; L.append(L)); shared references alone
+  // would then never be released. A failed run, or a tree rejected as cyclic, empties every
+  // container it built so that all of it is freed.
+  ~Unpickler() {
+    if (!succeeded_) release_containers();
+  }
+
   Ref run() {
     while (true) {
       if (pos_ >= data_.size()) fail("pickle ends without STOP");
@@ -175,6 +183,8 @@ class Unpickler {
           break;     // FRAME: framing is irrelevant in memory
         case '.': {  // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail("STOP with an unbalanced stack");
+          reject_cycles(stack_.back());
+          succeeded_ = true;
           return stack_.back();
         }
         case '(':
@@ -409,7 +419,67 @@ class Unpickler {
     }
   }
 
-  void push(Ref v) { stack_.push_back(std::move(v)); }
+  void push(Ref v) {
+    if (v->is(Kind::kList) || v->is(Kind::kTuple) || v->is(Kind::kDict)) containers_.push_back(v);
+    stack_.push_back(std::move(v));
+  }
+
+  // FormatError when a container holds itself, directly or further down: no checkpoint does, and
+  // such a tree could not be released. Iterative, as a pickle may nest a million levels deep.
+  void reject_cycles(const Ref& root) const {
+    enum class Color : uint8_t { kOpen, kDone };
+    std::unordered_map<const PyValue*, Color> color;
+    // (value, index of the next child to visit)
+    std::vector<std::pair<const PyValue*, size_t>> path{{root.get(), 0}};
+    color[root.get()] = Color::kOpen;
+    auto child = [](const PyValue& v, size_t i) -> const PyValue* {
+      if (i < v.items.size()) return v.items[i].get();
+      i -= v.items.size();
+      if (i / 2 < v.entries.size()) {
+        return (i % 2 == 0 ? v.entries[i / 2].first : v.entries[i / 2].second).get();
+      }
+      return nullptr;
+    };
+    while (!path.empty()) {
+      auto& [value, next] = path.back();
+      const PyValue* c = child(*value, next++);
+      if (c == nullptr) {
+        color[value] = Color::kDone;
+        path.pop_back();
+        continue;
+      }
+      if (c->items.empty() && c->entries.empty()) continue;
+      const auto it = color.find(c);
+      if (it == color.end()) {
+        color[c] = Color::kOpen;
+        path.emplace_back(c, 0);
+      } else if (it->second == Color::kOpen) {
+        fail(fmt::format("a {} contains itself ({}); no checkpoint holds a cyclic container",
+                         c->type_name(), c->brief()));
+      }
+    }
+  }
+
+  // Empties every container still alive, children moved out first and released after, so that
+  // no destructor recurses and cycles are broken.
+  void release_containers() noexcept {
+    std::vector<Ref> garbage;
+    for (const auto& weak : containers_) {
+      if (Ref v = weak.lock()) {
+        for (auto& item : v->items) garbage.push_back(std::move(item));
+        for (auto& [key, value] : v->entries) {
+          garbage.push_back(std::move(key));
+          garbage.push_back(std::move(value));
+        }
+        v->items.clear();
+        v->entries.clear();
+      }
+    }
+    stack_.clear();
+    memo_.clear();
+    storages_.clear();
+    garbage.clear();
+  }
   Ref pop() {
     if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
       fail("pop from an empty stack");
@@ -631,6 +701,8 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Ref> memo_;
   std::map<std::string, Ref> storages_;
+  std::vector<std::weak_ptr<PyValue>> containers_;  // every list, tuple and dict pushed
+  bool succeeded_ = false;
 };
 
 std::string first_bytes(const std::string& path, size_t n) {

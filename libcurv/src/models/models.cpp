@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -34,6 +35,50 @@ void ModelConfig::throw_wrong_type(const char* requested) const {
 ModelData ModelConfig::data() const { return find_architecture(arch_).data(config_); }
 
 void ModelConfig::validate() const { find_architecture(arch_).validate(config_); }
+
+namespace {
+
+// A JSON number written with a fraction or exponent (2.5, 1e300) where the config holds an
+// integer: nlohmann's conversion casts the double, which is undefined behaviour outside the
+// integer's range. Integral values in range (64.0) are read as before.
+void check_integer(const nlohmann::json& value, const nlohmann::json& like, const std::string& key,
+                   const std::string& origin) {
+  if (!value.is_number_float() || !like.is_number_integer()) return;
+  const double v = value.get<double>();
+  // Parsed defaults of 0 or more read as unsigned: such a key takes no negative value.
+  const double low = like.is_number_unsigned() ? 0.0 : -9223372036854775808.0;
+  const char* why = nullptr;
+  if (std::trunc(v) != v) {
+    why = "must be an integer";
+  } else if (!(v >= low)) {
+    why = "must be a non-negative integer";
+  } else if (!(v < 9223372036854775808.0)) {
+    why = "is too large for a 64-bit integer";
+  }
+  if (why) {
+    throw FormatError(
+        fmt::format("{}: model config key '{}' {}, got {}", origin, key, why, value.dump()));
+  }
+}
+
+// check_integer on every field whose default is an integer (or a list of integers).
+void check_integer_fields(const nlohmann::json& j, const nlohmann::json& defaults,
+                          const std::string& origin) {
+  for (const auto& item : j.items()) {
+    const auto like = defaults.find(item.key());
+    if (like == defaults.end()) continue;
+    if (like->is_array() && item.value().is_array()) {
+      if (like->empty() || !(*like)[0].is_number_integer()) continue;
+      for (size_t i = 0; i < item.value().size(); ++i) {
+        check_integer(item.value()[i], (*like)[0], fmt::format("{}[{}]", item.key(), i), origin);
+      }
+    } else {
+      check_integer(item.value(), *like, item.key(), origin);
+    }
+  }
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& origin) {
   nlohmann::json j;
@@ -69,6 +114,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
                                       did_you_mean(item.key(), known)));
       }
     }
+    check_integer_fields(j, nlohmann::json::parse(architecture.to_json(architecture.defaults())),
+                         origin);
     c.config_ = architecture.parse(text, origin);
   } catch (const nlohmann::json::type_error& e) {
     throw FormatError(

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <stdexcept>
 
 #include "core/fmt_torch.h"
 #include "core/strings.h"
@@ -236,7 +237,20 @@ std::vector<int64_t> Optimizer::slot_shape(size_t i, const std::string&) const {
 }
 
 at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& like) {
-  for (auto& [k, t] : state_[i]) {
+  auto& state = state_[i];
+  auto has = [&state](const std::string& k) {
+    return std::any_of(state.begin(), state.end(), [&k](const auto& kv) { return kv.first == k; });
+  };
+  // Every missing slot of the parameter is created at once, before any reference is returned:
+  // the update rules hold references to two slots in one call (adamw_update(...,
+  // slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), ...)), and adding the second later would
+  // move the vector under the first (with clang's left-to-right argument order, m was a
+  // moved-from, undefined tensor).
+  for (const auto& k : slots(i)) {
+    if (!has(k)) state.emplace_back(k, at::zeros(slot_shape(i, k), like.options()));
+  }
+  if (!has(key)) state.emplace_back(key, at::zeros(slot_shape(i, key), like.options()));
+  for (auto& [k, t] : state) {
     if (k != key) continue;
     // Saved state may come in another dtype or device than the model probing it.
     if (t.scalar_type() != like.scalar_type() || t.device() != like.device()) {
@@ -244,8 +258,7 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
     }
     return t;
   }
-  state_[i].emplace_back(key, at::zeros(slot_shape(i, key), like.options()));
-  return state_[i].back().second;
+  throw std::logic_error("Optimizer::slot: slot '" + key + "' was just created");
 }
 
 ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
