@@ -77,8 +77,8 @@ class Progress {
 };
 
 // SIGINT and SIGTERM: the first asks the run to stop at its next safe point, where
-// stop_if_requested() is called (ndsprobe: after a unit, its results then committed to the output); a
-// second one ends the process at once with the signal's default action.
+// stop_if_requested() is called (ndsprobe: after a unit, its results then committed to the output);
+// a second one ends the process at once with the signal's default action.
 void install_stop_signals();
 // A stop was asked for by `signal()`; run_tool turns it into exit status 128 + signal.
 class Interrupted : public std::runtime_error {
