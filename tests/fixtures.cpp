@@ -87,4 +87,17 @@ curv::ProbeSet load_script_fixture_probe(const std::string& dir) {
   return curv::ProbeSet({curv::Batch{ref.at("x").toTensor(), ref.at("y").toTensor()}});
 }
 
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+at::Tensor tokens_of(const nlohmann::json& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& row : rows) {
+    for (const auto& t : row) flat.push_back(t.get<int64_t>());
+  }
+  return at::tensor(flat, at::kLong).reshape({static_cast<int64_t>(rows.size()), -1});
+}
+
 }  // namespace curv_test

@@ -7,6 +7,8 @@
 
 #include <Eigen/Core>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "curv/core/objective.h"
 #include "curv/core/probe_set.h"
@@ -51,5 +53,10 @@ Eigen::VectorXd flat(const curv::ParamVector& x, int64_t n);
 c10::impl::GenericDict load_pickled_dict(const std::string& path);
 // The probe batch (x, y) that tests/python/make_script_fixture.py wrote to DIR/reference.pt.
 curv::ProbeSet load_script_fixture_probe(const std::string& dir);
+
+// A JSON file written by a Python fixture.
+nlohmann::json read_json(const std::string& path);
+// Token rows [[t, ...], ...] of a Python fixture's JSON as an int64 tensor [rows, columns].
+at::Tensor tokens_of(const nlohmann::json& rows);
 
 }  // namespace curv_test

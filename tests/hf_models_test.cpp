@@ -32,19 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-at::Tensor tokens_of(const nlohmann::json& rows) {
-  std::vector<int64_t> flat;
-  for (const auto& row : rows) {
-    for (const auto& t : row) flat.push_back(t.get<int64_t>());
-  }
-  return at::tensor(flat, at::kLong).reshape({static_cast<int64_t>(rows.size()), -1});
-}
-
 at::Tensor flat_of(const nlohmann::json& values) {
   return at::tensor(values.get<std::vector<double>>(), at::kDouble);
 }

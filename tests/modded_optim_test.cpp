@@ -31,19 +31,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-at::Tensor tokens_of(const nlohmann::json& rows) {
-  std::vector<int64_t> flat;
-  for (const auto& row : rows) {
-    for (const auto& t : row) flat.push_back(t.get<int64_t>());
-  }
-  return at::tensor(flat, at::kLong).reshape({static_cast<int64_t>(rows.size()), -1});
-}
-
 // The fixture's per-name vectors as a ParamVector in the space's order.
 ParamVector vector_of(const nlohmann::json& by_name, const ParamSpace& space) {
   ParamVector out;

@@ -459,28 +459,65 @@ TEST_CASE("the tools run OpenBLAS's vector kernels where OpenBLAS fell back to g
   ::unsetenv("OPENBLAS_CORETYPE");
 }
 
+namespace {
+
+// Every column of the two files' /taylor tables, bit for bit.
+void check_taylor_identical(const std::string& a, const std::string& b) {
+  const Table ta = H5Reader(a).table("/taylor"), tb = H5Reader(b).table("/taylor");
+  REQUIRE(ta.names() == tb.names());
+  REQUIRE(ta.num_rows() == tb.num_rows());
+  for (const auto& name : ta.names()) {
+    INFO(name);
+    const auto& ca = ta.column(name);
+    const auto& cb = tb.column(name);
+    if (const auto* x = std::get_if<std::vector<double>>(&ca)) {
+      const auto& y = std::get<std::vector<double>>(cb);
+      CHECK(std::memcmp(x->data(), y.data(), x->size() * sizeof(double)) == 0);
+    } else {
+      CHECK(ca == cb);
+    }
+  }
+}
+
+// A GPT run of checkpoints 0, 10, ..., last_step whose audit takes a few seconds: enough units
+// to be interrupted between commits.
+struct InterruptibleRun {
+  TempDir dir;
+  std::string run, data;
+  explicit InterruptibleRun(int last_step) {
+    GptConfig g;
+    g.vocab_size = 64;
+    g.block_size = 32;
+    g.n_layer = 2;
+    g.n_head = 4;
+    g.n_embd = 64;
+    const ModelConfig cfg("gpt", g);
+    auto model = make_model(cfg, ModelInit{1, at::kFloat});
+    const ProbeSet probe = gpt_probe(3, 32, 32, g.vocab_size, g.block_size);
+    data = dir.file("probe.safetensors");
+    run = dir.file("run");
+    write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
+    for (int step = 0; step <= last_step; step += 10) {
+      ParamVector theta = random_direction(*model, 100 + step);
+      for (auto& t : theta) t = t.mul(0.05).to(at::kFloat);
+      save_checkpoint(run, step, model->space(), theta, {}, R"({"model": )" + cfg.to_json() + "}");
+    }
+  }
+  // ndsprobe's arguments for this run, one thread, batches of 8, plus `flags`.
+  std::string args(const std::string& flags) const {
+    return fmt::format("{} --data {} --batch-size 8 --threads 1 {}", run, data, flags);
+  }
+};
+
+constexpr const char* kReliabilityDirections = "--directions gradient,random,delta";
+
+}  // namespace
+
 TEST_CASE("ndsprobe stops cleanly on SIGINT and SIGTERM and --resume completes it bit for bit",
           "[ndsprobe][signals]") {
-  TempDir dir;
-  GptConfig g;
-  g.vocab_size = 64;
-  g.block_size = 32;
-  g.n_layer = 2;
-  g.n_head = 4;
-  g.n_embd = 64;
-  const ModelConfig cfg("gpt", g);
-  auto model = make_model(cfg, ModelInit{1, at::kFloat});
-  const ProbeSet probe = gpt_probe(3, 32, 32, g.vocab_size, g.block_size);
-  const std::string data = dir.file("probe.safetensors"), run = dir.file("run");
-  write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
-  for (int step = 0; step <= 30; step += 10) {
-    ParamVector theta = random_direction(*model, 100 + step);
-    for (auto& t : theta) t = t.mul(0.05).to(at::kFloat);
-    save_checkpoint(run, step, model->space(), theta, {}, R"({"model": )" + cfg.to_json() + "}");
-  }
-  const std::string args = fmt::format(
-      "{} --data {} --batch-size 8 --directions gradient,random --within --modes 2 --threads 1",
-      run, data);
+  InterruptibleRun f(30);
+  TempDir& dir = f.dir;
+  const std::string args = f.args("--directions gradient,random --within --modes 2");
   const std::string whole = dir.file("whole.h5");
   int status = 0;
   run_tool("ndsprobe", args + " --quiet -o " + whole, &status);
@@ -520,63 +557,15 @@ TEST_CASE("ndsprobe stops cleanly on SIGINT and SIGTERM and --resume completes i
   }
 }
 
-namespace {
-
-// Every column of the two files' /taylor tables, bit for bit.
-void check_taylor_identical(const std::string& a, const std::string& b) {
-  const Table ta = H5Reader(a).table("/taylor"), tb = H5Reader(b).table("/taylor");
-  REQUIRE(ta.names() == tb.names());
-  REQUIRE(ta.num_rows() == tb.num_rows());
-  for (const auto& name : ta.names()) {
-    INFO(name);
-    const auto& ca = ta.column(name);
-    const auto& cb = tb.column(name);
-    if (const auto* x = std::get_if<std::vector<double>>(&ca)) {
-      const auto& y = std::get<std::vector<double>>(cb);
-      CHECK(std::memcmp(x->data(), y.data(), x->size() * sizeof(double)) == 0);
-    } else {
-      CHECK(ca == cb);
-    }
-  }
-}
-
-// A GPT run whose audit takes a few seconds: enough units to be interrupted between commits.
-struct ReliabilityFixture {
-  TempDir dir;
-  std::string run, data, args;
-  ReliabilityFixture() {
-    GptConfig g;
-    g.vocab_size = 64;
-    g.block_size = 32;
-    g.n_layer = 2;
-    g.n_head = 4;
-    g.n_embd = 64;
-    const ModelConfig cfg("gpt", g);
-    auto model = make_model(cfg, ModelInit{1, at::kFloat});
-    const ProbeSet probe = gpt_probe(3, 32, 32, g.vocab_size, g.block_size);
-    data = dir.file("probe.safetensors");
-    run = dir.file("run");
-    write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
-    for (int step = 0; step <= 50; step += 10) {
-      ParamVector theta = random_direction(*model, 100 + step);
-      for (auto& t : theta) t = t.mul(0.05).to(at::kFloat);
-      save_checkpoint(run, step, model->space(), theta, {}, R"({"model": )" + cfg.to_json() + "}");
-    }
-    args = fmt::format("{} --data {} --batch-size 8 --directions gradient,random,delta --threads 1",
-                       run, data);
-  }
-};
-
-}  // namespace
-
 TEST_CASE(
     "kill -9 at 20 random moments: every survivor file is readable and --resume gives the "
     "uninterrupted /taylor bit for bit",
     "[ndsprobe][reliability]") {
-  ReliabilityFixture f;
+  InterruptibleRun f(50);
+  const std::string args = f.args(kReliabilityDirections);
   const std::string whole = f.dir.file("whole.h5");
   const auto start = std::chrono::steady_clock::now();
-  run_tool("ndsprobe", f.args + " --quiet -o " + whole);
+  run_tool("ndsprobe", args + " --quiet -o " + whole);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t units = H5Reader(whole).table("/taylor").num_rows();
@@ -591,14 +580,14 @@ TEST_CASE(
     run_command(
         fmt::format("{} {} --quiet -o {} 2>/dev/null & pid=$!; sleep {:.3f}; kill -9 $pid; "
                     "wait $pid",
-                    tool_path("ndsprobe"), f.args, out, delay));
+                    tool_path("ndsprobe"), args, out, delay));
     if (fs::exists(out)) {
       // Readable, and holding only whole units.
       const size_t rows = H5Reader(out).table("/taylor").num_rows();
       CHECK(rows <= units);
       partial_files += rows < units ? 1 : 0;
     }
-    run_tool("ndsprobe", f.args + " --quiet --resume -o " + out);
+    run_tool("ndsprobe", args + " --quiet --resume -o " + out);
     check_taylor_identical(whole, out);
   }
   // The moments fell inside the run, not only before its first or after its last commit.
@@ -609,16 +598,17 @@ TEST_CASE(
     "a full file system (RLIMIT_FSIZE) stops the run with a clear error, keeps the last "
     "committed file and --resume completes it",
     "[ndsprobe][reliability]") {
-  ReliabilityFixture f;
+  InterruptibleRun f(50);
+  const std::string args = f.args(kReliabilityDirections);
   const std::string whole = f.dir.file("whole.h5"), out = f.dir.file("full.h5");
-  run_tool("ndsprobe", f.args + " --quiet -o " + whole);
+  run_tool("ndsprobe", args + " --quiet -o " + whole);
   const auto size = fs::file_size(whole);
   // Files may grow to half the final size: the early commits fit, the later ones do not. An
   // ignored SIGXFSZ makes the write fail with EFBIG instead of killing the process.
   std::string log;
   const int status =
       run_command(fmt::format("bash -c \"trap '' XFSZ; ulimit -f {}; {} {} --quiet -o {}\"",
-                              size / 2048, tool_path("ndsprobe"), f.args, out),
+                              size / 2048, tool_path("ndsprobe"), args, out),
                   &log);
   INFO(log);
   CHECK(status == 1);
@@ -627,7 +617,7 @@ TEST_CASE(
   CHECK(rows > 0);
   CHECK(rows < H5Reader(whole).table("/taylor").num_rows());
   CHECK_FALSE(fs::exists(out + ".tmp"));
-  run_tool("ndsprobe", f.args + " --quiet --resume -o " + out);
+  run_tool("ndsprobe", args + " --quiet --resume -o " + out);
   check_taylor_identical(whole, out);
 }
 
