@@ -38,7 +38,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from modded_reference import CODE as MODEL_CODE, GPT  # noqa: E402
+from modded_reference import CODE as MODEL_CODE, small_model  # noqa: E402
 
 DTYPE = torch.float64
 
@@ -169,15 +169,8 @@ def save(out, sub, step, model, optimizers, code, edit=None):
 
 def main():
     out = sys.argv[1]
-    torch.manual_seed(0)
     vocab = 29
-    model = GPT(vocab_size=vocab, num_layers=2, model_dim=16, head_dim=8)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("gains"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.3 * torch.randn_like(p))
+    model = small_model(vocab)
     optimizers = make_optimizers(model)
     names = {p: n for n, p in model.named_parameters()}
     steps = 10

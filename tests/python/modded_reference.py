@@ -126,17 +126,23 @@ class GPT(nn.Module):
                                            reduction="sum")
 
 
-def main():
-    out = sys.argv[1]
+def small_model(vocab_size=29):
+    """The fixtures' model, seeded: 2 layers of width 16, heads of 8, with non-trivial values
+    everywhere (the script zeroes its "proj" weights at step 0)."""
     torch.manual_seed(0)
-    model = GPT(vocab_size=29, num_layers=2, model_dim=16, head_dim=8)
-    # Non-trivial values everywhere (the script zeroes its "proj" weights at step 0).
+    model = GPT(vocab_size=vocab_size, num_layers=2, model_dim=16, head_dim=8)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("gains"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.3 * torch.randn_like(p))
+    return model
+
+
+def main():
+    out = sys.argv[1]
+    model = small_model()
     names = [n for n, _ in model.named_parameters()]
     theta10 = [p.detach().clone() for p in model.parameters()]
     theta20 = [t + 0.02 * torch.randn_like(t) for t in theta10]
