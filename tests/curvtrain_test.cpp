@@ -107,3 +107,27 @@ TEST_CASE("curvtrain rejects an optimizer key the optimizer does not read", "[cu
   CHECK_THAT(output, Catch::Matchers::Contains("momentum") && Catch::Matchers::Contains("adamw"));
   CHECK_FALSE(std::ifstream(dir.file("run/step_0/model.safetensors")).good());
 }
+
+TEST_CASE("curvtrain writes the training stream's token counts and ndsprobe buckets tokens by them",
+          "[curvtrain]") {
+  TempDir dir;
+  const std::string run = dir.file("run"), out = dir.file("buckets.h5");
+  curvtrain("-o " + run + " --optimizer adamw:lr=1e-2" + kSmall);
+  const nlohmann::json counts = read_json(run + "/token_counts.json");
+  const auto meta = read_json(run + "/step_0/meta.json");
+  REQUIRE(counts.at("counts").size() == meta.at("model").at("vocab_size").get<size_t>());
+  int64_t total = 0;
+  for (const auto& c : counts.at("counts")) total += c.get<int64_t>();
+  // --train-tokens: whole sentences, at least 20000 tokens; a sentence is far shorter than 100.
+  CHECK(total >= 20000);
+  CHECK(total < 20100);
+  CHECK(counts.at("data") == meta.at("data"));
+  run_tool("ndsprobe", run + " --data " + run + "/probe.safetensors --directions update" +
+                           " --token-buckets head --token-counts " + run +
+                           "/token_counts.json --steps 4:4 -o " + out);
+  const Table buckets = H5Reader(out).table("/token_buckets");
+  REQUIRE(buckets.num_rows() > 0);
+  int head = 0;
+  for (size_t i = 0; i < buckets.num_rows(); ++i) head += buckets.strings("bucket")[i] == "head";
+  CHECK(head > 0);
+}

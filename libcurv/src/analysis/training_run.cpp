@@ -76,6 +76,7 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
                     "vocabulary is {}",
                     train->max_token(), lm.vocab_size));
   }
+  d.token_counts = train->counts(lm.vocab_size);
   d.batch = [train, T, batch_size = o.batch_size, seed = o.seed](int64_t step) {
     auto [x, y] = train->windows(batch_size, T, step_seed(seed, step));
     return Batch{x, y};
@@ -98,6 +99,23 @@ void truncate_log(const std::string& path, int64_t step) {
   }
   in.close();
   std::ofstream(path, std::ios::trunc) << kept;
+}
+
+// OUT/token_counts.json: the training stream's token counts, the frequencies that define head and
+// tail tokens for ndsprobe's --token-buckets (--token-counts). Written whole, then renamed, so a
+// reader never sees half a file.
+void write_token_counts(const std::string& path, const TrainingData& data) {
+  const nlohmann::json meta = nlohmann::json::parse(data.meta_json);
+  nlohmann::json j = {{"description", "token counts of the training stream"},
+                      {"data", meta},
+                      {"counts", data.token_counts}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out.flush()) throw Error(fmt::format("cannot write the token counts file '{}'", tmp));
+  }
+  fs::rename(tmp, path);
 }
 
 // FNV-1a over the parameters' bytes: equal digests mean bit-identical parameters.
@@ -220,6 +238,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     write_safetensors(o.out + "/probe.safetensors",
                       {{"inputs", data.probe.inputs}, {"targets", data.probe.targets}},
                       {{"description", data.probe_description}});
+    if (!data.token_counts.empty()) write_token_counts(o.out + "/token_counts.json", data);
   });
 
   int64_t start = 0;

@@ -71,4 +71,14 @@ std::pair<at::Tensor, at::Tensor> TokenData::consecutive_windows(int64_t count, 
           all.narrow(0, 1, count * t).view({count, t})};
 }
 
+std::vector<int64_t> TokenData::counts(int64_t vocab_size) const {
+  if (max_token_ >= vocab_size) {
+    throw InvalidArgument(fmt::format("{}: token id {} is past the vocabulary of {}", source_,
+                                      max_token_, vocab_size));
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(vocab_size), 0);
+  for (int64_t id : tokens_) ++counts[static_cast<size_t>(id)];
+  return counts;
+}
+
 }  // namespace curv

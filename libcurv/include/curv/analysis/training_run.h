@@ -46,6 +46,9 @@ struct TrainingData {
   Batch probe;
   std::string probe_description;
   std::string meta_json;  // meta.json's "data" object
+  // Occurrences of each token id in the training stream (language models; empty otherwise):
+  // curvtrain writes them to OUT/token_counts.json for ndsprobe's --token-counts.
+  std::vector<int64_t> token_counts;
 };
 
 // The data of `config`'s architecture: language-model windows for gpt, class draws for the

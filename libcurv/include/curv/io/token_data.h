@@ -26,6 +26,9 @@ class TokenData {
   std::pair<at::Tensor, at::Tensor> windows(int64_t count, int64_t t, uint64_t seed) const;
   // Consecutive non-overlapping windows from the start, as a probe set usually wants.
   std::pair<at::Tensor, at::Tensor> consecutive_windows(int64_t count, int64_t t) const;
+  // Occurrences of each token id in the stream, indexed by id, `vocab_size` entries (ids past
+  // it are an InvalidArgument).
+  std::vector<int64_t> counts(int64_t vocab_size) const;
 
  private:
   std::vector<int64_t> tokens_;
