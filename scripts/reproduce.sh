@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The reproduction study (docs/reproduction.md): does the loss curve less sharply along Muon's
+# updates than along AdamW's, and does the gap grow with the Zipf exponent s of the data?
+#
+#   1. Sweep: the 4-layer LLaMA of examples/configs/llama-tiny.json trained for STEPS updates with
+#      AdamW, Muon and NorMuon at three learning rates each, at every s, seed 0.
+#   2. Per optimizer and s, the learning rate with the lowest validation loss after STEPS updates
+#      is chosen (OUT/sweep.csv records every run) and trained with the other seeds.
+#   3. ndsprobe audits every chosen run's update at every saved checkpoint on the balanced probe
+#      set (s = 0), with layer and with component blocks, head/tail token buckets defined by the
+#      training stream's counts, and paired AdamW/Muon and AdamW/NorMuon comparisons per seed.
+#   4. tools/python/reproduce_summary.py writes OUT/summary.md, OUT/summary.json and the plots.
+#
+# Resumable: run it again after an interruption and it skips finished training runs, continues
+# unfinished ones exactly (curvtrain --resume) and keeps finished ndsprobe units (--resume).
+# Settings (environment): CURV_REPRO_DIR (out/reproduce), CURV_REPRO_STEPS (1000),
+# CURV_REPRO_SEEDS ("0 1 2"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_JOBS (the number of
+# cores: processes at once, one thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${CURV_BUILD_DIR:-$root/build}"
+out="${CURV_REPRO_DIR:-$root/out/reproduce}"
+steps="${CURV_REPRO_STEPS:-1000}"
+seeds="${CURV_REPRO_SEEDS:-0 1 2}"
+exponents="${CURV_REPRO_EXPONENTS:-0 0.5 1}"
+jobs="${CURV_REPRO_JOBS:-$(nproc)}"
+model="$root/examples/configs/llama-tiny.json"
+save_every=$((steps / 10))
+[ "$save_every" -ge 1 ] || { echo "reproduce.sh: CURV_REPRO_STEPS=$steps must be at least 10" >&2; exit 2; }
+
+# The learning-rate grids: AdamW's around the usual 1e-3 of small transformers, Muon's and
+# NorMuon's around the 0.02 of modded-nanogpt; Muon and NorMuon update embeddings, head and norms
+# with AdamW at adam_lr = 3e-3. No weight decay anywhere, so only the step rule differs.
+declare -A grid=(
+  [adamw]="1e-3 3e-3 1e-2"
+  [muon]="0.01 0.02 0.05"
+  [normuon]="0.01 0.02 0.05"
+)
+optimizers="adamw muon normuon"
+spec() {  # spec OPTIMIZER LR
+  case "$1" in
+    adamw) echo "adamw:lr=$2,weight_decay=0" ;;
+    *) echo "$1:lr=$2,adam_lr=3e-3,weight_decay=0" ;;
+  esac
+}
+
+if [ "${CURV_SKIP_BUILD:-0}" != 1 ]; then "$root/scripts/build.sh"; fi
+curvtrain="$build/tools/curvtrain/curvtrain"
+ndsprobe="$build/tools/ndsprobe/ndsprobe"
+mkdir -p "$out/runs" "$out/logs"
+start=$(date +%s)
+say() { echo "[$(($(date +%s) - start)) s] $*"; }
+
+# train DIR SPEC S SEED: one curvtrain run, skipped when finished, continued when interrupted.
+train() {
+  local dir="$1" spec="$2" s="$3" seed="$4" name
+  name="$(basename "$(dirname "$dir")")/$(basename "$dir")"
+  if [ -f "$dir/step_$steps/model.safetensors" ]; then return 0; fi
+  local resume=()
+  if [ -f "$dir/step_0/model.safetensors" ]; then resume=(--resume); else rm -rf "$dir"; fi
+  if ! "$curvtrain" -o "$dir" --model "$model" --optimizer "$spec" --zipf-s "$s" --seed "$seed" \
+    --steps "$steps" --batch-size 32 --warmup 50 --save-every "$save_every" \
+    --eval-every "$save_every" --probe-sequences 128 --threads 1 --quiet "${resume[@]}" \
+    >"$out/logs/${name//\//_}.log" 2>&1; then
+    echo "training $name failed; see $out/logs/${name//\//_}.log" >&2
+    return 1
+  fi
+  echo "  trained $name: $(tail -n 1 "$dir/log.csv" | cut -d, -f4) validation loss"
+}
+export -f train
+export out steps model curvtrain save_every
+
+# run_jobs FILE: the lines of FILE (argument lists of `train`) JOBS at a time.
+run_jobs() {
+  xargs -P "$jobs" -L 1 bash -c 'train "$@"' _ <"$1"
+}
+
+say "sweep: ${optimizers// /, } at s = ${exponents// /, }, seed 0, $steps updates each"
+: >"$out/logs/sweep.jobs"
+for s in $exponents; do
+  for opt in $optimizers; do
+    for lr in ${grid[$opt]}; do
+      echo "$out/runs/s$s/${opt}_lr${lr}_seed0 $(spec "$opt" "$lr") $s 0" >>"$out/logs/sweep.jobs"
+    done
+  done
+done
+run_jobs "$out/logs/sweep.jobs"
+
+# The sweep's table and choice: lowest final validation loss per optimizer and s.
+echo "s,optimizer,lr,val_loss,chosen" >"$out/sweep.csv.tmp"
+declare -A chosen
+for s in $exponents; do
+  for opt in $optimizers; do
+    best="" best_loss=""
+    for lr in ${grid[$opt]}; do
+      loss=$(tail -n 1 "$out/runs/s$s/${opt}_lr${lr}_seed0/log.csv" | cut -d, -f4)
+      [[ "$loss" =~ ^[0-9.]+([eE][-+]?[0-9]+)?$ ]] || continue  # diverged (nan, inf): never chosen
+      if [ -z "$best" ] || awk "BEGIN { exit !($loss < $best_loss) }"; then best=$lr best_loss=$loss; fi
+    done
+    if [ -z "$best" ]; then echo "every $opt run at s = $s diverged; see $out/sweep.csv" >&2; exit 1; fi
+    chosen[$s/$opt]=$best
+    for lr in ${grid[$opt]}; do
+      loss=$(tail -n 1 "$out/runs/s$s/${opt}_lr${lr}_seed0/log.csv" | cut -d, -f4)
+      echo "$s,$opt,$lr,$loss,$([ "$lr" = "$best" ] && echo 1 || echo 0)" >>"$out/sweep.csv.tmp"
+    done
+    say "s = $s, $opt: lr = $best chosen (validation loss $best_loss)"
+  done
+done
+mv "$out/sweep.csv.tmp" "$out/sweep.csv"
+
+say "seeds ${seeds// /, } at the chosen learning rates"
+: >"$out/logs/seeds.jobs"
+for s in $exponents; do
+  for opt in $optimizers; do
+    lr=${chosen[$s/$opt]}
+    for seed in $seeds; do
+      echo "$out/runs/s$s/${opt}_lr${lr}_seed$seed $(spec "$opt" "$lr") $s $seed" >>"$out/logs/seeds.jobs"
+    done
+  done
+done
+run_jobs "$out/logs/seeds.jobs"
+
+# The study's runs under short names (ndsprobe names a run by its directory): study/sS/OPT_seedK.
+for s in $exponents; do
+  mkdir -p "$out/study/s$s"
+  for opt in $optimizers; do
+    for seed in $seeds; do
+      ln -sfn "../../runs/s$s/${opt}_lr${chosen[$s/$opt]}_seed$seed" "$out/study/s$s/${opt}_seed$seed"
+    done
+  done
+done
+
+# probe S BLOCKS: ndsprobe over every run at exponent S, resumable.
+probe() {
+  local s="$1" blocks="$2" runs=() compare=()
+  for opt in $optimizers; do for seed in $seeds; do runs+=("$out/study/s$s/${opt}_seed$seed"); done; done
+  for seed in $seeds; do
+    compare+=(--compare "adamw_seed$seed/update:muon_seed$seed/update")
+    compare+=(--compare "adamw_seed$seed/update:normuon_seed$seed/update")
+  done
+  local first="$out/study/s$s/adamw_seed${seeds%% *}"
+  "$ndsprobe" "${runs[@]}" --data "$first/probe.safetensors" --directions update --blocks "$blocks" \
+    --token-buckets head --token-counts "$first/token_counts.json" --batch-size 32 "${compare[@]}" \
+    --threads 1 --quiet --resume -o "$out/ndsprobe_s${s}_$blocks.h5" >"$out/logs/ndsprobe_s${s}_$blocks.log" 2>&1 ||
+    { echo "ndsprobe at s = $s ($blocks blocks) failed; see $out/logs/ndsprobe_s${s}_$blocks.log" >&2; return 1; }
+  echo "  probed s = $s with $blocks blocks"
+}
+export -f probe
+export ndsprobe optimizers seeds
+
+say "ndsprobe: every run's update at every checkpoint, layer and component blocks"
+for s in $exponents; do for blocks in layer component; do echo "$s $blocks"; done; done |
+  xargs -P "$jobs" -L 1 bash -c 'probe "$@"' _
+
+say "summary"
+/usr/bin/python3 "$root/tools/python/reproduce_summary.py" "$out"
+say "reproduction study finished: $out/summary.md"
