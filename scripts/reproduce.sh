@@ -3,7 +3,8 @@
 # updates than along AdamW's, and does the gap grow with the Zipf exponent s of the data?
 #
 #   1. Sweep: the 4-layer LLaMA of examples/configs/llama-tiny.json trained for STEPS updates with
-#      AdamW, Muon and NorMuon at three learning rates each, at every s, seed 0.
+#      AdamW, Muon and NorMuon at three learning rates each (more while the best is at an end of
+#      those tried), at every s, seed 0.
 #   2. Per optimizer and s, the learning rate with the lowest validation loss after STEPS updates
 #      is chosen (OUT/sweep.csv records every run) and trained with the other seeds.
 #   3. ndsprobe audits every chosen run's update at every saved checkpoint on the balanced probe
@@ -28,14 +29,17 @@ model="$root/examples/configs/llama-tiny.json"
 save_every=$((steps / 10))
 [ "$save_every" -ge 1 ] || { echo "reproduce.sh: CURV_REPRO_STEPS=$steps must be at least 10" >&2; exit 2; }
 
-# The learning-rate grids: AdamW's around the usual 1e-3 of small transformers, Muon's and
+# The learning-rate ladders: AdamW's around the usual 1e-3 of small transformers, Muon's and
 # NorMuon's around the 0.02 of modded-nanogpt; Muon and NorMuon update embeddings, head and norms
-# with AdamW at adam_lr = 3e-3. No weight decay anywhere, so only the step rule differs.
-declare -A grid=(
-  [adamw]="1e-3 3e-3 1e-2"
-  [muon]="0.01 0.02 0.05"
-  [normuon]="0.01 0.02 0.05"
+# with AdamW at adam_lr = 3e-3. No weight decay anywhere, so only the step rule differs. The sweep
+# starts with the middle three rungs and, while the best validation loss sits at an end of the
+# rungs tried, adds the next rung beyond it, so the chosen rate is bracketed (or the ladder ends).
+declare -A ladder=(
+  [adamw]="1e-4 3e-4 1e-3 3e-3 1e-2 3e-2"
+  [muon]="0.002 0.005 0.01 0.02 0.05 0.1"
+  [normuon]="0.002 0.005 0.01 0.02 0.05 0.1"
 )
+first_rung=1 last_rung=3  # the middle three of six
 optimizers="adamw muon normuon"
 spec() {  # spec OPTIMIZER LR
   case "$1" in
@@ -76,34 +80,61 @@ run_jobs() {
 }
 
 say "sweep: ${optimizers// /, } at s = ${exponents// /, }, seed 0, $steps updates each"
-: >"$out/logs/sweep.jobs"
-for s in $exponents; do
-  for opt in $optimizers; do
-    for lr in ${grid[$opt]}; do
-      echo "$out/runs/s$s/${opt}_lr${lr}_seed0 $(spec "$opt" "$lr") $s 0" >>"$out/logs/sweep.jobs"
+declare -A lo hi chosen
+for s in $exponents; do for opt in $optimizers; do lo[$s/$opt]=$first_rung hi[$s/$opt]=$last_rung; done; done
+rung() { local r=(${ladder[$1]}); echo "${r[$2]}"; }
+rungs() { local r=(${ladder[$1]}); echo "${#r[@]}"; }
+final_loss() {  # final_loss S OPT LR: the run's validation loss after the last update
+  local loss
+  loss=$(tail -n 1 "$out/runs/s$1/${2}_lr${3}_seed0/log.csv" | cut -d, -f4)
+  # A diverged run (nan, inf) is never chosen.
+  [[ "$loss" =~ ^[0-9.]+([eE][-+]?[0-9]+)?$ ]] && echo "$loss" || echo inf
+}
+while :; do
+  : >"$out/logs/sweep.jobs"
+  for s in $exponents; do
+    for opt in $optimizers; do
+      for ((i = lo[$s/$opt]; i <= hi[$s/$opt]; i++)); do
+        lr=$(rung "$opt" "$i")
+        echo "$out/runs/s$s/${opt}_lr${lr}_seed0 $(spec "$opt" "$lr") $s 0" >>"$out/logs/sweep.jobs"
+      done
     done
   done
+  run_jobs "$out/logs/sweep.jobs"
+  extended=0
+  for s in $exponents; do
+    for opt in $optimizers; do
+      best="" best_loss=inf best_i=0
+      for ((i = lo[$s/$opt]; i <= hi[$s/$opt]; i++)); do
+        lr=$(rung "$opt" "$i")
+        loss=$(final_loss "$s" "$opt" "$lr")
+        if [ "$loss" != inf ] && { [ -z "$best" ] || awk "BEGIN { exit !($loss < $best_loss) }"; }; then
+          best=$lr best_loss=$loss best_i=$i
+        fi
+      done
+      if [ -z "$best" ]; then echo "every $opt run at s = $s diverged; see $out/runs/s$s" >&2; exit 1; fi
+      chosen[$s/$opt]=$best
+      if [ "$best_i" -eq "${lo[$s/$opt]}" ] && [ "$best_i" -gt 0 ]; then
+        lo[$s/$opt]=$((best_i - 1)) extended=1
+        say "s = $s, $opt: best at the lowest rate tried ($best); adding $(rung "$opt" $((best_i - 1)))"
+      elif [ "$best_i" -eq "${hi[$s/$opt]}" ] && [ "$best_i" -lt $(($(rungs "$opt") - 1)) ]; then
+        hi[$s/$opt]=$((best_i + 1)) extended=1
+        say "s = $s, $opt: best at the highest rate tried ($best); adding $(rung "$opt" $((best_i + 1)))"
+      fi
+    done
+  done
+  [ "$extended" = 1 ] || break
 done
-run_jobs "$out/logs/sweep.jobs"
 
-# The sweep's table and choice: lowest final validation loss per optimizer and s.
+# The sweep's table: every rate tried, and the choice.
 echo "s,optimizer,lr,val_loss,chosen" >"$out/sweep.csv.tmp"
-declare -A chosen
 for s in $exponents; do
   for opt in $optimizers; do
-    best="" best_loss=""
-    for lr in ${grid[$opt]}; do
-      loss=$(tail -n 1 "$out/runs/s$s/${opt}_lr${lr}_seed0/log.csv" | cut -d, -f4)
-      [[ "$loss" =~ ^[0-9.]+([eE][-+]?[0-9]+)?$ ]] || continue  # diverged (nan, inf): never chosen
-      if [ -z "$best" ] || awk "BEGIN { exit !($loss < $best_loss) }"; then best=$lr best_loss=$loss; fi
+    for ((i = lo[$s/$opt]; i <= hi[$s/$opt]; i++)); do
+      lr=$(rung "$opt" "$i")
+      echo "$s,$opt,$lr,$(final_loss "$s" "$opt" "$lr"),$([ "$lr" = "${chosen[$s/$opt]}" ] && echo 1 || echo 0)" >>"$out/sweep.csv.tmp"
     done
-    if [ -z "$best" ]; then echo "every $opt run at s = $s diverged; see $out/sweep.csv" >&2; exit 1; fi
-    chosen[$s/$opt]=$best
-    for lr in ${grid[$opt]}; do
-      loss=$(tail -n 1 "$out/runs/s$s/${opt}_lr${lr}_seed0/log.csv" | cut -d, -f4)
-      echo "$s,$opt,$lr,$loss,$([ "$lr" = "$best" ] && echo 1 || echo 0)" >>"$out/sweep.csv.tmp"
-    done
-    say "s = $s, $opt: lr = $best chosen (validation loss $best_loss)"
+    say "s = $s, $opt: lr = ${chosen[$s/$opt]} chosen (validation loss $(final_loss "$s" "$opt" "${chosen[$s/$opt]}"))"
   done
 done
 mv "$out/sweep.csv.tmp" "$out/sweep.csv"
