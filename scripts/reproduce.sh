@@ -15,14 +15,14 @@
 # Resumable: run it again after an interruption and it skips finished training runs, continues
 # unfinished ones exactly (curvtrain --resume) and keeps finished ndsprobe units (--resume).
 # Settings (environment): CURV_REPRO_DIR (out/reproduce), CURV_REPRO_STEPS (1000),
-# CURV_REPRO_SEEDS ("0 1 2"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_JOBS (the number of
+# CURV_REPRO_SEEDS ("0 1 2 3 4"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_JOBS (the number of
 # cores: processes at once, one thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build}"
 out="${CURV_REPRO_DIR:-$root/out/reproduce}"
 steps="${CURV_REPRO_STEPS:-1000}"
-seeds="${CURV_REPRO_SEEDS:-0 1 2}"
+seeds="${CURV_REPRO_SEEDS:-0 1 2 3 4}"
 exponents="${CURV_REPRO_EXPONENTS:-0 0.5 1}"
 jobs="${CURV_REPRO_JOBS:-$(nproc)}"
 model="$root/examples/configs/llama-tiny.json"
