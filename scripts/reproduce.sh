@@ -15,8 +15,10 @@
 # Resumable: run it again after an interruption and it skips finished training runs, continues
 # unfinished ones exactly (curvtrain --resume) and keeps finished ndsprobe units (--resume).
 # Settings (environment): CURV_REPRO_DIR (out/reproduce), CURV_REPRO_STEPS (1000),
-# CURV_REPRO_SEEDS ("0 1 2 3 4"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_JOBS (the number of
-# cores: processes at once, one thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1.
+# CURV_REPRO_CHECKPOINTS (10: saved and probed every STEPS/10 updates), CURV_REPRO_SEEDS
+# ("0 1 2 3 4"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_MODEL (a built-in model config;
+# examples/configs/llama-tiny.json), CURV_REPRO_JOBS (the number of cores: processes at once, one
+# thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build}"
@@ -25,9 +27,13 @@ steps="${CURV_REPRO_STEPS:-1000}"
 seeds="${CURV_REPRO_SEEDS:-0 1 2 3 4}"
 exponents="${CURV_REPRO_EXPONENTS:-0 0.5 1}"
 jobs="${CURV_REPRO_JOBS:-$(nproc)}"
-model="$root/examples/configs/llama-tiny.json"
-save_every=$((steps / 10))
-[ "$save_every" -ge 1 ] || { echo "reproduce.sh: CURV_REPRO_STEPS=$steps must be at least 10" >&2; exit 2; }
+model="${CURV_REPRO_MODEL:-$root/examples/configs/llama-tiny.json}"
+checkpoints="${CURV_REPRO_CHECKPOINTS:-10}"
+save_every=$((steps / checkpoints))
+if [ "$save_every" -lt 1 ] || [ $((save_every * checkpoints)) -ne "$steps" ]; then
+  echo "reproduce.sh: CURV_REPRO_STEPS=$steps must be a multiple of CURV_REPRO_CHECKPOINTS=$checkpoints" >&2
+  exit 2
+fi
 
 # The learning-rate ladders: AdamW's around the usual 1e-3 of small transformers, Muon's and
 # NorMuon's around the 0.02 of modded-nanogpt; Muon and NorMuon update embeddings, head and norms

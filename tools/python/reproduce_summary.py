@@ -267,7 +267,7 @@ def main():
                                   "other_larger": smaller, "median_relative_se": med})
 
     # ρ_within over training per optimizer (layer blocks), and its early and late means.
-    md.append("\n## Within-layer share ρ_within (layer blocks: embeddings, 4 layers, head)\n")
+    md.append("\n## Within-layer share ρ_within (layer blocks: embeddings, each layer, head)\n")
     md.append("Mean over seeds ± SE of ρ_within = Σ_l C_ll / uᵀHu, early (first three audited "
               "checkpoints) and late (the late window):\n")
     md.append("| s | optimizer | early | late | late − early [95% CI] |")
@@ -303,7 +303,7 @@ def main():
 
     # Component blocks: where the curvature sits, and the Adam/Muon ratio per component kind.
     md.append("\n## Component blocks, late checkpoints\n")
-    md.append("Per component kind (summed over the 4 layers): its NDS Σ C_ll / Σ ‖u_l‖² per optimizer "
+    md.append("Per component kind (summed over the layers): its NDS Σ C_ll / Σ ‖u_l‖² per optimizer "
               "(mean over seeds), the Adam/Muon ratio [95% CI over seeds], and ρ_within at component "
               "granularity.\n")
     comp_blocks = components[(components["block"] != "total") & components["step"].isin(late)].copy()
