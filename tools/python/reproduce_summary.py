@@ -241,11 +241,50 @@ def main():
             md.append(f"| {r['s']:g} | " + " | ".join(fmt_pm(*r[o][:2]) if o in r else "–" for o in OPTIMIZERS)
                       + f" | {fmt_ci(r['adamw/muon'])} | {fmt_ci(r['adamw/normuon'])} | "
                       + ", ".join(fmt(x) for x in r["adamw/muon_seeds"]) + " |")
+        base = rows[0]["muon"][0] if "muon" in rows[0] else float("nan")
+        md.append("\nNormalised as the paper normalises (by Muon's mean NDS at s = "
+                  f"{rows[0]['s']:g}): " + "; ".join(
+                      f"s = {r['s']:g}: " + ", ".join(f"{o} {fmt(r[o][0] / base)}" for o in OPTIMIZERS if o in r)
+                      for r in rows) + ".")
+        summary[label]["normalised_by_muon_at_first_s"] = {
+            s_name(r["s"]): {o: r[o][0] / base for o in OPTIMIZERS if o in r} for r in rows}
         for other, t in trend.items():
             md.append(f"\nTrend of log(adamw/{other}) with s: slope {fmt(t['slope'])} "
                       f"[{fmt(t['low'])}, {fmt(t['high'])}] per unit s "
                       f"(the ratio × {fmt(math.exp(t['slope']) if np.isfinite(t['slope']) else float('nan'))}"
                       f" from s = 0 to s = 1; {t['n']} points).")
+
+    # The Taylor audit: what each update was predicted to gain and what it gained, probe set.
+    md.append("\n## Predicted and realized loss change of the update, late checkpoints\n")
+    md.append("Mean over the late checkpoints, mean ± SE over seeds, on the balanced probe set: the "
+              "first-order term g·u, the curvature penalty ½uᵀHu, the predicted change "
+              "g·u + ½uᵀHu and the realized change L(θ+u) − L(θ):\n")
+    md.append("| s | optimizer | g·u | ½uᵀHu | predicted | realized | ‖u‖ |")
+    md.append("|---|---|---|---|---|---|---|")
+    summary["taylor"] = []
+    fig, axes = plt.subplots(1, len(layout), figsize=(5 * len(layout), 4), squeeze=False)
+    for ax, (s, opts) in zip(axes[0], layout.items()):
+        for opt in OPTIMIZERS:
+            d = totals[(totals["s"] == s) & (totals["opt"] == opt)]
+            d = d.assign(penalty=0.5 * d["curvature"])
+            cells, entry = [], {"s": s, "opt": opt}
+            for column in ("first_order", "penalty", "predicted", "realized", "update_norm"):
+                per = per_seed_mean(d, column, late)
+                m, se, _ = mean_se([per[(s, opt, k)] for k in opts.get(opt, [])])
+                cells.append(fmt_pm(m, se))
+                entry[column] = m
+            md.append(f"| {s:g} | {opt} | " + " | ".join(cells) + " |")
+            summary["taylor"].append(entry)
+            a = d[d["step"].isin(audited)]
+            ax.scatter(-a["predicted"], -a["realized"], s=8, color=f"C{OPTIMIZERS.index(opt)}", label=opt)
+        lim = max(1e-9, float(max((-totals["predicted"]).max(), (-totals["realized"]).max())))
+        ax.plot([0, lim], [0, lim], "k--", lw=0.8)
+        ax.set_xlabel("predicted decrease −(g·u + ½uᵀHu)")
+        ax.set_ylabel("realized decrease L(θ) − L(θ+u)")
+        ax.set_title(f"Taylor audit of the update (probe set), s = {s:g}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, "predicted_vs_realized.png"), dpi=100)
 
     # The probe set's own noise on the paired comparisons.
     comp = comparisons[comparisons["step"].isin(audited)].copy()
