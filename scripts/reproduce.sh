@@ -10,7 +10,9 @@
 #   3. ndsprobe audits every chosen run's update at every saved checkpoint on the balanced probe
 #      set (s = 0), with layer and with component blocks, head/tail token buckets defined by the
 #      training stream's counts, and paired AdamW/Muon and AdamW/NorMuon comparisons per seed.
-#   4. tools/python/reproduce_summary.py writes OUT/summary.md, OUT/summary.json and the plots.
+#   4. A control: AdamW and Muon at every s at the rates chosen at the first s, probed with layer
+#      blocks, since the rate itself moves the sharpness an optimizer settles at.
+#   5. tools/python/reproduce_summary.py writes OUT/summary.md, OUT/summary.json and the plots.
 #
 # Resumable: run it again after an interruption and it skips finished training runs, continues
 # unfinished ones exactly (curvtrain --resume) and keeps finished ndsprobe units (--resume).
@@ -167,27 +169,56 @@ for s in $exponents; do
   done
 done
 
-# probe S BLOCKS: ndsprobe over every run at exponent S, resumable.
-probe() {
-  local s="$1" blocks="$2" runs=() compare=()
-  for opt in $optimizers; do for seed in $seeds; do runs+=("$out/study/s$s/${opt}_seed$seed"); done; done
-  for seed in $seeds; do
-    compare+=(--compare "adamw_seed$seed/update:muon_seed$seed/update")
-    compare+=(--compare "adamw_seed$seed/update:normuon_seed$seed/update")
+# Fixed-rate control. A larger learning rate settles at lower sharpness, so when the sweep picks
+# different rates at different s, the rate moves each optimizer's NDS as much as the data do.
+# The control trains AdamW and Muon at every s with the rates chosen at the first s.
+s_first="${exponents%% *}"
+say "fixed-rate control: adamw at ${chosen[$s_first/adamw]}, muon at ${chosen[$s_first/muon]} at every s"
+: >"$out/logs/control.jobs"
+for s in $exponents; do
+  [ "$s" = "$s_first" ] && continue
+  mkdir -p "$out/control/s$s"
+  for opt in adamw muon; do
+    lr=${chosen[$s_first/$opt]}
+    for seed in $seeds; do
+      echo "$out/runs/s$s/${opt}_lr${lr}_seed$seed $(spec "$opt" "$lr") $s $seed" >>"$out/logs/control.jobs"
+      ln -sfn "../../runs/s$s/${opt}_lr${lr}_seed$seed" "$out/control/s$s/${opt}_seed$seed"
+    done
   done
-  local first="$out/study/s$s/adamw_seed${seeds%% *}"
-  "$ndsprobe" "${runs[@]}" --data "$first/probe.safetensors" --directions update --blocks "$blocks" \
-    --token-buckets head --token-counts "$first/token_counts.json" --batch-size 32 "${compare[@]}" \
-    --threads 1 --quiet --resume -o "$out/ndsprobe_s${s}_$blocks.h5" >"$out/logs/ndsprobe_s${s}_$blocks.log" 2>&1 ||
-    { echo "ndsprobe at s = $s ($blocks blocks) failed; see $out/logs/ndsprobe_s${s}_$blocks.log" >&2; return 1; }
-  echo "  probed s = $s with $blocks blocks"
+done
+run_jobs "$out/logs/control.jobs"
+
+# probe SET S BLOCKS: ndsprobe over every run of SET (study or control) at exponent S, resumable.
+# The study's files: ndsprobe_sS_BLOCKS.h5; the control's (layer blocks): ndsprobe_control_sS.h5.
+probe() {
+  local set="$1" s="$2" blocks="$3" runs=() compare=() extra=() output opts
+  if [ "$set" = study ]; then
+    opts="$optimizers" output="$out/ndsprobe_s${s}_$blocks.h5"
+    extra=(--token-buckets head --token-counts "$out/study/s$s/adamw_seed${seeds%% *}/token_counts.json")
+  else
+    opts="adamw muon" output="$out/ndsprobe_control_s$s.h5"
+  fi
+  for opt in $opts; do for seed in $seeds; do runs+=("$out/$set/s$s/${opt}_seed$seed"); done; done
+  for seed in $seeds; do
+    for opt in $opts; do
+      [ "$opt" = adamw ] || compare+=(--compare "adamw_seed$seed/update:${opt}_seed$seed/update")
+    done
+  done
+  local log="$out/logs/$(basename "$output" .h5).log"
+  "$ndsprobe" "${runs[@]}" --data "$out/$set/s$s/adamw_seed${seeds%% *}/probe.safetensors" \
+    --directions update --blocks "$blocks" "${extra[@]}" --batch-size 32 "${compare[@]}" \
+    --threads 1 --quiet --resume -o "$output" >"$log" 2>&1 ||
+    { echo "ndsprobe on the $set runs at s = $s ($blocks blocks) failed; see $log" >&2; return 1; }
+  echo "  probed the $set runs at s = $s with $blocks blocks"
 }
 export -f probe
 export ndsprobe optimizers seeds
 
 say "ndsprobe: every run's update at every checkpoint, layer and component blocks"
-for s in $exponents; do for blocks in layer component; do echo "$s $blocks"; done; done |
-  xargs -P "$jobs" -L 1 bash -c 'probe "$@"' _
+{
+  for s in $exponents; do for blocks in layer component; do echo "study $s $blocks"; done; done
+  for s in $exponents; do [ "$s" = "$s_first" ] || echo "control $s layer"; done
+} | xargs -P "$jobs" -L 1 bash -c 'probe "$@"' _
 
 say "summary"
 /usr/bin/python3 "$root/tools/python/reproduce_summary.py" "$out"

@@ -136,6 +136,24 @@ def load(study, layout):
     return cat(totals), cat(blocks), cat(components), cat(buckets), cat(comparisons)
 
 
+def control_totals(study, layout, totals):
+    """Whole-model update rows of the fixed-rate control: the study's own AdamW and Muon runs at
+    the first s, ndsprobe_control_s<S>.h5 at the others; None when the control was not run."""
+    first = min(layout)
+    frames = [totals[(totals["s"] == first) & totals["opt"].isin(["adamw", "muon"])]]
+    for s in layout:
+        if s == first:
+            continue
+        path = os.path.join(study, f"ndsprobe_control_s{s_name(s)}.h5")
+        if not os.path.exists(path):
+            return None
+        t = curvplot.taylor(path)
+        t = t[(t["direction"] == "update") & (t["block"] == "total")]
+        parts = t["run"].str.extract(r"(\w+?)_seed(\d+)")
+        frames.append(t.assign(s=s, opt=parts[0], seed=parts[1].astype(int)))
+    return pd.concat(frames, ignore_index=True)
+
+
 def windows(steps):
     """The audited checkpoints (step 0, the initialization, left out) and the late half."""
     audited = sorted(x for x in set(steps) if x > 0)
@@ -253,6 +271,29 @@ def main():
                       f"[{fmt(t['low'])}, {fmt(t['high'])}] per unit s "
                       f"(the ratio × {fmt(math.exp(t['slope']) if np.isfinite(t['slope']) else float('nan'))}"
                       f" from s = 0 to s = 1; {t['n']} points).")
+
+    # The fixed-rate control: AdamW and Muon at the first s's rates at every s.
+    control = control_totals(study, layout, totals)
+    if control is not None:
+        first = min(layout)
+        rates = {o: sweep[(sweep["s"] == first) & (sweep["optimizer"] == o) & (sweep["chosen"] == 1)]["lr"].iloc[0]
+                 for o in ("adamw", "muon")}
+        control_layout = {s: {o: opts[o] for o in ("adamw", "muon")} for s, opts in layout.items()}
+        for label, steps in (("all audited checkpoints", audited), ("late checkpoints", late)):
+            rows, trend = nds_table(control, control_layout, steps, summary.setdefault("control " + label, {}))
+            summary["control " + label]["rows"] = [
+                {k: (v if not isinstance(v, tuple) else list(v)) for k, v in r.items()} for r in rows]
+            md.append(f"\n## Fixed learning rates (control), {label} (steps {steps[0]}–{steps[-1]})\n")
+            md.append(f"AdamW at lr {rates['adamw']:g} and Muon at lr {rates['muon']:g} (the rates chosen at "
+                      f"s = {first:g}) at every s; statistics as above.\n")
+            md.append("| s | NDS adamw | NDS muon | adamw/muon [95% CI] | per-seed adamw/muon |")
+            md.append("|---|---|---|---|---|")
+            for r in rows:
+                md.append(f"| {r['s']:g} | {fmt_pm(*r['adamw'][:2])} | {fmt_pm(*r['muon'][:2])} | "
+                          f"{fmt_ci(r['adamw/muon'])} | " + ", ".join(fmt(x) for x in r["adamw/muon_seeds"]) + " |")
+            t = trend["muon"]
+            md.append(f"\nTrend of log(adamw/muon) with s at fixed rates: slope {fmt(t['slope'])} "
+                      f"[{fmt(t['low'])}, {fmt(t['high'])}] per unit s ({t['n']} points).")
 
     # The Taylor audit: what each update was predicted to gain and what it gained, probe set.
     md.append("\n## Predicted and realized loss change of the update, late checkpoints\n")
@@ -424,6 +465,12 @@ def main():
         lo = [r[f"adamw/{other}"]["ratio"] - r[f"adamw/{other}"]["low"] for r in rows]
         hi = [r[f"adamw/{other}"]["high"] - r[f"adamw/{other}"]["ratio"] for r in rows]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=f"adamw/{other} (95% CI)")
+    if "control all audited checkpoints" in summary:
+        rows = summary["control all audited checkpoints"]["rows"]
+        d = [r["adamw/muon"] for r in rows]
+        ax.errorbar([r["s"] + 0.03 for r in rows], [x["ratio"] for x in d],
+                    yerr=[[x["ratio"] - x["low"] for x in d], [x["high"] - x["ratio"] for x in d]],
+                    marker="s", capsize=3, label="adamw/muon at fixed rates (95% CI)")
     ax.plot([0, 1], [1.63, 2.38 / 1.25], "k--", lw=0.8, label="paper: adamw/muon at s = 0 and 1")
     ax.axhline(1, color="k", lw=0.5)
     ax.set_yscale("log")
