@@ -127,7 +127,30 @@ def main():
             per_seed = [float(np.mean(values(f"{opt}_seed{k}", "rho_within", late))) for k in seeds_of[(s, opt)]]
             if not close(float(np.mean(per_seed)), rho[(s, opt)]["late"]):
                 fail(f"s = {s}, {opt}: late rho_within {rho[(s, opt)]['late']}, recomputed {np.mean(per_seed)}")
-    print("check_reproduce: sweep, choices, per-seed ratios, comparisons and rho_within agree")
+    # The fixed-rate control: AdamW and Muon at the first s's rates, ratios from its own files.
+    first = min(float(x) for x in layout)
+    control_rows = {r["s"]: r for r in summary["control all audited checkpoints"]["rows"]}
+    for s_name in layout:
+        s = float(s_name)
+        path = os.path.join(study, f"ndsprobe_s{s_name}_layer.h5" if s == first else f"ndsprobe_control_s{s_name}.h5")
+        with h5py.File(path, "r") as f:
+            t = read_table(f, "/taylor")
+        mine = []
+        for k in seeds_of[(s, "adamw")]:
+            means = []
+            for opt in ("adamw", "muon"):
+                if s != first:
+                    target = os.path.realpath(os.path.join(study, "control", f"s{s_name}", f"{opt}_seed{k}"))
+                    if os.path.basename(target) != f"{opt}_lr{chosen[(first, opt)]}_seed{k}":
+                        fail(f"control at s = {s}: {opt} seed {k} is {target}, not the rate of s = {first}")
+                means.append(np.mean([t["nds"][i] for i in range(len(t["run"]))
+                                      if t["run"][i] == f"{opt}_seed{k}" and t["block"][i] == "total"
+                                      and t["direction"][i] == "update" and t["step"][i] in audited]))
+            mine.append(float(means[0] / means[1]))
+        theirs = control_rows[s]["adamw/muon_seeds"]
+        if not all(close(x, y) for x, y in zip(mine, theirs)) or len(mine) != len(theirs):
+            fail(f"control at s = {s}: adamw/muon per seed {theirs}, recomputed {mine}")
+    print("check_reproduce: sweep, choices, per-seed ratios, comparisons, rho_within and the control agree")
 
 
 if __name__ == "__main__":
