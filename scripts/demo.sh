@@ -45,11 +45,18 @@ for s in $exponents; do
   for name in adamw muon; do runs+=("$out/runs/${name}_s${s}"); done
   compare+=(--compare "adamw_s$s/update:muon_s$s/update")
 done
-# Within layers: the singular modes and heads of the attention output and MLP down projections,
-# the matrices the tail-end paper names (VO and FFN), two modes each.
-"$build/tools/ndsprobe/ndsprobe" "${runs[@]}" --data "$out/runs/adamw_s${exponents%% *}/probe.safetensors" \
-  --directions update,delta --token-buckets head "${compare[@]}" --within --modes 2 \
-  --within-params '(self_attn\.o_proj|mlp\.down_proj)\.weight' --batch-size 32 -o "$out/ndsprobe.h5"
+# The update at every checkpoint with head/tail tokens and the paired Adam/Muon comparison; at
+# every other checkpoint (--stride 2) also the within-layer breakdown of the attention output and
+# MLP down projections (the matrices the tail-end paper names: VO and FFN, two singular modes
+# each), which costs 32 HVPs per batch beside the 6 of the layer blocks. The invocations share
+# the file: each later one (--resume) adds only the units still missing, the last the
+# checkpoint deltas.
+probe=("$build/tools/ndsprobe/ndsprobe" "${runs[@]}" --data "$out/runs/adamw_s${exponents%% *}/probe.safetensors"
+  --batch-size 32 --token-buckets head -o "$out/ndsprobe.h5")
+"${probe[@]}" --directions update --stride 2 --within --modes 2 \
+  --within-params '(self_attn\.o_proj|mlp\.down_proj)\.weight'
+"${probe[@]}" --directions update "${compare[@]}" --resume
+"${probe[@]}" --directions delta --resume
 
 echo "== model problems: linear associative memory (tail classes) and structured quadratic"
 mp="$out/model_problems"
