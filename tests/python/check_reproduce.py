@@ -123,6 +123,8 @@ def main():
                          if comparisons["pair"][i] == pair]
                 if not set(audited) <= set(steps):
                     fail(f"s = {s}: /comparisons lacks {pair} at some of {audited} (has {steps})")
+                if steps != sorted(steps):
+                    fail(f"s = {s}: /comparisons lists {pair}'s steps out of order: {steps}")
         for opt in ("adamw", "muon", "normuon"):
             per_seed = [float(np.mean(values(f"{opt}_seed{k}", "rho_within", late))) for k in seeds_of[(s, opt)]]
             if not close(float(np.mean(per_seed)), rho[(s, opt)]["late"]):

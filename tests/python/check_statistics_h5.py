@@ -67,6 +67,9 @@ def main():
             c = curvplot.read_table(path, "/comparisons")
             if len(c) == 0:
                 fail("/comparisons is empty")
+            for _, group in c.groupby(["pair", "run_a", "run_b"]):
+                if list(group["step"]) != sorted(group["step"]):
+                    fail(f"/comparisons lists steps out of order: {list(group['step'])}")
             for _, row in c.iterrows():
                 ref = curvplot.paired_nds(path, f"{row['run_a']}/{row['direction_a']}",
                                           unit_b=f"{row['run_b']}/{row['direction_b']}")

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -445,9 +446,13 @@ Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>
     }
     for (const auto& [ra, rb] : run_pairs) {
       if (!reader.exists("/runs/" + ra)) continue;
+      // Steps in increasing order (the file lists its groups by name: step_1000 before step_200).
+      std::vector<int64_t> unit_steps;
       for (const auto& child : reader.children("/runs/" + ra)) {
-        if (child.rfind("step_", 0) != 0) continue;
-        const int64_t step = std::stoll(child.substr(5));
+        if (child.rfind("step_", 0) == 0) unit_steps.push_back(std::stoll(child.substr(5)));
+      }
+      std::sort(unit_steps.begin(), unit_steps.end());
+      for (const int64_t step : unit_steps) {
         std::vector<double> wa, na, wb, nb;
         if (!batch_nds(unit_path(ra, step, pair.direction_a), wa, na) ||
             !batch_nds(unit_path(rb, step, pair.direction_b), wb, nb)) {
