@@ -191,6 +191,7 @@ def nds_table(totals, layout, steps, out):
         rows.append(row)
     trend = {other: slope_interval(*pts) for other, pts in trend_points.items()}
     out["trend"] = trend
+    out["rows"] = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.items()} for r in rows]
     return rows, trend
 
 
@@ -247,8 +248,6 @@ def main():
     # NDS and the Adam/Muon ratio per s, in both windows.
     for label, steps in (("all audited checkpoints", audited), ("late checkpoints", late)):
         rows, trend = nds_table(totals, layout, steps, summary.setdefault(label, {}))
-        summary[label]["rows"] = [{k: (v if not isinstance(v, tuple) else list(v)) for k, v in r.items()}
-                                  for r in rows]
         md.append(f"\n## NDS of the update, {label} (steps {steps[0]}–{steps[-1]})\n")
         md.append("Mean NDS on the balanced probe set (mean ± SE over seeds); ratios per seed, "
                   "combined as a geometric mean with its 95% t-interval over seeds.\n")
@@ -281,8 +280,6 @@ def main():
         control_layout = {s: {o: opts[o] for o in ("adamw", "muon")} for s, opts in layout.items()}
         for label, steps in (("all audited checkpoints", audited), ("late checkpoints", late)):
             rows, trend = nds_table(control, control_layout, steps, summary.setdefault("control " + label, {}))
-            summary["control " + label]["rows"] = [
-                {k: (v if not isinstance(v, tuple) else list(v)) for k, v in r.items()} for r in rows]
             md.append(f"\n## Fixed learning rates (control), {label} (steps {steps[0]}–{steps[-1]})\n")
             md.append(f"AdamW at lr {rates['adamw']:g} and Muon at lr {rates['muon']:g} (the rates chosen at "
                       f"s = {first:g}) at every s; statistics as above.\n")

@@ -102,20 +102,12 @@ void truncate_log(const std::string& path, int64_t step) {
 }
 
 // OUT/token_counts.json: the training stream's token counts, the frequencies that define head and
-// tail tokens for ndsprobe's --token-buckets (--token-counts). Written whole, then renamed, so a
-// reader never sees half a file.
+// tail tokens for ndsprobe's --token-buckets (--token-counts), written atomically.
 void write_token_counts(const std::string& path, const TrainingData& data) {
-  const nlohmann::json meta = nlohmann::json::parse(data.meta_json);
-  nlohmann::json j = {{"description", "token counts of the training stream"},
-                      {"data", meta},
-                      {"counts", data.token_counts}};
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump() << "\n";
-    if (!out.flush()) throw Error(fmt::format("cannot write the token counts file '{}'", tmp));
-  }
-  fs::rename(tmp, path);
+  const nlohmann::json j = {{"description", "token counts of the training stream"},
+                            {"data", nlohmann::json::parse(data.meta_json)},
+                            {"counts", data.token_counts}};
+  write_text_atomically(path, j.dump() + "\n");
 }
 
 // FNV-1a over the parameters' bytes: equal digests mean bit-identical parameters.

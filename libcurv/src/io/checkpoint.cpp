@@ -198,7 +198,8 @@ std::string read_text(const std::string& path) {
   return out.str();
 }
 
-// Same protocol as write_safetensors: PATH.tmp, fsync, rename — `path` is replaced whole or not.
+}  // namespace
+
 void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   auto fail = [&](const char* what) {
@@ -227,8 +228,6 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   if (::close(fd) != 0) fail("close");
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Step selection

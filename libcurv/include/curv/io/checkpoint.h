@@ -186,6 +186,10 @@ at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,
 at::Tensor optimizer_state(const Checkpoint& ckpt, const ParamInfo& param, const std::string& key,
                            bool required = false);
 
+// Writes `text` to `path` by the protocol of write_safetensors (PATH.tmp, fsync, rename), so a
+// reader sees the old file or the whole new one; FormatError naming the file on failure.
+void write_text_atomically(const std::string& path, const std::string& text);
+
 // Writes DIR/step_<N>/ (directories created), each file atomically: optimizer.safetensors (or
 // removes a stale one when `optimizer_state` is empty), meta.json, then model.safetensors. An
 // existing model.safetensors is removed first and the new one written last, so a crash mid-save
