@@ -7,6 +7,9 @@
 //   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
 //       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
 //       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens
+//   hvp_bench --compare-fused-ops 1 [--shape gpt2] [--repeats 5] [--dtype float32]
+//       gradient and HVPs with ATen's softmax, LayerNorm and GELU and with libcurv's fused ones
+//       (curv/models/fused_ops.h), float32 and float64, each as a multiple of its own gradient
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -19,11 +22,13 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "curv/core/engine.h"
 #include "curv/core/runtime.h"
+#include "curv/models/fused_ops.h"
 #include "curv/models/models.h"
 #include "reference_model.h"
 
@@ -125,19 +130,69 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
   return 0;
 }
 
+// Times of a gradient, a first HVP and a graph-reused HVP with ATen's softmax, LayerNorm and GELU
+// and with the fused ones, measured in one process and interleaved (aten, fused, aten, ...), so
+// that the load of a shared machine falls on both alike. Returns {aten, fused} x {gradient,
+// hvp_first, hvp_reused} medians in seconds.
+std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtype_name, int repeats,
+                                                         const std::string& shape) {
+  const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
+  auto config = shape_config(shape);
+  auto model = curv::make_model(config, curv::ModelInit{0, dtype});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  curv::ProbeSet probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
+  curv::ParamVector v;
+  for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
+  std::vector<std::unique_ptr<curv::CurvatureEngine>> kept(2);
+  std::vector<std::vector<std::vector<double>>> times(2, std::vector<std::vector<double>>(3));
+  for (int r = -1; r < repeats; ++r) {  // r = -1: warm-up, not recorded
+    for (int fused = 0; fused < 2; ++fused) {
+      curv::set_fused_operations(fused == 1);
+      auto record = [&](int op, auto&& f) {
+        auto start = std::chrono::steady_clock::now();
+        f();
+        if (r >= 0) times[fused][op].push_back(seconds_since(start));
+      };
+      {
+        curv::EngineOptions options;
+        options.reuse_graph = false;
+        curv::CurvatureEngine engine(*model, probe, options);
+        record(0, [&] { engine.gradient(); });
+      }
+      {
+        curv::CurvatureEngine engine(*model, probe);
+        record(1, [&] { engine.hvp(v); });
+      }
+      if (!kept[fused]) {
+        kept[fused] = std::make_unique<curv::CurvatureEngine>(*model, probe);
+        kept[fused]->hvp(v);
+      }
+      record(2, [&] { kept[fused]->hvp(v); });
+    }
+  }
+  curv::set_fused_operations(true);
+  std::vector<std::vector<double>> medians(2, std::vector<double>(3));
+  for (int f = 0; f < 2; ++f) {
+    for (int o = 0; o < 3; ++o) medians[f][o] = median(times[f][o]);
+  }
+  return medians;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
-  std::string op, dtype = "float32", shape = "reference", cross_entropy = "fused";
+  std::string op, dtype = "float32", shape = "reference", cross_entropy = "fused",
+                  fused_ops = "fused";
   int threads = 2, repeats = 5;
-  bool memory_mode = false, compare_cross_entropy = false;
+  bool memory_mode = false, compare_cross_entropy = false, compare_fused_ops = false,
+       dtype_given = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--op")
       op = value;
     else if (flag == "--dtype")
-      dtype = value;
+      dtype = value, dtype_given = true;
     else if (flag == "--threads")
       threads = std::stoi(value);
     else if (flag == "--repeats")
@@ -150,6 +205,10 @@ int main(int argc, char** argv) {
       cross_entropy = value;
     else if (flag == "--compare-cross-entropy")
       compare_cross_entropy = value == "1";
+    else if (flag == "--fused-ops")
+      fused_ops = value;
+    else if (flag == "--compare-fused-ops")
+      compare_fused_ops = value == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -166,6 +225,7 @@ int main(int argc, char** argv) {
   runtime.tune_allocator = !memory_mode;  // the memory runs keep the thresholds set above
   curv::init_runtime(runtime);
   curv::set_fused_cross_entropy(cross_entropy == "fused");
+  curv::set_fused_operations(fused_ops == "fused");
   if (!op.empty()) return measure(op, dtype, repeats, memory_mode, shape);
   // One measurement in a child process: the value after `key` in its JSON line.
   auto child = [&](const std::string& flags, const char* key) {
@@ -182,6 +242,30 @@ int main(int argc, char** argv) {
     }
     return std::atof(at + std::strlen(key));
   };
+  if (compare_fused_ops) {
+    std::printf("%s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(), shape.c_str(),
+                shape_config(shape).describe().c_str(), repeats);
+    std::printf(
+        "| dtype | softmax, LayerNorm, GELU | op | median time (ms) | x its gradient | x ATen's "
+        "gradient | peak extra memory (MiB) |\n|---|---|---|---|---|---|---|\n");
+    const char* ops[] = {"gradient", "hvp_first", "hvp_reused"};
+    const char* kinds[] = {"aten", "fused"};
+    for (const std::string d : {"float32", "float64"}) {
+      if (dtype_given && d != dtype) continue;
+      const auto t = interleaved_fused_times(d, repeats, shape);
+      for (int f = 0; f < 2; ++f) {
+        for (int o = 0; o < 3; ++o) {
+          const std::string flags =
+              fmt::format("--op {} --dtype {} --fused-ops {} --memory 1", ops[o], d, kinds[f]);
+          const double mib = child(flags, "\"peak_extra_mib\": ");
+          std::printf("| %s | %s | %s | %.1f | %.2f | %.2f | %.0f |\n", d.c_str(), kinds[f], ops[o],
+                      t[f][o] * 1e3, t[f][o] / t[f][0], t[f][o] / t[0][0], mib);
+          std::fflush(stdout);
+        }
+      }
+    }
+    return 0;
+  }
   if (compare_cross_entropy) {
     std::printf("%s; %s GPT %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
                 shape.c_str(), shape_config(shape).describe().c_str(), repeats);

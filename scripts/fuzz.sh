@@ -5,7 +5,9 @@
 # harness crashed (a sanitizer report, a signal, an exception other than curv::Error, a timeout
 # or running out of memory). Crash inputs are left in build-fuzz/fuzz-artifacts/<harness>/.
 # Usage: scripts/fuzz.sh [SECONDS_PER_HARNESS] [HARNESS...]   (default: every harness but
-# fuzz_h5_resume)
+# fuzz_h5_resume). CURV_FUZZ_RUNS=N also stops each harness after N executions; CURV_FUZZ_FLAGS
+# adds libFuzzer flags. The long runs of docs/reliability.md:
+#   CURV_FUZZ_RUNS=1000000 CURV_FUZZ_FLAGS=-detect_leaks=0 scripts/fuzz.sh 36000 fuzz_torch_file
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -40,6 +42,11 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0:abort_on_error=1:str
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/fuzz/lsan.supp:print_suppressions=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
+extra=()
+if [ -n "${CURV_FUZZ_RUNS:-}" ]; then extra=(-runs="$CURV_FUZZ_RUNS"); fi
+read -r -a flags <<<"${CURV_FUZZ_FLAGS:-}"
+extra+=("${flags[@]}")
+
 failed=0
 printf '%-24s %12s %8s %8s %8s\n' harness executions seconds corpus crashes
 for h in "${harnesses[@]}"; do
@@ -50,7 +57,7 @@ for h in "${harnesses[@]}"; do
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")" "$seeds/$kind"
   rc=0
   start=$(date +%s)
-  "$build/fuzz/$h" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=3072 -max_len=262144 \
+  "$build/fuzz/$h" -max_total_time="$seconds" "${extra[@]}" -timeout=25 -rss_limit_mb=3072 -max_len=262144 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "$seeds/$kind" \
     >"$log" 2>&1 &
   pid=$!

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/fmt_torch.h"
+#include "curv/models/fused_ops.h"
 #include "models/architecture.h"
 
 namespace curv {
@@ -148,7 +149,7 @@ class Gpt : public FunctionalModel {
   at::Tensor bias_after(size_t weight) const { return c_.bias ? p(weight + 1) : at::Tensor(); }
 
   at::Tensor layer_norm(const at::Tensor& x, size_t weight) const {
-    return at::layer_norm(x, {c_.n_embd}, p(weight), bias_after(weight), c_.layer_norm_eps);
+    return fused_layer_norm(x, p(weight), bias_after(weight), c_.layer_norm_eps);
   }
 
   // nn.Linear (x Wᵀ + b) or, for HF's Conv1D layout, x W + b.
@@ -159,23 +160,21 @@ class Gpt : public FunctionalModel {
   }
 
   at::Tensor activation(const at::Tensor& x) const {
-    return at::gelu(x, c_.activation == "gelu_tanh" ? "tanh" : "none");
+    return fused_gelu(x, c_.activation == "gelu_tanh");
   }
 
   at::Tensor forward(const at::Tensor& tokens) const {
     const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, H = c_.n_head;
     auto positions = at::arange(T, tokens.options());
     auto x = at::embedding(p(0), tokens) + at::embedding(p(1), positions);
-    // Additive causal mask (0 above nothing, -inf above the diagonal): softmax of a masked row is
-    // smooth in the unmasked entries, so double backward is exact.
-    auto mask = at::full({T, T}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
     for (const auto& l : layers_) {
       auto h = layer_norm(x, l.ln_1_w);
       auto qkv = project(h, l.attn_w).split(C, -1);
       auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-      auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * scale + mask, -1);
+      // Causal: softmax over the unmasked entries of each row, smooth in them.
+      auto att = causal_softmax(at::matmul(q, k.transpose(-2, -1)), scale);
       auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
       x = x + project(y, l.attn_proj_w);
       h = layer_norm(x, l.ln_2_w);

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/fmt_torch.h"
+#include "curv/models/fused_ops.h"
 #include "models/architecture.h"
 
 namespace curv {
@@ -176,8 +177,6 @@ class Llama : public FunctionalModel {
     auto emb = at::cat({angles, angles}, -1);
     const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
     auto rope = [&](const at::Tensor& t) { return t * cos + rotate_half(t) * sin; };
-    // Additive causal mask: softmax of a masked row is smooth in the unmasked entries.
-    auto mask = at::full({T, T}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     for (const auto& l : layers_) {
       auto h = rms_norm(x, l.input_norm);
@@ -188,7 +187,7 @@ class Llama : public FunctionalModel {
       auto repeat = [&](const at::Tensor& t) {
         return group == 1 ? t : t.unsqueeze(2).expand({B, KV, group, T, D}).reshape({B, H, T, D});
       };
-      auto att = at::softmax(at::matmul(q, repeat(k).transpose(-2, -1)) * scale + mask, -1);
+      auto att = causal_softmax(at::matmul(q, repeat(k).transpose(-2, -1)), scale);
       auto y = at::matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
       x = x + linear(y, l.o);
       h = rms_norm(x, l.post_norm);

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/fmt_torch.h"
+#include "curv/models/fused_ops.h"
 #include "models/architecture.h"
 
 namespace curv {
@@ -163,13 +164,12 @@ class Modded : public FunctionalModel {
       auto x1 = t.narrow(-1, 0, D / 2), x2 = t.narrow(-1, D / 2, D / 2);
       return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
     };
-    auto mask = at::full({T, T}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
     for (const auto& l : layers_) {
       auto h = rms_norm(x, l.norm1);
       auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
       auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
       auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
-      auto att = at::softmax(at::matmul(q, k.transpose(-2, -1)) * c_.attention_scale + mask, -1);
+      auto att = causal_softmax(at::matmul(q, k.transpose(-2, -1)), c_.attention_scale);
       auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, H * D});
       x = x + linear(y, l.o);
       h = rms_norm(x, l.norm2);

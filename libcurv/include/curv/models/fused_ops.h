@@ -1,0 +1,39 @@
+// Autograd operations of the built-in transformers (and for any LibTorch model) whose backward is
+// itself one differentiable operation with a hand-written derivative, so that a Hessian-vector
+// product through a kept gradient graph makes one pass per operation instead of LibTorch 1.13's
+// composed double backwards (several separate element-wise kernels each). Each takes, in order:
+//   - the fused CPU kernel (float32/float64, contiguous, second backward without create_graph);
+//   - the same formulas written in differentiable ATen operations (other devices and dtypes, and
+//     a second backward with create_graph, so third derivatives stay exact).
+// With set_fused_operations(false) they return ATen's own operations. Values and first
+// derivatives are ATen's to rounding; tests/fused_ops_test.cpp checks second and third
+// derivatives against ATen's in float64.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace curv {
+
+// softmax(scale · scores + causal mask) over the last dimension of scores [..., T, T]: row i
+// attends to columns 0..i. The same as at::softmax(scores * scale + mask, -1) with the additive
+// mask of -inf above the diagonal.
+at::Tensor causal_softmax(const at::Tensor& scores, double scale);
+
+// at::layer_norm over the last dimension (of size weight.numel()) with gains `weight` and an
+// optional (undefined) bias.
+at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            double eps);
+
+// at::gelu(x, tanh ? "tanh" : "none").
+at::Tensor fused_gelu(const at::Tensor& x, bool tanh);
+
+// Process-wide switches. set_fused_operations(false) makes the three operations above (and so the
+// built-in models) use ATen's operations, for comparison; set_fused_kernels(false) keeps the
+// fused operations but makes them take their differentiable-ATen formulas everywhere (the path
+// of other devices), for tests and benchmarks of the kernels.
+void set_fused_operations(bool enabled);
+bool fused_operations();
+void set_fused_kernels(bool enabled);
+bool fused_kernels();
+
+}  // namespace curv
