@@ -294,3 +294,87 @@ TEST_CASE("a memory budget keeps graphs while resident memory allows and recompu
   negative.max_memory = -1;
   CHECK_THROWS_WITH(CurvatureEngine(*model, probe, negative), Catch::Contains("max_memory"));
 }
+
+TEST_CASE("micro-batches give each batch's loss gradient and HVP of the whole batch",
+          "[engine][micro_batch]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{8, at::kDouble});
+  // Two probe batches of 5 sequences; slices of 2 leave a last slice of 1.
+  ProbeSet probe = gpt_probe(4, 10, 5);
+  SECTION("every target counted") {}
+  SECTION("some targets ignored, the rest averaged over") {
+    // A mean cross-entropy averages over the targets that are not ignored: slices weigh their
+    // count of those, not their sequences.
+    std::vector<Batch> batches;
+    for (size_t b = 0; b < probe.size(); ++b) {
+      Batch batch = probe[b];
+      batch.targets = batch.targets.clone();
+      batch.targets.index_put_({0}, kIgnoreIndex);  // the first sequence ignored whole
+      batch.targets.index_put_({3, 1}, kIgnoreIndex);
+      batches.push_back(batch);
+    }
+    probe = ProbeSet(batches);
+  }
+  const ParamVector v = random_direction(*model, 51), u = random_direction(*model, 52);
+  CurvatureEngine whole(*model, probe);
+  EngineOptions sliced_options;
+  sliced_options.micro_batch = 2;
+  CurvatureEngine sliced(*model, probe, sliced_options);
+
+  CHECK(sliced.loss() == Approx(whole.loss()).epsilon(1e-13));
+  for (size_t b = 0; b < probe.size(); ++b) {
+    CHECK(sliced.batch_losses()[b] == Approx(whole.batch_losses()[b]).epsilon(1e-13));
+  }
+  CHECK(relative_error(sliced.gradient(), whole.gradient()) <= 1e-13);
+  // Per-batch terms as an observer sees them.
+  std::vector<ParamVector> whole_hv(probe.size()), sliced_hv(probe.size()),
+      whole_g(probe.size()), sliced_g(probe.size());
+  const ParamVector hv_whole = whole.hvp(v, [&](const BatchTerms& t) {
+    whole_hv[t.batch] = clone(*t.hvp);
+    whole_g[t.batch] = clone(*t.gradient);
+  });
+  const ParamVector hv_sliced = sliced.hvp(v, [&](const BatchTerms& t) {
+    sliced_hv[t.batch] = clone(*t.hvp);
+    sliced_g[t.batch] = clone(*t.gradient);
+  });
+  CHECK(relative_error(hv_sliced, hv_whole) <= 1e-12);
+  for (size_t b = 0; b < probe.size(); ++b) {
+    CHECK(relative_error(sliced_hv[b], whole_hv[b]) <= 1e-12);
+    CHECK(relative_error(sliced_g[b], whole_g[b]) <= 1e-12);
+  }
+  // Graphs are kept per slice: 3 per batch.
+  CHECK(sliced.kept_graphs() == 2 * 3);
+  CHECK(whole.kept_graphs() == 2);
+  CHECK(relative_error(sliced.hvp(v), hv_whole) <= 1e-12);  // reusing the slices' graphs
+  const BlockPartition blocks = BlockPartition::by_rule(sliced.space(), BlockRule::kLayer);
+  const auto& first = blocks.blocks().front();
+  CHECK(relative_error(sliced.hvp(masked(v, first.params), first.params),
+                       whole.hvp(masked(v, first.params), first.params)) <= 1e-12);
+  std::vector<double> whole_after, sliced_after;
+  CHECK(sliced.loss_at(u, &sliced_after) == Approx(whole.loss_at(u, &whole_after)).epsilon(1e-13));
+  CHECK(sliced_after[1] == Approx(whole_after[1]).epsilon(1e-13));
+  std::vector<std::vector<size_t>> supports;
+  for (const auto& block : blocks.blocks()) supports.push_back(block.params);
+  const Eigen::MatrixXd gn_whole = whole.gauss_newton(u, supports);
+  CHECK((sliced.gauss_newton(u, supports) - gn_whole).norm() <= 1e-12 * gn_whole.norm());
+
+  // Without kept graphs (a memory budget below any process) and with finite differences.
+  sliced_options.max_memory = 1;
+  CurvatureEngine budget(*model, probe, sliced_options);
+  CHECK(relative_error(budget.hvp(v), hv_whole) <= 1e-12);
+  CHECK(budget.kept_graphs() == 0);
+  sliced_options.max_memory = 0;
+  sliced_options.max_kept_graphs = 4;
+  CurvatureEngine capped(*model, probe, sliced_options);
+  CHECK(relative_error(capped.hvp(v), hv_whole) <= 1e-12);
+  CHECK(capped.kept_graphs() == 4);
+  EngineOptions fd;
+  fd.hvp_method = HvpMethod::kFiniteDifference;
+  CurvatureEngine fd_whole(*model, probe, fd);
+  fd.micro_batch = 2;
+  CurvatureEngine fd_sliced(*model, probe, fd);
+  CHECK(relative_error(fd_sliced.hvp(v), fd_whole.hvp(v)) <= 1e-9);
+
+  EngineOptions negative;
+  negative.micro_batch = -1;
+  CHECK_THROWS_WITH(CurvatureEngine(*model, probe, negative), Catch::Contains("micro_batch"));
+}

@@ -307,13 +307,20 @@ void EngineArgs::add_to(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"exact", "fd"}));
   app.add_option("--max-kept-graphs", max_kept_graphs,
-                 "Keep gradient graphs of at most N probe batches between HVPs (0 = all)")
+                 "Keep at most N gradient graphs between HVPs, one per probe batch or, with "
+                 "--micro-batch, per slice (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-memory", max_memory,
                  "Keep gradient graphs only while the process's resident memory stays under this "
                  "many bytes (suffix K, M, G, T: powers of 1024; 0 = no bound)")
       ->capture_default_str();
+  app.add_option("--micro-batch", micro_batch,
+                 "Run each probe batch through the model in slices of at most N sequences and sum "
+                 "them (the same numbers to rounding; an HVP's graph is a slice's: less memory); "
+                 "0 = whole batches")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& flag) {
@@ -338,6 +345,7 @@ EngineOptions EngineArgs::to_options() const {
   options.hvp_method = parse_hvp_method(hvp);
   options.max_kept_graphs = max_kept_graphs;
   options.max_memory = parse_bytes(max_memory, "--max-memory");
+  options.micro_batch = micro_batch;
   return options;
 }
 

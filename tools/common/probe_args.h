@@ -115,6 +115,7 @@ struct EngineArgs {
   std::string hvp = "exact";
   int64_t max_kept_graphs = 0;
   std::string max_memory = "0";  // bytes, or with a K, M, G or T suffix (powers of 1024)
+  int64_t micro_batch = 0;        // examples per slice of a probe batch; 0 = whole batches
 
   void add_to(CLI::App& app);
   EngineOptions to_options() const;

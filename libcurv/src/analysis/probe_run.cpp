@@ -671,11 +671,14 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
     raise_if_any_rank_failed(comm, failure);
   }
 
-  const Checkpoint first =
-      load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
-  LoadedModel model =
-      load_model(job.model, first.model_config_json(),
-                 first.model_config_file.empty() ? first.meta_file : first.model_config_file);
+  // The first checkpoint only names the model; its tensors go before the run starts (at GPT-2
+  // small's size they are 0.5 GB that every unit would otherwise carry).
+  LoadedModel model = [&] {
+    const Checkpoint first =
+        load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
+    return load_model(job.model, first.model_config_json(),
+                      first.model_config_file.empty() ? first.meta_file : first.model_config_file);
+  }();
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();
   const BlockPartition blocks = job.blocks.partition(objective.space(), objective.structure());

@@ -29,6 +29,10 @@ void EngineOptions::validate() const {
     throw InvalidArgument(
         fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0", max_kept_graphs));
   }
+  if (micro_batch < 0) {
+    throw InvalidArgument(
+        fmt::format("EngineOptions.micro_batch = {} must be >= 0 (0 = whole batches)", micro_batch));
+  }
   if (max_memory < 0) {
     throw InvalidArgument(
         fmt::format("EngineOptions.max_memory = {} must be >= 0 (0 = no bound)", max_memory));
@@ -106,6 +110,47 @@ double machine_epsilon(at::ScalarType dtype) {
   }
 }
 
+// A run of consecutive examples of a probe batch and its share of the batch's loss.
+struct Slice {
+  Batch batch;
+  double share = 1.0;
+};
+
+// `batch` in slices of at most `size` examples (one slice, the batch itself, when size is 0 or
+// covers it). Integer targets: a slice's share is its count of targets other than kIgnoreIndex
+// over the batch's (what a mean cross-entropy averages over); otherwise its examples over the
+// batch's. Slices of share 0 (every target ignored) are left out.
+std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
+  const int64_t n = batch.size();
+  if (size <= 0 || size >= n) return {Slice{batch, 1.0}};
+  const bool counted = batch.targets.defined() && !batch.targets.is_floating_point() &&
+                       batch.targets.dim() >= 1 && batch.targets.size(0) == n;
+  auto weight_of = [&](const at::Tensor& targets, int64_t examples) {
+    return counted ? (targets != kIgnoreIndex).sum().item<double>()
+                   : static_cast<double>(examples);
+  };
+  const double total = weight_of(batch.targets, n);
+  std::vector<Slice> slices;
+  for (int64_t start = 0; start < n; start += size) {
+    const int64_t len = std::min(size, n - start);
+    Batch part{batch.inputs.narrow(0, start, len),
+               batch.targets.defined() && batch.targets.dim() >= 1 && batch.targets.size(0) == n
+                   ? batch.targets.narrow(0, start, len)
+                   : batch.targets};
+    const double share = total > 0 ? weight_of(part.targets, len) / total
+                                   : static_cast<double>(len) / static_cast<double>(n);
+    if (share > 0) slices.push_back(Slice{std::move(part), share});
+  }
+  return slices;
+}
+
+// Under a memory budget, free heap pages go back to the system between slices once the
+// resident set is over the budget: what the allocator keeps for reuse would otherwise count
+// toward the next slice's peak.
+void keep_within_budget(const EngineOptions& options) {
+  if (options.max_memory > 0 && resident_bytes() > options.max_memory) release_free_memory();
+}
+
 }  // namespace
 
 struct CurvatureEngine::State {
@@ -114,7 +159,9 @@ struct CurvatureEngine::State {
   double loss = 0.0;
   std::vector<double> batch_losses;
   ParamVector grad;
-  std::vector<ParamVector> kept;  // per batch: create_graph gradient, or empty
+  std::vector<std::vector<Slice>> slices;  // per batch (EngineOptions::micro_batch)
+  // Per batch and slice: the create_graph gradient, or empty.
+  std::vector<std::vector<ParamVector>> kept;
   // The kept graphs belong to the current parameters (even when the budget kept none).
   bool graphs_current = false;
 };
@@ -133,6 +180,10 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
   }
   probe_ = probe_.to(state_->params.front().scalar_type(), state_->params.front().device());
   state_->kept.resize(probe_.size());
+  for (size_t b = 0; b < probe_.size(); ++b) {
+    state_->slices.push_back(slices_of(probe_[b], options_.micro_batch));
+    state_->kept[b].resize(state_->slices[b].size());
+  }
   communicator_ = options_.communicator ? options_.communicator : single_process();
   std::vector<double> sizes(probe_.size());
   for (size_t b = 0; b < probe_.size(); ++b) sizes[b] = probe_.weight(b);
@@ -155,13 +206,17 @@ void CurvatureEngine::set_parameters(const ParamVector& theta) {
 }
 
 void CurvatureEngine::release_graphs() {
-  for (auto& k : state_->kept) k.clear();
+  for (auto& batch : state_->kept) {
+    for (auto& k : batch) k.clear();
+  }
   state_->graphs_current = false;
 }
 
 size_t CurvatureEngine::kept_graphs() const {
   size_t n = 0;
-  for (const auto& k : state_->kept) n += k.empty() ? 0 : 1;
+  for (const auto& batch : state_->kept) {
+    for (const auto& k : batch) n += k.empty() ? 0 : 1;
+  }
   return n;
 }
 
@@ -258,48 +313,56 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   std::vector<double> batch_losses(probe_.size());
   ParamVector grad(s.params.size());
   bool over_budget = false;
-  for_each_batch(Pass::kFirstOrder, [&](size_t b, double w) {
-    bool keep =
-        keep_graphs && !over_budget &&
-        (options_.max_kept_graphs == 0 || static_cast<int64_t>(b) < options_.max_kept_graphs);
-    at::Tensor loss_b = objective_.loss(probe_[b]);
-    ++counters_.forwards;
-    const double value = loss_b.item<double>();
-    if (options_.check_finite && !std::isfinite(value)) {
-      throw NumericalError(
-          fmt::format("loss of {} is {} on probe batch {} (hint: check the "
-                      "checkpoint and the batch for NaN, or token ids out of range)",
-                      objective_.describe(), value, b));
-    }
-    ParamVector g =
-        fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, /*retain_graph=*/keep,
-                                             /*create_graph=*/keep, /*allow_unused=*/true),
-                       s.params);
-    ++counters_.backwards;
-    if (keep && options_.max_memory > 0 && resident_bytes() > options_.max_memory) {
-      // Dropping the only references to the create_graph gradients frees their graph.
-      for (auto& t : g) t = t.detach();
-      keep = false;
-      over_budget = true;
-      ++counters_.graphs_over_budget;
-    }
-    loss += w * value;
-    batch_losses[b] = value;
-    {
-      at::NoGradGuard no_grad;
-      // A kept gradient stays as it is (its graph is reused); the sum shares it only when it is
-      // the whole sum (one batch, w = 1).
-      for (size_t i = 0; i < g.size(); ++i) {
-        if (!keep) {
-          accumulate(grad[i], std::move(g[i]), w);
-        } else if (grad[i].defined()) {
-          grad[i].add_(g[i].detach(), w);
-        } else {
-          grad[i] = w == 1.0 ? g[i].detach() : g[i].detach() * w;
+  int64_t graphs = 0;
+  for_each_batch(Pass::kFirstOrder, [&](size_t b, double w_b) {
+    double value_b = 0.0;
+    for (size_t k = 0; k < s.slices[b].size(); ++k) {
+      const Slice& slice = s.slices[b][k];
+      const double w = w_b * slice.share;
+      bool keep = keep_graphs && !over_budget &&
+                  (options_.max_kept_graphs == 0 || graphs < options_.max_kept_graphs);
+      at::Tensor loss_s = objective_.loss(slice.batch);
+      ++counters_.forwards;
+      const double value = loss_s.item<double>();
+      if (options_.check_finite && !std::isfinite(value)) {
+        throw NumericalError(
+            fmt::format("loss of {} is {} on probe batch {} (hint: check the "
+                        "checkpoint and the batch for NaN, or token ids out of range)",
+                        objective_.describe(), value, b));
+      }
+      ParamVector g =
+          fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, /*retain_graph=*/keep,
+                                               /*create_graph=*/keep, /*allow_unused=*/true),
+                         s.params);
+      ++counters_.backwards;
+      if (keep && options_.max_memory > 0 && resident_bytes() > options_.max_memory) {
+        // Dropping the only references to the create_graph gradients frees their graph.
+        for (auto& t : g) t = t.detach();
+        keep = false;
+        over_budget = true;
+        ++counters_.graphs_over_budget;
+      }
+      if (keep) ++graphs;
+      value_b += slice.share * value;
+      {
+        at::NoGradGuard no_grad;
+        // A kept gradient stays as it is (its graph is reused); the sum shares it only when it
+        // is the whole sum (one batch of one slice, w = 1).
+        for (size_t i = 0; i < g.size(); ++i) {
+          if (!keep) {
+            accumulate(grad[i], std::move(g[i]), w);
+          } else if (grad[i].defined()) {
+            grad[i].add_(g[i].detach(), w);
+          } else {
+            grad[i] = w == 1.0 ? g[i].detach() : g[i].detach() * w;
+          }
         }
       }
+      s.kept[b][k] = keep ? std::move(g) : ParamVector{};
+      keep_within_budget(options_);
     }
-    s.kept[b] = keep ? std::move(g) : ParamVector{};
+    loss += w_b * value_b;
+    batch_losses[b] = value_b;
   });
   std::vector<double> scalars{loss};
   scalars.insert(scalars.end(), batch_losses.begin(), batch_losses.end());
@@ -396,40 +459,60 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     v[i] = v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
   }
   ParamVector result(s.params.size());
-  for_each_batch(Pass::kHvp, [&](size_t b, double w) {
-    ParamVector fresh;
-    const bool kept = !s.kept[b].empty();
-    if (!kept) {
-      at::Tensor loss_b = objective_.loss(probe_[b]);
-      ++counters_.forwards;
-      fresh =
-          fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, true, true, true), s.params);
-      ++counters_.backwards;
-    }
-    const ParamVector& g = kept ? s.kept[b] : fresh;
-    // Only gradient entries that depend on the parameters carry a graph; the others have a zero
-    // Hessian row and contribute nothing.
-    std::vector<at::Tensor> outputs, grad_outputs;
-    for (size_t i : *support) {
-      if (g[i].requires_grad()) {
-        outputs.push_back(g[i]);
-        grad_outputs.push_back(v[i]);
+  for_each_batch(Pass::kHvp, [&](size_t b, double w_b) {
+    const auto& slices = s.slices[b];
+    // Batch b's H_b v (and, for an observer, g_b): the share-weighted sum over its slices; a
+    // batch of one slice is its slice's terms themselves.
+    ParamVector hv_b(s.params.size()), g_b;
+    if (observer && slices.size() > 1) g_b.resize(s.params.size());
+    for (size_t k = 0; k < slices.size(); ++k) {
+      ParamVector fresh;
+      const bool kept = !s.kept[b][k].empty();
+      if (!kept) {
+        at::Tensor loss_s = objective_.loss(slices[k].batch);
+        ++counters_.forwards;
+        fresh = fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, true, true, true),
+                               s.params);
+        ++counters_.backwards;
       }
-    }
-    ParamVector hv(s.params.size());
-    if (!outputs.empty()) {
-      hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
-                                 /*create_graph=*/false, /*allow_unused=*/true);
-      ++counters_.second_backwards;
+      const ParamVector& g = kept ? s.kept[b][k] : fresh;
+      // Only gradient entries that depend on the parameters carry a graph; the others have a
+      // zero Hessian row and contribute nothing.
+      std::vector<at::Tensor> outputs, grad_outputs;
+      for (size_t i : *support) {
+        if (g[i].requires_grad()) {
+          outputs.push_back(g[i]);
+          grad_outputs.push_back(v[i]);
+        }
+      }
+      ParamVector hv(s.params.size());
+      if (!outputs.empty()) {
+        hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
+                                   /*create_graph=*/false, /*allow_unused=*/true);
+        ++counters_.second_backwards;
+      }
+      at::NoGradGuard no_grad;
+      if (slices.size() == 1) {
+        hv_b = std::move(hv);
+        if (observer) g_b = detached(g);
+        break;
+      }
+      const double share = slices[k].share;
+      for (size_t i = 0; i < hv.size(); ++i) {
+        if (hv[i].defined()) accumulate(hv_b[i], std::move(hv[i]), share);
+      }
+      if (observer) {
+        for (size_t i = 0; i < g.size(); ++i) accumulate(g_b[i], g[i].detach(), share);
+      }
+      fresh.clear();
+      keep_within_budget(options_);
     }
     at::NoGradGuard no_grad;
-    if (observer) {
-      const ParamVector g_b = detached(g);
-      observer(BatchTerms{b, w, &g_b, &hv});
+    if (observer) observer(BatchTerms{b, w_b, &g_b, &hv_b});
+    for (size_t i = 0; i < hv_b.size(); ++i) {
+      if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b);
     }
-    for (size_t i = 0; i < hv.size(); ++i) {
-      if (hv[i].defined()) accumulate(result[i], std::move(hv[i]), w);
-    }
+    keep_within_budget(options_);
   });
   std::vector<double> none;
   reduce(result, none);
@@ -446,8 +529,12 @@ Eigen::MatrixXd CurvatureEngine::gauss_newton(
   const auto L = static_cast<Eigen::Index>(supports.size());
   Eigen::MatrixXd total = Eigen::MatrixXd::Zero(L, L);
   for_each_batch(Pass::kGaussNewton, [&](size_t b, double w) {
-    const Eigen::MatrixXd g_b = gauss_newton_coupling(objective_, probe_[b], u, supports);
-    ++counters_.forwards;
+    Eigen::MatrixXd g_b = Eigen::MatrixXd::Zero(L, L);
+    for (const Slice& slice : state_->slices[b]) {
+      const Eigen::MatrixXd g_s = gauss_newton_coupling(objective_, slice.batch, u, supports);
+      ++counters_.forwards;
+      g_b = state_->slices[b].size() == 1 ? g_s : Eigen::MatrixXd(g_b + slice.share * g_s);
+    }
     if (observer) observer(b, g_b);
     total += w * g_b;
   });
@@ -470,8 +557,7 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
     }
     try {
       for_each_batch(Pass::kLossAt, [&](size_t b, double w) {
-        const double value = objective_.loss(probe_[b]).item<double>();
-        ++counters_.forwards;
+        const double value = batch_loss_value(b);
         loss += w * value;
         if (batch_losses) (*batch_losses)[b] = value;
       });
@@ -497,6 +583,17 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
   return loss;
 }
 
+double CurvatureEngine::batch_loss_value(size_t b) {
+  at::NoGradGuard no_grad;
+  double value = 0.0;
+  for (const Slice& slice : state_->slices[b]) {
+    const double value_s = objective_.loss(slice.batch).item<double>();
+    ++counters_.forwards;
+    value += slice.share * value_s;
+  }
+  return value;
+}
+
 ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& saved,
                                                const ParamVector* offset) {
   auto& s = *state_;
@@ -508,11 +605,16 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
       if (offset) data.add_((*offset)[i].to(s.params[i].scalar_type()));
     }
   }
-  at::Tensor loss_b = objective_.loss(probe_[b]);
-  ++counters_.forwards;
-  auto g =
-      fill_undefined(torch::autograd::grad({loss_b}, s.params, {}, false, false, true), s.params);
-  ++counters_.backwards;
+  ParamVector g(s.params.size());
+  for (const Slice& slice : s.slices[b]) {
+    at::Tensor loss_s = objective_.loss(slice.batch);
+    ++counters_.forwards;
+    auto g_s = fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true),
+                              s.params);
+    ++counters_.backwards;
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < g.size(); ++i) accumulate(g[i], std::move(g_s[i]), slice.share);
+  }
   return g;
 }
 

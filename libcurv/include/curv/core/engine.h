@@ -36,6 +36,14 @@ struct EngineOptions {
   // those batches are recomputed on every HVP. A bound on what the graphs add, not on the
   // memory an HVP needs for itself.
   int64_t max_memory = 0;
+  // Run each probe batch through the model in slices of at most this many examples (0 = the
+  // whole batch at once) and sum the slices' terms: the batch's loss, gradient, HVP and
+  // Gauss-Newton coupling are the same to rounding, and the graph an HVP builds or keeps is a
+  // slice's, not the batch's. A slice weighs its share of the batch's targets other than
+  // kIgnoreIndex (integer targets) or of its examples, so the sum is exact when a batch's loss is
+  // the mean over those targets or examples, as every built-in model's is. Probe batches remain
+  // the unit of the per-batch tables and standard errors.
+  int64_t micro_batch = 0;
   HvpMethod hvp_method = HvpMethod::kExact;
   // Finite-difference step as the norm of the parameter perturbation ‖h v‖; 0 picks
   // cbrt(machine epsilon) * max(1, RMS(θ)), which balances truncation against rounding error.
@@ -51,9 +59,9 @@ struct EngineOptions {
 };
 
 struct EngineCounters {
-  int64_t forwards = 0;            // batch forward passes
+  int64_t forwards = 0;            // forward passes (of a batch, or of a slice: micro_batch)
   int64_t backwards = 0;           // first-order backward passes (with or without create_graph)
-  int64_t second_backwards = 0;    // backward passes through a gradient graph (one per batch-HVP)
+  int64_t second_backwards = 0;    // backward passes through a gradient graph (one per slice-HVP)
   int64_t hvps = 0;                // Hessian-vector products over the whole probe set
   int64_t gradients = 0;           // gradients over the whole probe set
   int64_t graphs_over_budget = 0;  // graphs released because of EngineOptions::max_memory
@@ -149,6 +157,8 @@ class CurvatureEngine {
   bool keep_graphs_by_default() const;
   // Batch b's gradient at θ + offset (θ itself when offset is null); the caller restores θ.
   ParamVector batch_gradient_at(size_t b, const ParamVector& saved, const ParamVector* offset);
+  // Batch b's loss (without a graph) as the share-weighted sum over its slices.
+  double batch_loss_value(size_t b);
   void check(const ParamVector& x, const char* what) const;
   // hvp_exact over the parameters in `support` (all when null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,

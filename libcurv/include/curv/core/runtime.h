@@ -23,6 +23,10 @@ void init_runtime(const RuntimeOptions& options = {});
 int hardware_threads();
 // The process's resident memory in bytes (Linux: /proc/self/statm), 0 where it is not known.
 int64_t resident_bytes();
+// Hands the allocator's free pages back to the system (glibc: malloc_trim(0), which also
+// releases whole free pages inside the heap, not only at its top); a no-op elsewhere. With
+// init_runtime's allocator settings, freed tensor memory otherwise stays resident for reuse.
+void release_free_memory();
 // libcurv's version, "MAJOR.MINOR.PATCH" (provenance of every results file).
 std::string library_version();
 // OpenBLAS chooses its kernels by the CPU model when it is loaded, and on a model it does not
