@@ -4,8 +4,8 @@
 #
 # curvtrain takes one AdamW step (so the checkpoint holds AdamW's state), then ndsprobe audits
 # that checkpoint's rebuilt AdamW update (--directions update --coupling none) on 4 sequences of
-# 256 tokens: one gradient, one HVP and one L(θ + u). Prints wall time, peak RSS and the engine's
-# own time as Markdown.
+# 256 tokens: one gradient, one HVP and one L(θ + u), as it is and within a memory budget
+# (--micro-batch 1 --max-memory 3G). Prints wall time and peak RSS as Markdown.
 #
 # usage: bench/gpt2_shape.sh [BUILD_DIR] [WORK_DIR]
 #   BEFORE=/path/to/other/ndsprobe also runs that binary; THREADS (2), DTYPE (float32).
@@ -39,6 +39,11 @@ echo "|---|---|---|"
 read -r s rss _ < <(measure "$work/ndsprobe" "$build/tools/ndsprobe/ndsprobe" "${args[@]}" \
   -o "$work/ndsprobe.h5")
 row "ndsprobe" "$s" "$rss"
+# The same audit within a memory budget: the batch in slices of one sequence, no graph kept past
+# 3 GiB of resident memory, free heap pages returned (docs/performance.md).
+read -r s rss _ < <(measure "$work/ndsprobe_budget" "$build/tools/ndsprobe/ndsprobe" "${args[@]}" \
+  --micro-batch 1 --max-memory 3G -o "$work/ndsprobe_budget.h5")
+row "ndsprobe --micro-batch 1 --max-memory 3G" "$s" "$rss"
 if [ -n "${BEFORE:-}" ]; then
   read -r s rss _ < <(measure "$work/before" "$BEFORE" "${args[@]}" -o "$work/before.h5")
   row "ndsprobe before" "$s" "$rss"

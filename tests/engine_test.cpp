@@ -7,6 +7,7 @@
 #include "curv/core/blocks.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
+#include "curv/core/runtime.h"
 #include "fixtures.h"
 #include "test_support.h"
 
@@ -290,6 +291,19 @@ TEST_CASE("a memory budget keeps graphs while resident memory allows and recompu
   CHECK(relative_error(all.hvp(v), expected) <= 1e-12);
   CHECK(all.kept_graphs() == probe.size());
 
+  // The budget holds during HVPs too: once the resident set grows past it (here by a tensor
+  // allocated after the graphs were kept), the next HVP releases every kept graph.
+  EngineOptions later;
+  later.max_memory = resident_bytes() + (int64_t{256} << 20);
+  CurvatureEngine growing(*model, probe, later);
+  CHECK(relative_error(growing.hvp(v), expected) <= 1e-12);
+  REQUIRE(growing.kept_graphs() == probe.size());
+  const at::Tensor ballast = at::ones({int64_t{512} << 17}, at::kDouble);  // 512 MiB, touched
+  CHECK(relative_error(growing.hvp(v), expected) <= 1e-12);
+  CHECK(growing.kept_graphs() == 0);
+  CHECK(growing.counters().graphs_over_budget == static_cast<int64_t>(probe.size()));
+  CHECK(ballast.sum().item<double>() > 0);
+
   EngineOptions negative;
   negative.max_memory = -1;
   CHECK_THROWS_WITH(CurvatureEngine(*model, probe, negative), Catch::Contains("max_memory"));
@@ -326,8 +340,8 @@ TEST_CASE("micro-batches give each batch's loss gradient and HVP of the whole ba
   }
   CHECK(relative_error(sliced.gradient(), whole.gradient()) <= 1e-13);
   // Per-batch terms as an observer sees them.
-  std::vector<ParamVector> whole_hv(probe.size()), sliced_hv(probe.size()),
-      whole_g(probe.size()), sliced_g(probe.size());
+  std::vector<ParamVector> whole_hv(probe.size()), sliced_hv(probe.size()), whole_g(probe.size()),
+      sliced_g(probe.size());
   const ParamVector hv_whole = whole.hvp(v, [&](const BatchTerms& t) {
     whole_hv[t.batch] = clone(*t.hvp);
     whole_g[t.batch] = clone(*t.gradient);

@@ -315,6 +315,9 @@ void EngineArgs::add_to(CLI::App& app) {
                  "Keep gradient graphs only while the process's resident memory stays under this "
                  "many bytes (suffix K, M, G, T: powers of 1024; 0 = no bound)")
       ->capture_default_str();
+  app.add_flag("--recompute-graphs", recompute_graphs,
+               "Keep no gradient graph between HVPs: each HVP redoes the forward pass and the "
+               "first backward of every batch (less memory, about 1.4x the time per HVP)");
   app.add_option("--micro-batch", micro_batch,
                  "Run each probe batch through the model in slices of at most N sequences and sum "
                  "them (the same numbers to rounding; an HVP's graph is a slice's: less memory); "
@@ -346,6 +349,7 @@ EngineOptions EngineArgs::to_options() const {
   options.max_kept_graphs = max_kept_graphs;
   options.max_memory = parse_bytes(max_memory, "--max-memory");
   options.micro_batch = micro_batch;
+  options.reuse_graph = !recompute_graphs;
   return options;
 }
 

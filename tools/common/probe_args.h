@@ -114,8 +114,9 @@ int64_t parse_bytes(const std::string& text, const std::string& flag);
 struct EngineArgs {
   std::string hvp = "exact";
   int64_t max_kept_graphs = 0;
-  std::string max_memory = "0";  // bytes, or with a K, M, G or T suffix (powers of 1024)
+  std::string max_memory = "0";   // bytes, or with a K, M, G or T suffix (powers of 1024)
   int64_t micro_batch = 0;        // examples per slice of a probe batch; 0 = whole batches
+  bool recompute_graphs = false;  // EngineOptions::reuse_graph = false
 
   void add_to(CLI::App& app);
   EngineOptions to_options() const;

@@ -30,8 +30,8 @@ void EngineOptions::validate() const {
         fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0", max_kept_graphs));
   }
   if (micro_batch < 0) {
-    throw InvalidArgument(
-        fmt::format("EngineOptions.micro_batch = {} must be >= 0 (0 = whole batches)", micro_batch));
+    throw InvalidArgument(fmt::format(
+        "EngineOptions.micro_batch = {} must be >= 0 (0 = whole batches)", micro_batch));
   }
   if (max_memory < 0) {
     throw InvalidArgument(
@@ -126,8 +126,7 @@ std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
   const bool counted = batch.targets.defined() && !batch.targets.is_floating_point() &&
                        batch.targets.dim() >= 1 && batch.targets.size(0) == n;
   auto weight_of = [&](const at::Tensor& targets, int64_t examples) {
-    return counted ? (targets != kIgnoreIndex).sum().item<double>()
-                   : static_cast<double>(examples);
+    return counted ? (targets != kIgnoreIndex).sum().item<double>() : static_cast<double>(examples);
   };
   const double total = weight_of(batch.targets, n);
   std::vector<Slice> slices;
@@ -142,13 +141,6 @@ std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
     if (share > 0) slices.push_back(Slice{std::move(part), share});
   }
   return slices;
-}
-
-// Under a memory budget, free heap pages go back to the system between slices once the
-// resident set is over the budget: what the allocator keeps for reuse would otherwise count
-// toward the next slice's peak.
-void keep_within_budget(const EngineOptions& options) {
-  if (options.max_memory > 0 && resident_bytes() > options.max_memory) release_free_memory();
 }
 
 }  // namespace
@@ -210,6 +202,21 @@ void CurvatureEngine::release_graphs() {
     for (auto& k : batch) k.clear();
   }
   state_->graphs_current = false;
+}
+
+void CurvatureEngine::release_graphs_over_budget() {
+  if (options_.max_memory <= 0 || resident_bytes() <= options_.max_memory) return;
+  // Past the budget no graph stays: each is released (its slices are recomputed by later
+  // HVPs) and the allocator's free pages go back to the system.
+  for (auto& batch : state_->kept) {
+    for (auto& k : batch) {
+      if (!k.empty()) {
+        k.clear();
+        ++counters_.graphs_over_budget;
+      }
+    }
+  }
+  release_free_memory();
 }
 
 size_t CurvatureEngine::kept_graphs() const {
@@ -359,7 +366,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
         }
       }
       s.kept[b][k] = keep ? std::move(g) : ParamVector{};
-      keep_within_budget(options_);
+      if (over_budget) release_free_memory();
     }
     loss += w_b * value_b;
     batch_losses[b] = value_b;
@@ -466,6 +473,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     ParamVector hv_b(s.params.size()), g_b;
     if (observer && slices.size() > 1) g_b.resize(s.params.size());
     for (size_t k = 0; k < slices.size(); ++k) {
+      release_graphs_over_budget();
       ParamVector fresh;
       const bool kept = !s.kept[b][k].empty();
       if (!kept) {
@@ -495,6 +503,8 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       if (slices.size() == 1) {
         hv_b = std::move(hv);
         if (observer) g_b = detached(g);
+        fresh.clear();
+        release_graphs_over_budget();
         break;
       }
       const double share = slices[k].share;
@@ -505,14 +515,13 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
         for (size_t i = 0; i < g.size(); ++i) accumulate(g_b[i], g[i].detach(), share);
       }
       fresh.clear();
-      keep_within_budget(options_);
+      release_graphs_over_budget();
     }
     at::NoGradGuard no_grad;
     if (observer) observer(BatchTerms{b, w_b, &g_b, &hv_b});
     for (size_t i = 0; i < hv_b.size(); ++i) {
       if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b);
     }
-    keep_within_budget(options_);
   });
   std::vector<double> none;
   reduce(result, none);
@@ -609,8 +618,8 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
   for (const Slice& slice : s.slices[b]) {
     at::Tensor loss_s = objective_.loss(slice.batch);
     ++counters_.forwards;
-    auto g_s = fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true),
-                              s.params);
+    auto g_s =
+        fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true), s.params);
     ++counters_.backwards;
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < g.size(); ++i) accumulate(g[i], std::move(g_s[i]), slice.share);

@@ -31,10 +31,12 @@ struct EngineOptions {
   // large probe sets: the remaining batches are recomputed on every HVP.
   int64_t max_kept_graphs = 0;
   // Keep a batch's graph only while the process's resident memory (host RAM, as the kernel
-  // counts it) stays at or below this many bytes; 0 = no bound. Checked as each graph is built:
-  // the graph that crosses the budget is released at once and no later batch keeps one, so
-  // those batches are recomputed on every HVP. A bound on what the graphs add, not on the
-  // memory an HVP needs for itself.
+  // counts it) stays at or below this many bytes; 0 = no bound. Checked as each graph is built
+  // (the graph that crosses the budget is released at once and no later batch keeps one) and
+  // after each batch (or slice) of an HVP: once over the budget, every kept graph is released
+  // and the allocator's free pages go back to the system. Batches without a graph are
+  // recomputed on every HVP. A bound on what the graphs add, not on the memory an HVP needs
+  // for itself; micro_batch bounds that.
   int64_t max_memory = 0;
   // Run each probe batch through the model in slices of at most this many examples (0 = the
   // whole batch at once) and sum the slices' terms: the batch's loss, gradient, HVP and
@@ -160,6 +162,8 @@ class CurvatureEngine {
   // Batch b's loss (without a graph) as the share-weighted sum over its slices.
   double batch_loss_value(size_t b);
   void check(const ParamVector& x, const char* what) const;
+  // EngineOptions::max_memory during an HVP: past it, releases every kept graph.
+  void release_graphs_over_budget();
   // hvp_exact over the parameters in `support` (all when null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
                            const BatchObserver& observer);
