@@ -3,8 +3,8 @@
 // 1.13 differentiates the first backward's softmax, LayerNorm and GELU kernels with composed
 // formulas: about ten separate element-wise passes each, every one allocating its result. Here
 // each operation's backward is one autograd operation of our own whose backward makes one or two
-// passes per row. The forward values are ATen's bit for bit (its own kernels); first derivatives
-// agree to rounding, and second and higher derivatives take the formulas below.
+// passes per row. The forward values and first derivatives are ATen's bit for bit (its own
+// kernels, in ATen's order); second and higher derivatives take the formulas below.
 #include "curv/models/fused_ops.h"
 
 #include <ATen/ATen.h>
@@ -68,23 +68,6 @@ at::Tensor causal_mask(int64_t n, const at::TensorOptions& options) {
 }
 
 template <typename T>
-void softmax_backward_kernel(const T* p, const T* dp, T* ds, int64_t rows, int64_t n, T scale) {
-  using acc_t = at::opmath_type<T>;
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t width = row % n + 1;  // columns 0..i of query row i
-      const T* pr = p + row * n;
-      const T* dpr = dp + row * n;
-      T* out = ds + row * n;
-      acc_t r = 0;
-      for (int64_t j = 0; j < width; ++j) r += acc_t(pr[j]) * acc_t(dpr[j]);
-      for (int64_t j = 0; j < width; ++j) out[j] = scale * pr[j] * (dpr[j] - T(r));
-      std::fill(out + width, out + n, T(0));
-    }
-  });
-}
-
-template <typename T>
 void softmax_double_backward_kernel(const T* p, const T* dp, const T* w, T* grad_p, T* grad_dp,
                                     int64_t rows, int64_t n, T scale) {
   using acc_t = at::opmath_type<T>;
@@ -119,17 +102,9 @@ class CausalSoftmaxGradient : public torch::autograd::Function<CausalSoftmaxGrad
                             double scale) {
     ctx->save_for_backward({p, dp});
     ctx->saved_data["scale"] = scale;
-    if (!kernels_apply({p, dp})) {
-      return at::_softmax_backward_data(dp, p, -1, p.scalar_type()) * scale;
-    }
-    const at::Tensor pc = p.contiguous(), dpc = dp.contiguous();
-    at::Tensor ds = at::empty_like(pc);
-    const int64_t n = p.size(-1), rows = p.numel() / std::max<int64_t>(n, 1);
-    AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "causal_softmax_backward", [&] {
-      softmax_backward_kernel<scalar_t>(pc.data_ptr<scalar_t>(), dpc.data_ptr<scalar_t>(),
-                                        ds.data_ptr<scalar_t>(), rows, n, scalar_t(scale));
-    });
-    return ds;
+    // ATen's softmax backward and then the scale, as ATen's own graph of softmax(s·S + M)
+    // computes them: gradients bit for bit equal to ATen's, so training is unchanged.
+    return at::_softmax_backward_data(dp, p, -1, p.scalar_type()).mul_(scale);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
