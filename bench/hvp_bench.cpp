@@ -65,15 +65,31 @@ curv::ModelConfig shape_config(const std::string& shape) {
   return reference_config();
 }
 
-int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode,
-            const std::string& shape) {
+// The model of `shape` in `dtype_name`, its probe batch and a random direction v: the same for
+// every measurement.
+struct Setup {
+  std::unique_ptr<curv::Objective> model;
+  curv::ProbeSet probe;
+  curv::ParamVector v;
+};
+
+Setup make_setup(const std::string& dtype_name, const std::string& shape) {
   const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
   auto config = shape_config(shape);
-  auto model = curv::make_model(config, curv::ModelInit{0, dtype});
+  Setup s;
+  s.model = curv::make_model(config, curv::ModelInit{0, dtype});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  curv::ProbeSet probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
-  curv::ParamVector v;
-  for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
+  s.probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
+  for (const auto& p : s.model->parameters()) s.v.push_back(at::randn(p.sizes(), gen, p.options()));
+  return s;
+}
+
+int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode,
+            const std::string& shape) {
+  Setup setup = make_setup(dtype_name, shape);
+  auto& model = setup.model;
+  const curv::ProbeSet& probe = setup.probe;
+  const curv::ParamVector& v = setup.v;
 
   // Warm-up outside the measurement: thread pool and first touch of the weights.
   {
@@ -136,13 +152,10 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
 // hvp_first, hvp_reused} medians in seconds.
 std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtype_name, int repeats,
                                                          const std::string& shape) {
-  const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
-  auto config = shape_config(shape);
-  auto model = curv::make_model(config, curv::ModelInit{0, dtype});
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  curv::ProbeSet probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
-  curv::ParamVector v;
-  for (const auto& p : model->parameters()) v.push_back(at::randn(p.sizes(), gen, p.options()));
+  Setup setup = make_setup(dtype_name, shape);
+  auto& model = setup.model;
+  const curv::ProbeSet& probe = setup.probe;
+  const curv::ParamVector& v = setup.v;
   std::vector<std::unique_ptr<curv::CurvatureEngine>> kept(2);
   std::vector<std::vector<std::vector<double>>> times(2, std::vector<std::vector<double>>(3));
   for (int r = -1; r < repeats; ++r) {  // r = -1: warm-up, not recorded

@@ -123,8 +123,9 @@ struct Slice {
 std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
   const int64_t n = batch.size();
   if (size <= 0 || size >= n) return {Slice{batch, 1.0}};
-  const bool counted = batch.targets.defined() && !batch.targets.is_floating_point() &&
-                       batch.targets.dim() >= 1 && batch.targets.size(0) == n;
+  const bool per_example_targets =
+      batch.targets.defined() && batch.targets.dim() >= 1 && batch.targets.size(0) == n;
+  const bool counted = per_example_targets && !batch.targets.is_floating_point();
   auto weight_of = [&](const at::Tensor& targets, int64_t examples) {
     return counted ? (targets != kIgnoreIndex).sum().item<double>() : static_cast<double>(examples);
   };
@@ -133,9 +134,7 @@ std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
   for (int64_t start = 0; start < n; start += size) {
     const int64_t len = std::min(size, n - start);
     Batch part{batch.inputs.narrow(0, start, len),
-               batch.targets.defined() && batch.targets.dim() >= 1 && batch.targets.size(0) == n
-                   ? batch.targets.narrow(0, start, len)
-                   : batch.targets};
+               per_example_targets ? batch.targets.narrow(0, start, len) : batch.targets};
     const double share = total > 0 ? weight_of(part.targets, len) / total
                                    : static_cast<double>(len) / static_cast<double>(n);
     if (share > 0) slices.push_back(Slice{std::move(part), share});
