@@ -12,6 +12,7 @@
 //       (curv/models/fused_ops.h), float32 and float64, each as a multiple of its own gradient
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <malloc.h>
 
@@ -93,7 +94,7 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
 
   // Warm-up outside the measurement: thread pool and first touch of the weights.
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     model->loss(probe[0]);
   }
   std::vector<double> times;
@@ -102,7 +103,7 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
   for (int r = 0; r < repeats; ++r) {
     curv::EngineOptions options;
     if (op == "loss") {
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       auto start = std::chrono::steady_clock::now();
       model->loss(probe[0]).item<double>();
       times.push_back(seconds_since(start));

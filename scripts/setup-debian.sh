@@ -16,6 +16,8 @@ packages=(
   # torch must not run on the netlib reference BLAS (~5 GFLOP/s); the OpenMP build of OpenBLAS
   # shares ATen's OpenMP threads, the pthread build fights them (~2.5x slower on 2 cores).
   libopenblas0-openmp
+  # a virtual environment for the pinned PyPI packages (scripts/setup-pypi.sh)
+  python3-venv
   python3-torch python3-h5py python3-matplotlib python3-pandas python3-numpy
   jupyter-nbconvert python3-ipykernel python3-nbformat
 )

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Set-up to result: installs the Debian dependencies, builds everything, runs the test suite,
-# then builds and runs the examples against the installed library (find_package(curv)).
+# Set-up to result: installs the Debian dependencies and the pinned PyPI packages (transformers
+# makes the Hugging Face fixtures), builds everything, runs the test suite, then builds and runs
+# the examples against the installed library (find_package(curv)).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build}"
-if [ "${CURV_SKIP_SETUP:-0}" != 1 ]; then "$root/scripts/setup-debian.sh"; fi
+if [ "${CURV_SKIP_SETUP:-0}" != 1 ]; then
+  "$root/scripts/setup-debian.sh"
+  "$root/scripts/setup-pypi.sh"
+fi
 "$root/scripts/build.sh"
 
 echo "== unit, numerical and end-to-end tests"

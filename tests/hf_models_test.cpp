@@ -199,7 +199,13 @@ TEST_CASE("Hugging Face configs: unsupported fields and model types name the fil
     c[key] = std::move(value);
     return c;
   };
-  refused(with("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}), "rope_scaling");
+  refused(with("rope_scaling", {{"type", "yarn"}, {"factor", 2.0}}), "yarn");
+  refused(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}, {"beta_fast", 32}}),
+          "beta_fast");
+  refused(with("rope_parameters", {{"rope_type", "dynamic"}, {"rope_theta", 1e4}}), "dynamic");
+  refused(with("layer_types", {"full_attention", "chunked_attention"}), "layer_types");
+  refused(with("layer_types", {"full_attention"}), "layer_types");
+  refused(with("layer_types", {"sliding_attention", "full_attention"}), "sliding_window");
   refused(with("hidden_act", "gelu"), "hidden_act");
   refused(with("num_local_experts", 8), "num_local_experts");
   refused(with("some_new_field", 1), "some_new_field");
@@ -208,6 +214,51 @@ TEST_CASE("Hugging Face configs: unsupported fields and model types name the fil
   CHECK(
       ModelConfig::from_json(with("rope_scaling", {{"rope_type", "default"}}).dump(), "c").arch() ==
       "llama");
+  // transformers 5's rope_parameters and 4.x's rope_scaling: the same Llama 3.1 scaling.
+  const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                 {"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 16}};
+  nlohmann::json v5 = with("rope_parameters", llama3);
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["dtype"] = "bfloat16";
+  v5["layer_types"] = {"full_attention", "full_attention"};
+  nlohmann::json v4 = with("rope_scaling", llama3);
+  v4["rope_theta"] = 500000.0;
+  for (const auto& config : {v5, v4}) {
+    const auto c = ModelConfig::from_json(config.dump(), "c").as<LlamaConfig>();
+    CHECK(c.rope_type == "llama3");
+    CHECK(c.rope_theta == 500000.0);
+    CHECK(c.rope_factor == 8.0);
+    CHECK(c.rope_high_freq_factor == 4.0);
+    CHECK(c.rope_original_context == 16);
+  }
+  // The scaled model round-trips through its native form, and scaling changes the forward pass.
+  const ModelConfig scaled = ModelConfig::from_json(v5.dump(), "c");
+  CHECK(ModelConfig::from_json(scaled.to_json()).to_json() == scaled.to_json());
+  nlohmann::json unscaled = v5;
+  unscaled["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  const at::Tensor tokens = at::arange(12, at::kLong).remainder(37).view({1, 12});
+  CHECK(make_model(scaled, ModelInit{0, at::kDouble})->loss(Batch{tokens, tokens}).item<double>() !=
+        make_model(ModelConfig::from_json(unscaled.dump(), "c"), ModelInit{0, at::kDouble})
+            ->loss(Batch{tokens, tokens})
+            .item<double>());
+  // Qwen3: per-head q/k norms after the projections.
+  nlohmann::json qwen3 = with("model_type", "qwen3");
+  qwen3["head_dim"] = 8;
+  const auto q3 = make_model(ModelConfig::from_json(qwen3.dump(), "q3"));
+  CHECK(q3->space()[5].name == "model.layers.0.self_attn.q_norm.weight");
+  CHECK(q3->space()[5].shape == std::vector<int64_t>{8});
+  // A sliding window named by layer_types is read as the window (refusing longer sequences).
+  nlohmann::json windowed_types = with("model_type", "qwen2");
+  windowed_types["layer_types"] = {"full_attention", "sliding_attention"};
+  windowed_types["sliding_window"] = 6;
+  windowed_types["use_sliding_window"] = true;
+  windowed_types["max_window_layers"] = 1;
+  CHECK(ModelConfig::from_json(windowed_types.dump(), "q").as<LlamaConfig>().sliding_window == 6);
   // Qwen2's window only applies with use_sliding_window.
   nlohmann::json qwen = with("model_type", "qwen2");
   qwen["sliding_window"] = 4;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -265,11 +266,11 @@ TEST_CASE("the fused softmax LayerNorm and GELU equal ATen's to rounding in thre
             at::randn(p.sizes(), at::make_generator<at::CPUGeneratorImpl>(15), p.options()));
       }
       auto hvw_at = [&](double step) {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         for (size_t i = 0; i < params.size(); ++i) params[i].add_(u[i], step);
         at::Tensor value;
         {
-          at::AutoGradMode grad(true);
+          c10::AutoGradMode grad(true);
           const auto g = torch::autograd::grad({model->loss(probe[0])}, params, {}, true, true);
           const auto hv = torch::autograd::grad(g, params, v, false, false, true);
           value = at::zeros({}, at::kDouble);

@@ -41,13 +41,28 @@ int run_command(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-void run_python(const std::string& script, const std::vector<std::string>& args) {
-  std::string command = std::string(CURV_TEST_PYTHON) + " " + CURV_TEST_PYDIR + "/" + script;
+namespace {
+
+void run_script(const std::string& python, const std::string& script,
+                const std::vector<std::string>& args) {
+  std::string command = python + " " + CURV_TEST_PYDIR + "/" + script;
   for (const auto& arg : args) command += " '" + arg + "'";
   std::string output;
   int status = run_command(command, &output);
   INFO("command: " << command << "\noutput:\n" << output);
   REQUIRE(status == 0);
+}
+
+}  // namespace
+
+void run_python(const std::string& script, const std::vector<std::string>& args) {
+  run_script(CURV_TEST_PYTHON, script, args);
+}
+
+void run_transformers_python(const std::string& script, const std::vector<std::string>& args) {
+  INFO("the Python with transformers comes from scripts/setup-pypi.sh (" CURV_TRANSFORMERS_PYTHON
+       ")");
+  run_script(CURV_TRANSFORMERS_PYTHON, script, args);
 }
 
 std::string tool_path(const std::string& name) {

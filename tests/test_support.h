@@ -37,6 +37,10 @@ class TempDir {
 // Runs `python3 tests/python/<script> args...`; fails the test (with its output) on non-zero exit.
 void run_python(const std::string& script, const std::vector<std::string>& args);
 
+// The same with the Python that has the pinned transformers and torch 2.x
+// (scripts/setup-pypi.sh; CMake's CURV_TRANSFORMERS_PYTHON).
+void run_transformers_python(const std::string& script, const std::vector<std::string>& args);
+
 // Runs a shell command, returns its exit status; stdout+stderr are captured into `output`.
 int run_command(const std::string& command, std::string* output = nullptr);
 

@@ -3,6 +3,7 @@
 #include "curv/analysis/token_buckets.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <catch2/catch.hpp>
@@ -61,7 +62,7 @@ Restricted restricted_audit(Objective& model, const ProbeSet& probe, const at::T
   const ParamVector theta = snapshot_parameters(model);
   load_parameters(model, add(theta, u));
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     r.loss_at_step = restricted_loss().item<double>();
   }
   load_parameters(model, theta);

@@ -428,8 +428,9 @@ Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>
   auto batch_nds = [&](const std::string& unit, std::vector<double>& weight,
                        std::vector<double>& nds) {
     if (!reader.exists(unit + "/batches")) return false;
-    const Table batches = reader.table(unit + "/batches");
     const double u = reader.attribute_double(unit, "update_norm");
+    if (u == 0.0) return false;  // a zero direction has no NDS to compare
+    const Table batches = reader.table(unit + "/batches");
     weight = batches.doubles("weight");
     nds = batches.doubles("curvature");
     for (auto& x : nds) x /= u * u;
@@ -602,8 +603,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       ParamVector u = d->compute(context);
       if (k == last_state_reader) release_state();
       TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
+      // A zero direction has its audit and status; nothing is left to break down.
+      const bool complete = taylor.status == AuditStatus::kComplete;
+      if (!complete) ++summary.zero_directions;
       std::vector<BucketResult> buckets;
-      if (token_buckets_) {
+      if (token_buckets_ && complete) {
         // Built at the first unit that needs it, after θ is set: its engines share the objective.
         if (!bucket_audit) {
           bucket_audit = std::make_unique<TokenBucketAudit>(engine.objective(), engine.probe(),
@@ -611,15 +615,17 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         }
         buckets = bucket_audit->audit(u, blocks, o.taylor);
       }
-      if (o.within) {
+      if (o.within && complete) {
         WithinReport within = within_block(engine, u, within_options);
         report.add_taylor(run.name, info.step, d->name(), taylor, &within);
       } else {
         report.add_taylor(run.name, info.step, d->name(), taylor);
       }
-      if (token_buckets_) report.add_token_buckets(run.name, info.step, d->name(), buckets);
+      if (token_buckets_ && complete) {
+        report.add_token_buckets(run.name, info.step, d->name(), buckets);
+      }
       const std::string unit = unit_path(run.name, info.step, d->name());
-      if (o.spectrum.overlap) {
+      if (o.spectrum.overlap && complete) {
         write_overlap(report.writer(), unit, direction_overlap(u, top_vectors, engine.gradient()));
       }
       if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
@@ -729,8 +735,13 @@ std::string summarize_probe_file(const std::string& path) {
     if (sum.empty()) sum.assign(x.size(), 0.0);
     for (size_t b = 0; b < x.size() && b < sum.size(); ++b) sum[b] += scale * x[b];
   };
+  std::vector<std::string> zero_units;  // audited along a zero direction: no NDS to average
   for (size_t i = 0; i < taylor.num_rows(); ++i) {
     if (block[i] != "total") continue;
+    if (update_norm[i] == 0.0) {
+      zero_units.push_back(fmt::format("{} step {} {}", run[i], step[i], dir[i]));
+      continue;
+    }
     auto& a = acc[{run[i], dir[i]}];
     const Table batches = reader.table(unit_path(run[i], step[i], dir[i]) + "/batches");
     const auto& first = batches.doubles("first_order");
@@ -791,6 +802,10 @@ std::string summarize_probe_file(const std::string& path) {
                     pm(c.doubles("difference")[i], c.doubles("difference_stderr")[i]).c_str());
       out += line;
     }
+  }
+  if (!zero_units.empty()) {
+    out += fmt::format("\n{} unit(s) along a zero direction (NaN NDS, status zero_direction): {}\n",
+                       zero_units.size(), fmt::join(zero_units, ", "));
   }
   out += "(± one standard error over probe batches; n/a with a single batch: docs/concepts.md)\n";
   return out;

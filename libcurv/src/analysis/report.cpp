@@ -410,6 +410,12 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
                                                     {"ggn_nds_stderr", r.ggn_nds_stderr},
                                                     {"residual_nds_stderr", r.residual_nds_stderr}};
   for (const auto& [key, value] : scalars) w.attribute(g, key, value);
+  if (r.status == AuditStatus::kZeroDirection) {
+    // A unit with numbers whose ratios are NaN: its attributes say why, and /status lists it.
+    record_status(g, run, step, direction, to_string(r.status),
+                  "the direction is zero (‖u‖ = 0): g·u, uᵀHu, predicted and realized change are "
+                  "0; NDS and the curvature ratios are NaN");
+  }
   w.attribute(g, "hvps", r.hvps);
   w.attribute(g, "coupling_mode", to_string(r.coupling_mode));
 
@@ -618,6 +624,20 @@ void ProbeReport::add_token_buckets(const std::string& run, int64_t step,
   buckets_->append_rows(rows);
 }
 
+void ProbeReport::record_status(const std::string& group, const std::string& run, int64_t step,
+                                const std::string& direction, const std::string& status,
+                                const std::string& message) {
+  writer_->attribute(group, "status", status);
+  writer_->attribute(group, "message", message);
+  Table row;
+  row.add_column("run", std::vector<std::string>{run});
+  row.add_column("step", std::vector<int64_t>{step});
+  row.add_column("direction", std::vector<std::string>{direction});
+  row.add_column("status", std::vector<std::string>{status});
+  row.add_column("message", std::vector<std::string>{message});
+  status_->append_rows(row);
+}
+
 void ProbeReport::add_status(const std::string& run, int64_t step, const std::string& direction,
                              const std::string& status, const std::string& message) {
   check_name("run", run);
@@ -627,15 +647,7 @@ void ProbeReport::add_status(const std::string& run, int64_t step, const std::st
   writer_->group(g);
   drop_status(run, step, direction);
   *buckets_ = without_unit(*buckets_, run, step, direction);
-  writer_->attribute(g, "status", status);
-  writer_->attribute(g, "message", message);
-  Table row;
-  row.add_column("run", std::vector<std::string>{run});
-  row.add_column("step", std::vector<int64_t>{step});
-  row.add_column("direction", std::vector<std::string>{direction});
-  row.add_column("status", std::vector<std::string>{status});
-  row.add_column("message", std::vector<std::string>{message});
-  status_->append_rows(row);
+  record_status(g, run, step, direction, status, message);
 }
 
 namespace {

@@ -49,6 +49,16 @@ void TaylorOptions::validate() const {
   }
 }
 
+std::string to_string(AuditStatus status) {
+  switch (status) {
+    case AuditStatus::kComplete:
+      return "complete";
+    case AuditStatus::kZeroDirection:
+      return "zero_direction";
+  }
+  return "?";
+}
+
 std::string TaylorResult::brief() const {
   return fmt::format(
       "loss {:.5g}, NDS {:.5g} ± {:.2g}, predicted {:.4g} ± {:.2g}, realized {:.4g} ± {:.2g}, "
@@ -178,6 +188,60 @@ void gauss_newton_split(CurvatureEngine& engine, const ParamVector& u, const Blo
   }
 }
 
+// The audit of u = 0, exactly and without passes: every term that is linear or quadratic in u is
+// 0 (per batch and per block too), every ratio by ‖u‖² or uᵀHu is NaN.
+TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition& blocks,
+                                  const TaylorOptions& options) {
+  TaylorResult r;
+  r.status = AuditStatus::kZeroDirection;
+  r.coupling_mode = options.coupling;
+  r.loss = engine.loss();
+  const size_t L = blocks.size();
+  const auto Le = static_cast<Eigen::Index>(L);
+  TaylorBatches& t = r.batches;
+  t.loss = engine.batch_losses();
+  const size_t B = t.loss.size();
+  const auto Be = static_cast<Eigen::Index>(B);
+  t.weight.resize(B);
+  for (size_t b = 0; b < B; ++b) t.weight[b] = engine.probe().weight(b);
+  const bool have_within = options.coupling != CouplingMode::kNone;
+  t.first_order.assign(B, 0.0);
+  t.curvature.assign(B, 0.0);
+  t.realized.assign(B, options.realized ? 0.0 : kNaN);
+  t.within.assign(B, have_within ? 0.0 : kNaN);
+  t.block_first_order = Eigen::MatrixXd::Zero(Be, Le);
+  t.block_curvature =
+      have_within ? Eigen::MatrixXd::Zero(Be, Le).eval() : Eigen::MatrixXd::Constant(Be, Le, kNaN);
+  t.block_row_sum = Eigen::MatrixXd::Zero(Be, Le);
+  t.ggn.assign(B, options.ggn ? 0.0 : kNaN);
+  t.block_ggn = options.ggn_blocks ? Eigen::MatrixXd::Zero(Be, Le).eval()
+                                   : Eigen::MatrixXd::Constant(Be, Le, kNaN);
+  r.realized = options.realized ? 0.0 : kNaN;
+  r.nds = r.eta_star = r.s_within = r.s_cross = r.rho_within = kNaN;
+  if (options.coupling == CouplingMode::kFull) r.coupling = Eigen::MatrixXd::Zero(Le, Le);
+  r.blocks.resize(L);
+  for (size_t l = 0; l < L; ++l) {
+    auto& b = r.blocks[l];
+    b.name = blocks[l].name;
+    b.curvature = have_within ? 0.0 : kNaN;
+    b.nds = kNaN;
+    if (options.ggn_blocks) {
+      b.ggn_curvature = 0.0;
+      b.ggn_curvature_stderr = 0.0;
+      b.residual_curvature = have_within ? 0.0 : kNaN;
+      b.residual_curvature_stderr = options.coupling == CouplingMode::kFull ? 0.0 : kNaN;
+    }
+  }
+  for (double eta : options.step_multipliers) {
+    MultiplierTerms m;
+    m.eta = eta;
+    r.multipliers.push_back(m);
+  }
+  if (options.ggn) r.ggn_curvature = r.residual_curvature = 0.0;
+  fill_stderrs(r, options.realized);
+  return r;
+}
+
 }  // namespace
 
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
@@ -190,11 +254,18 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     throw InvalidArgument(
         fmt::format("taylor_audit: direction of {} tensors for {} parameters", u.size(), g.size()));
   }
+  const double u_sq = squared_norm(u);
+  if (!std::isfinite(u_sq)) {
+    throw InvalidArgument(fmt::format("taylor_audit: the direction has ‖u‖² = {}", u_sq));
+  }
+  if (u_sq == 0.0) {
+    TaylorResult r = zero_direction_audit(engine, blocks, options);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return r;
+  }
   TaylorResult r;
   r.coupling_mode = options.coupling;
   r.loss = engine.loss();
-  const double u_sq = squared_norm(u);
-  if (!(u_sq > 0.0)) throw InvalidArgument("taylor_audit: the direction is zero");
   r.update_norm = std::sqrt(u_sq);
   r.first_order = dot(g, u);
 

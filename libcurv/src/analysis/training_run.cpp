@@ -1,6 +1,7 @@
 #include "curv/analysis/training_run.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -158,7 +159,7 @@ TrainingData make_training_data(const TrainingDataOptions& o, const ModelConfig&
 }
 
 Evaluation evaluate(Objective& model, const Batch& validation, const at::Tensor& buckets) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   Evaluation e;
   const Batch val{validation.inputs.to(model.device()), validation.targets.to(model.device())};
   at::Tensor losses = model.token_losses(val).to(at::kCPU, at::kDouble);

@@ -1,6 +1,7 @@
 #include "curv/core/engine.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -351,7 +352,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
       if (keep) ++graphs;
       value_b += slice.share * value;
       {
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         // A kept gradient stays as it is (its graph is reused); the sum shares it only when it
         // is the whole sum (one batch of one slice, w = 1).
         for (size_t i = 0; i < g.size(); ++i) {
@@ -498,7 +499,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
                                    /*create_graph=*/false, /*allow_unused=*/true);
         ++counters_.second_backwards;
       }
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       if (slices.size() == 1) {
         hv_b = std::move(hv);
         if (observer) g_b = detached(g);
@@ -516,7 +517,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       fresh.clear();
       release_graphs_over_budget();
     }
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     if (observer) observer(BatchTerms{b, w_b, &g_b, &hv_b});
     for (size_t i = 0; i < hv_b.size(); ++i) {
       if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b);
@@ -557,7 +558,7 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
   double loss = 0.0;
   if (batch_losses) batch_losses->assign(probe_.size(), 0.0);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     // variable_data(): same storage, separate version counter, so the kept graphs survive the
     // excursion; the exact restore below makes them valid again.
     for (size_t i = 0; i < s.params.size(); ++i) {
@@ -592,7 +593,7 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
 }
 
 double CurvatureEngine::batch_loss_value(size_t b) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   double value = 0.0;
   for (const Slice& slice : state_->slices[b]) {
     const double value_s = objective_.loss(slice.batch).item<double>();
@@ -606,7 +607,7 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
                                                const ParamVector* offset) {
   auto& s = *state_;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (size_t i = 0; i < s.params.size(); ++i) {
       auto data = s.params[i].variable_data();
       data.copy_(saved[i]);
@@ -620,7 +621,7 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
     auto g_s =
         fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true), s.params);
     ++counters_.backwards;
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (size_t i = 0; i < g.size(); ++i) accumulate(g[i], std::move(g_s[i]), slice.share);
   }
   return g;
@@ -647,7 +648,7 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
   // `saved` before every evaluation and after the last.
   const ParamVector saved = clone(s.params);
   auto restore = [&] {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
   };
   ParamVector result(s.params.size());
@@ -657,7 +658,7 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
       if (v_norm > 0.0) {
         hv = batch_gradient_at(b, saved, &plus);
         ParamVector g_minus = batch_gradient_at(b, saved, &minus);
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         for (size_t i = 0; i < hv.size(); ++i) hv[i].sub_(g_minus[i]).div_(2.0 * h);
       } else {
         hv = zeros_like(s.params);

@@ -1,6 +1,7 @@
 #include "curv/core/gauss_newton.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -129,7 +130,7 @@ at::Tensor jacobian_vector_product(const at::Tensor& outputs, const ParamVector&
                     "compute them with grad mode on",
                     what, outputs.sizes()));
   }
-  at::AutoGradMode grad_mode(true);
+  c10::AutoGradMode grad_mode(true);
   std::vector<at::Tensor> inputs;
   for (size_t i : support) inputs.push_back(params[i]);
   // r(y) = Jᵀy is linear in y, so y's value is irrelevant; zeros as torch.autograd.functional.jvp.
@@ -209,7 +210,7 @@ Eigen::MatrixXd gauss_newton_coupling(Objective& objective, const Batch& batch,
                     "of {}",
                     u.size(), params.size(), objective.describe()));
   }
-  at::AutoGradMode grad_mode(true);
+  c10::AutoGradMode grad_mode(true);
   at::Tensor logits = objective.logits(batch);
   std::vector<at::Tensor> tangents;
   tangents.reserve(supports.size());

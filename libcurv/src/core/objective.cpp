@@ -1,6 +1,7 @@
 #include "curv/core/objective.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include "core/fmt_torch.h"
@@ -40,7 +41,7 @@ void load_parameters(Objective& objective, const ParamVector& values) {
     throw InvalidArgument(fmt::format("load_parameters: {} values for {} parameters of {}",
                                       values.size(), params.size(), objective.describe()));
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!values[i].sizes().equals(params[i].sizes())) {
       throw InvalidArgument(fmt::format("parameter '{}': value of shape {} for a model shape {}",

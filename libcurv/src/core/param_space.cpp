@@ -1,6 +1,7 @@
 #include "curv/core/param_space.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -94,7 +95,7 @@ double norm(const ParamVector& a) { return std::sqrt(squared_norm(a)); }
 
 void axpy(double alpha, const ParamVector& x, ParamVector& y) {
   check_aligned(x, y, "axpy");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (size_t i = 0; i < x.size(); ++i) y[i].add_(x[i].to(y[i].scalar_type()), alpha);
 }
 

@@ -99,7 +99,9 @@ std::shared_ptr<const Architecture> modded_architecture();
 // the architecture or listed as one that does not change the forward pass in eval mode.
 class HfConfigReader {
  public:
-  HfConfigReader(const nlohmann::json& config, std::string origin);
+  // `inert`: the keys every PretrainedConfig may carry count as read (false for a nested object
+  // such as rope_parameters, whose every key matters).
+  HfConfigReader(const nlohmann::json& config, std::string origin, bool inert = true);
   // The value of `key` when present and not null (marking it taken).
   const nlohmann::json* find(const std::string& key);
   int64_t integer(const std::string& key, int64_t fallback);

@@ -77,8 +77,9 @@ constexpr const char* kInertKeys[] = {"_name_or_path",
 
 }  // namespace
 
-HfConfigReader::HfConfigReader(const nlohmann::json& config, std::string origin)
+HfConfigReader::HfConfigReader(const nlohmann::json& config, std::string origin, bool inert)
     : config_(config), origin_(std::move(origin)) {
+  if (!inert) return;
   for (const char* key : kInertKeys) taken_.insert(key);
 }
 

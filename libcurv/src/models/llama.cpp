@@ -1,6 +1,7 @@
-// The built-in LLaMA family: Hugging Face's LlamaForCausalLM, MistralForCausalLM and
-// Qwen2ForCausalLM forward pass on plain ATen calls (twice differentiable everywhere), with HF's
-// parameter names and order, read from the config.json that HF saves beside the weights.
+// The built-in LLaMA family: Hugging Face's LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM forward pass on plain ATen calls (twice differentiable
+// everywhere), with HF's parameter names and order, read from the config.json that HF saves beside
+// the weights.
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -59,6 +60,12 @@ class Llama : public FunctionalModel {
       layer.v = add_linear(h + "self_attn.v_proj", KV * D, C, qkv_bias, ParamRole::kAttentionValue);
       layer.o = add_linear(h + "self_attn.o_proj", C, H * D, c.attention_bias,
                            ParamRole::kAttentionOutput);
+      if (c.qk_norm) {
+        layer.q_norm =
+            add_param(h + "self_attn.q_norm.weight", filled({D}, 1.0), ParamRole::kNormGain);
+        layer.k_norm =
+            add_param(h + "self_attn.k_norm.weight", filled({D}, 1.0), ParamRole::kNormGain);
+      }
       layer.gate = add_linear(h + "mlp.gate_proj", F, C, c.mlp_bias, ParamRole::kMlpGate);
       layer.up = add_linear(h + "mlp.up_proj", F, C, c.mlp_bias, ParamRole::kMlpInput);
       layer.down = add_linear(h + "mlp.down_proj", C, F, c.mlp_bias, ParamRole::kMlpOutput);
@@ -115,6 +122,7 @@ class Llama : public FunctionalModel {
   struct Layer {
     Linear q, k, v, o, gate, up, down;
     size_t input_norm = 0, post_norm = 0;
+    size_t q_norm = 0, k_norm = 0;  // Qwen3's per-head query and key norms
   };
 
   at::Tensor linear(const at::Tensor& x, const Linear& l) const {
@@ -130,6 +138,26 @@ class Llama : public FunctionalModel {
   // Rotary embeddings as HF applies them: the two halves of each head are rotated together
   // (rotate_half), angle t · θ^(−2i/d) for position t and frequency i < d/2. The angles are
   // computed in float64 and then cast to the model's dtype.
+  // The inverse frequencies θ^(−2i/d) in float64, scaled as transformers' rope_init_fn of the
+  // config's rope type (modeling_rope_utils.py; transformers computes them in float32).
+  at::Tensor inverse_frequencies(const at::TensorOptions& f64) const {
+    const int64_t D = c_.head_size();
+    auto inv =
+        at::pow(c_.rope_theta, at::arange(0, D, 2, f64) / static_cast<double>(D)).reciprocal();
+    if (c_.rope_type == "linear") return inv / c_.rope_factor;
+    if (c_.rope_type != "llama3") return inv;
+    // Llama 3.1: wavelengths above original_context / low_freq_factor are divided by the factor,
+    // those below original_context / high_freq_factor kept, and the band between interpolated.
+    const double context = static_cast<double>(c_.rope_original_context);
+    const double low = c_.rope_low_freq_factor, high = c_.rope_high_freq_factor;
+    auto wavelength = (2.0 * M_PI) / inv;
+    auto scaled = at::where(wavelength > context / low, inv / c_.rope_factor, inv);
+    auto smooth = (context / wavelength - low) / (high - low);
+    auto smoothed = (1.0 - smooth) * scaled / c_.rope_factor + smooth * scaled;
+    auto band = (wavelength >= context / high).logical_and(wavelength <= context / low);
+    return at::where(band, smoothed, scaled);
+  }
+
   static at::Tensor rotate_half(const at::Tensor& x) {
     const int64_t half = x.size(-1) / 2;
     return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -171,17 +199,21 @@ class Llama : public FunctionalModel {
     const int64_t group = H / KV;
     auto x = at::embedding(p(embed_), tokens);
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    auto inv_freq =
-        at::pow(c_.rope_theta, at::arange(0, D, 2, f64) / static_cast<double>(D)).reciprocal();
-    auto angles = at::outer(at::arange(T, f64), inv_freq);
+    auto angles = at::outer(at::arange(T, f64), inverse_frequencies(f64));
     auto emb = at::cat({angles, angles}, -1);
     const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
     auto rope = [&](const at::Tensor& t) { return t * cos + rotate_half(t) * sin; };
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     for (const auto& l : layers_) {
       auto h = rms_norm(x, l.input_norm);
-      auto q = rope(linear(h, l.q).view({B, T, H, D}).transpose(1, 2));
-      auto k = rope(linear(h, l.k).view({B, T, KV, D}).transpose(1, 2));
+      auto q = linear(h, l.q).view({B, T, H, D});
+      auto k = linear(h, l.k).view({B, T, KV, D});
+      if (c_.qk_norm) {
+        q = rms_norm(q, l.q_norm);
+        k = rms_norm(k, l.k_norm);
+      }
+      q = rope(q.transpose(1, 2));
+      k = rope(k.transpose(1, 2));
       auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
       // Grouped-query attention: query head j reads key/value head j / group (HF's repeat_kv).
       auto repeat = [&](const at::Tensor& t) {
@@ -221,7 +253,13 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
             "attention_bias",
             "qkv_bias",
             "mlp_bias",
-            "sliding_window"};
+            "sliding_window",
+            "qk_norm",
+            "rope_type",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+            "rope_original_context"};
   }
   LlamaConfig from_json(const nlohmann::json& j, const std::string&) const override {
     LlamaConfig c;
@@ -240,24 +278,42 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     c.qkv_bias = j.value("qkv_bias", c.qkv_bias);
     c.mlp_bias = j.value("mlp_bias", c.mlp_bias);
     c.sliding_window = j.value("sliding_window", c.sliding_window);
+    c.qk_norm = j.value("qk_norm", c.qk_norm);
+    c.rope_type = j.value("rope_type", c.rope_type);
+    c.rope_factor = j.value("rope_factor", c.rope_factor);
+    c.rope_low_freq_factor = j.value("rope_low_freq_factor", c.rope_low_freq_factor);
+    c.rope_high_freq_factor = j.value("rope_high_freq_factor", c.rope_high_freq_factor);
+    c.rope_original_context = j.value("rope_original_context", c.rope_original_context);
     return c;
   }
   nlohmann::json to_json_object(const LlamaConfig& c) const override {
-    return {{"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"num_key_value_heads", c.kv_heads()},
-            {"head_dim", c.head_size()},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"attention_bias", c.attention_bias},
-            {"qkv_bias", c.qkv_bias},
-            {"mlp_bias", c.mlp_bias},
-            {"sliding_window", c.sliding_window}};
+    nlohmann::json j = {{"vocab_size", c.vocab_size},
+                        {"hidden_size", c.hidden_size},
+                        {"intermediate_size", c.intermediate_size},
+                        {"num_hidden_layers", c.num_hidden_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"num_key_value_heads", c.kv_heads()},
+                        {"head_dim", c.head_size()},
+                        {"max_position_embeddings", c.max_position_embeddings},
+                        {"rms_norm_eps", c.rms_norm_eps},
+                        {"rope_theta", c.rope_theta},
+                        {"tie_word_embeddings", c.tie_word_embeddings},
+                        {"attention_bias", c.attention_bias},
+                        {"qkv_bias", c.qkv_bias},
+                        {"mlp_bias", c.mlp_bias},
+                        {"sliding_window", c.sliding_window}};
+    // Written only when they change the model, so configs of plain LLaMA models read as before.
+    if (c.qk_norm) j["qk_norm"] = true;
+    if (c.rope_type != "default") {
+      j["rope_type"] = c.rope_type;
+      j["rope_factor"] = c.rope_factor;
+      if (c.rope_type == "llama3") {
+        j["rope_low_freq_factor"] = c.rope_low_freq_factor;
+        j["rope_high_freq_factor"] = c.rope_high_freq_factor;
+        j["rope_original_context"] = c.rope_original_context;
+      }
+    }
+    return j;
   }
   void validate_config(const LlamaConfig& c) const override {
     auto positive = [](const char* field, double value) {
@@ -295,17 +351,33 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
           fmt::format("model config: head_dim = {} must be even (rotary embeddings rotate pairs)",
                       c.head_size()));
     }
+    if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3") {
+      throw InvalidArgument(
+          fmt::format("model config: rope_type = \"{}\" is not built in (default, linear, llama3)",
+                      c.rope_type));
+    }
+    positive("rope_factor", c.rope_factor);
+    if (c.rope_type == "llama3") {
+      positive("rope_low_freq_factor", c.rope_low_freq_factor);
+      positive("rope_original_context", static_cast<double>(c.rope_original_context));
+      if (!(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
+        throw InvalidArgument(fmt::format(
+            "model config: rope_high_freq_factor = {} must exceed rope_low_freq_factor = {}",
+            c.rope_high_freq_factor, c.rope_low_freq_factor));
+      }
+    }
   }
   std::string describe_config(const LlamaConfig& c) const override {
     return fmt::format(
         "llama(layers={}, hidden={}, heads={}, kv_heads={}, head_dim={}, intermediate={}, "
-        "vocab={}, context={}, tied={}{}{})",
+        "vocab={}, context={}, tied={}{}{}{}{})",
         c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.kv_heads(), c.head_size(),
         c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings,
         c.attention_bias ? ", attention_bias"
         : c.qkv_bias     ? ", qkv_bias"
                          : "",
-        c.mlp_bias ? ", mlp_bias" : "");
+        c.mlp_bias ? ", mlp_bias" : "", c.qk_norm ? ", qk_norm" : "",
+        c.rope_type == "default" ? "" : fmt::format(", rope={} x{}", c.rope_type, c.rope_factor));
   }
   std::unique_ptr<Objective> build(const LlamaConfig& c, const ModelInit& init) const override {
     return std::make_unique<Llama>(c, init);
@@ -319,8 +391,12 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     return d;
   }
 
-  std::vector<std::string> hf_model_types() const override { return {"llama", "mistral", "qwen2"}; }
+  std::vector<std::string> hf_model_types() const override {
+    return {"llama", "mistral", "qwen2", "qwen3"};
+  }
 
+  // Reads config.json as transformers 4.40 to 5.x write it for these families
+  // (docs/checkpoints.md#hugging-face-models).
   std::any parse_hf(const std::string& json, const std::string& origin) const override {
     const auto j = nlohmann::json::parse(json);
     HfConfigReader r(j, origin);
@@ -335,7 +411,6 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     c.head_dim = r.integer("head_dim", 0);
     c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
     c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
-    c.rope_theta = r.number("rope_theta", 10000.0);
     c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
     if (type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q, k, v with biases, o without
@@ -343,28 +418,14 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
       c.attention_bias = r.boolean("attention_bias", false);
       c.mlp_bias = r.boolean("mlp_bias", false);
     }
+    c.qk_norm = type == "qwen3";
     const std::string act = r.text("hidden_act", "silu");
     if (act != "silu") r.unsupported("hidden_act", "the LLaMA family's MLP is SwiGLU (silu)");
-    if (const nlohmann::json* scaling = r.find("rope_scaling")) {
-      const bool plain = scaling->is_object() && scaling->size() == 1 &&
-                         scaling->value("rope_type", std::string()) == "default";
-      if (!plain) r.unsupported("rope_scaling", "only unscaled rotary embeddings are built in");
-    }
+    read_rope(r, c);
     if (r.integer("pretraining_tp", 1) < 1) {
       r.unsupported("pretraining_tp", "must be >= 1 (it only splits HF's matmuls)");
     }
-    // Sliding-window attention: Mistral applies it to every layer when set; Qwen2 only with
-    // use_sliding_window, from layer max_window_layers on.
-    const nlohmann::json* window = r.find("sliding_window");
-    if (type == "qwen2") {
-      const bool use = r.boolean("use_sliding_window", false);
-      const int64_t from_layer = r.integer("max_window_layers", c.num_hidden_layers);
-      if (use && window && from_layer < c.num_hidden_layers) {
-        c.sliding_window = r.integer("sliding_window", 0);
-      }
-    } else if (window) {
-      c.sliding_window = r.integer("sliding_window", 0);
-    }
+    read_attention_window(r, type, c);
     if (r.find("num_experts") || r.find("num_local_experts")) {
       r.unsupported(r.find("num_experts") ? "num_experts" : "num_local_experts",
                     "mixture-of-experts models are not built in");
@@ -373,6 +434,78 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     r.ignore({"attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"});
     r.finish();
     return c;
+  }
+
+ private:
+  // The rotary embedding: transformers 5's rope_parameters {rope_theta, rope_type, ...}, or 4.x's
+  // top-level rope_theta beside an optional rope_scaling {rope_type (or type), factor, ...}.
+  static void read_rope(HfConfigReader& r, LlamaConfig& c) {
+    c.rope_theta = r.number("rope_theta", 10000.0);
+    const char* key = r.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+    const nlohmann::json* rope = r.find(key);
+    if (r.find("rope_parameters") && r.find("rope_scaling")) {
+      r.unsupported("rope_scaling", "rope_parameters is given too; a config has one of the two");
+    }
+    if (!rope) return;
+    if (!rope->is_object()) r.unsupported(key, "expected an object");
+    HfConfigReader p(*rope, fmt::format("{}: \"{}\"", r.origin(), key), /*inert=*/false);
+    c.rope_theta = p.number("rope_theta", c.rope_theta);
+    c.rope_type = p.text("rope_type", p.text("type", "default"));
+    if (c.rope_type == "linear" || c.rope_type == "llama3") {
+      c.rope_factor = p.number("factor", 1.0);
+    }
+    if (c.rope_type == "llama3") {
+      c.rope_low_freq_factor = p.number("low_freq_factor", 1.0);
+      c.rope_high_freq_factor = p.number("high_freq_factor", 4.0);
+      c.rope_original_context =
+          p.integer("original_max_position_embeddings", c.max_position_embeddings);
+    } else if (c.rope_type != "default" && c.rope_type != "linear") {
+      p.unsupported(p.find("rope_type") ? "rope_type" : "type",
+                    "the rotary types built in are default, linear and llama3");
+    }
+    if (p.number("partial_rotary_factor", 1.0) != 1.0) {
+      p.unsupported("partial_rotary_factor", "these families rotate the whole head");
+    }
+    p.finish();
+  }
+
+  // Sliding-window attention. transformers 5 lists every layer's kind in layer_types; 4.x has
+  // Mistral apply sliding_window to every layer when set, and Qwen2/Qwen3 only with
+  // use_sliding_window, from layer max_window_layers on. A windowed layer is read as plain causal
+  // attention, with longer probe sequences refused (check()).
+  static void read_attention_window(HfConfigReader& r, const std::string& type, LlamaConfig& c) {
+    const bool qwen = type == "qwen2" || type == "qwen3";
+    bool windowed = false;
+    if (const nlohmann::json* kinds = r.find("layer_types")) {
+      const bool listed =
+          kinds->is_array() && static_cast<int64_t>(kinds->size()) == c.num_hidden_layers;
+      if (!listed) r.unsupported("layer_types", "expected one entry per hidden layer");
+      for (const auto& kind : *kinds) {
+        if (kind == "sliding_attention") {
+          windowed = true;
+        } else if (kind != "full_attention") {
+          r.unsupported("layer_types",
+                        "the layer kinds built in are full_attention and "
+                        "sliding_attention");
+        }
+      }
+      // layer_types is what transformers 5 derives from these two: it decides.
+      if (qwen) r.ignore({"use_sliding_window", "max_window_layers"});
+    } else if (qwen) {
+      const bool use = r.boolean("use_sliding_window", false);
+      const int64_t from_layer = r.integer("max_window_layers", c.num_hidden_layers);
+      windowed = use && from_layer < c.num_hidden_layers;
+    } else {
+      windowed = r.find("sliding_window") != nullptr;
+    }
+    if (!windowed) {
+      r.ignore({"sliding_window"});
+      return;
+    }
+    c.sliding_window = r.integer("sliding_window", 0);
+    if (c.sliding_window <= 0) {
+      r.unsupported("sliding_window", "sliding-window layers need a window of at least 1 token");
+    }
   }
 };
 

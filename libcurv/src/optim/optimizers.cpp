@@ -1,6 +1,7 @@
 #include "curv/optim/optimizers.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -268,7 +269,7 @@ ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
                     "of {}",
                     config_.name, theta.size(), grad.size(), space_.size()));
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   ++step_count_;
   ParamVector u;
   u.reserve(theta.size());

@@ -92,6 +92,8 @@ struct ProbeRunSource {
 struct ProbeRunSummary {
   size_t units = 0;    // (checkpoint, direction) units and checkpoint spectra in the plan
   size_t skipped = 0;  // already in the output (resume)
+  // Units audited along a zero direction (AuditStatus::kZeroDirection: NaN ratios, run goes on).
+  size_t zero_directions = 0;
   EngineCounters counters;
 };
 

@@ -105,6 +105,10 @@ class ProbeReport {
   void load_for_resume(const std::string& source, const Provenance& provenance);
   std::string status_of(const std::string& run, int64_t step, const std::string& direction) const;
   void drop_status(const std::string& run, int64_t step, const std::string& direction);
+  // The unit group's status and message attributes and its row of /status.
+  void record_status(const std::string& group, const std::string& run, int64_t step,
+                     const std::string& direction, const std::string& status,
+                     const std::string& message);
 
   std::string path_;
   std::shared_ptr<Communicator> comm_;

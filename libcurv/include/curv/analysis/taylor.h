@@ -97,7 +97,17 @@ struct TaylorBatches {
   size_t size() const { return weight.size(); }
 };
 
+// Whether an audit's ratios exist. A zero direction (a learning rate of 0 at the end of a
+// schedule, two identical checkpoints) is a result, not an error: g·u, uᵀHu and the predicted and
+// realized changes are exactly 0, and NDS, η*, S_within, S_cross and ρ_within (0/0) are NaN.
+enum class AuditStatus {
+  kComplete,
+  kZeroDirection,
+};
+std::string to_string(AuditStatus status);  // "complete" | "zero_direction"
+
 struct TaylorResult {
+  AuditStatus status = AuditStatus::kComplete;
   double loss = 0;         // L(θ)
   double first_order = 0;  // g·u (first-order gain = −g·u)
   double curvature = 0;    // uᵀHu (curvature penalty = ½ uᵀHu)
@@ -141,8 +151,9 @@ struct TaylorResult {
   std::string brief() const;  // one line: NDS ± SE, predicted vs realized, ρ_within
 };
 
-// Runs the audit at the engine's current parameters. Throws InvalidArgument for a zero or
-// wrongly shaped u.
+// Runs the audit at the engine's current parameters. A u that is zero everywhere gives
+// AuditStatus::kZeroDirection with no HVP or forward pass beyond L(θ); a wrongly shaped u throws
+// InvalidArgument.
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
                           const BlockPartition& blocks, const TaylorOptions& options = {});
 

@@ -56,6 +56,17 @@ struct LlamaConfig {
   // Mistral's sliding-window attention: 0 for none; otherwise a sequence longer than the window
   // is refused, so plain causal attention is exactly the window's.
   int64_t sliding_window = 0;
+  // Qwen3: an RMSNorm over each head's query and key (q_norm, k_norm) before the rotation.
+  bool qk_norm = false;
+  // Rotary frequency scaling, as transformers' rope_parameters (or legacy rope_scaling):
+  // "default" (none), "linear" (every inverse frequency divided by rope_factor) or "llama3"
+  // (Llama 3.1: long wavelengths divided by rope_factor, short ones kept, the band between
+  // interpolated; rope_low_freq_factor, rope_high_freq_factor, rope_original_context).
+  std::string rope_type = "default";
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_context = 8192;
   int64_t kv_heads() const {
     return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
   }

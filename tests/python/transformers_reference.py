@@ -1,0 +1,230 @@
+"""Hugging Face folders written by transformers itself, and reference values from its own code.
+
+A tiny model of one family (llama, llama3: Llama 3.1's rotary scaling, qwen2, qwen3, mistral,
+gpt2) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
+(AdamW, linear schedule decaying to 0, save_steps=2), which writes OUT/run/checkpoint-2 and
+checkpoint-4 as users get them (config.json, model.safetensors, optimizer.pt, scheduler.pt,
+trainer_state.json). For llama, OUT/sharded/ holds both checkpoints again in bfloat16, sharded
+with a model.safetensors.index.json.
+
+The reference runs transformers' modelling code in float64 with eager attention. For the LLaMA
+family transformers computes three things in float32 whatever the model's dtype: RMSNorm's
+normalisation (hidden_states.to(torch.float32)), the rotary table, and eager attention's softmax
+(softmax(..., dtype=torch.float32)). Those run here in float64 with the same formulas: the first
+two by replacing the modules' forward, the third as an attention function registered through
+transformers' AttentionInterface; the float64 inverse frequencies are checked against
+transformers' float32 ones. GPT-2's eager attention is float64 as it is.
+
+At checkpoint-2 it writes, for the probe batch OUT/probe.safetensors (inputs, targets):
+- delta: u = θ4 − θ2, the checkpoint delta;
+- adamw: u = the step torch.optim.AdamW takes from checkpoint-2's optimizer.pt and scheduler.pt,
+  with the Trainer's own parameter groups, on the probe-batch gradient;
+with the loss, g·u, uᵀHu, ‖u‖² and L(θ + u) − L(θ) of each, and the loss of the bfloat16 folders.
+
+usage: transformers_reference.py OUT ARCH
+"""
+import json
+import math
+import os
+import sys
+import types
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers import (AttentionInterface, AutoModelForCausalLM, GPT2Config, LlamaConfig,
+                          MistralConfig, Qwen2Config, Qwen3Config, Trainer, TrainingArguments)
+
+VOCAB, T, STEPS = 61, 12, 4
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=64)
+
+
+def config_of(arch):
+    if arch == "llama":  # grouped-query attention, untied head
+        return LlamaConfig(**SMALL, num_key_value_heads=2)
+    if arch == "llama3":  # Llama 3.1's rotary scaling: every band of wavelengths is present
+        return LlamaConfig(**SMALL, num_key_value_heads=4, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16})
+    if arch == "qwen2":  # q/k/v biases, tied head, rope_theta 1e6
+        return Qwen2Config(**SMALL, num_key_value_heads=2, tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    if arch == "qwen3":  # q/k RMSNorm, head_dim != hidden / heads
+        return Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16)
+    if arch == "mistral":  # head_dim != hidden / heads, a sliding window longer than the probe
+        return MistralConfig(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4096)
+    if arch == "gpt2":
+        return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                          bos_token_id=0, eos_token_id=0)
+    raise SystemExit(f"unknown arch {arch}")
+
+
+def eager_attention_in_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0,
+                             **kwargs):
+    """transformers' eager_attention_forward of the LLaMA family with its softmax in the
+    model's dtype."""
+    groups = module.num_key_value_groups
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.softmax(weights, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register("eager_in_dtype", eager_attention_in_dtype)
+# The additive causal (and sliding-window) masks eager attention gets.
+AttentionMaskInterface.register("eager_in_dtype", eager_mask)
+
+
+def rms_norm_float64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def inverse_frequencies(c):
+    """The rotary inverse frequencies of transformers' rope types, in float64."""
+    rope = c.rope_parameters
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    kind = rope.get("rope_type", "default")
+    if kind == "linear":
+        return inv / rope["factor"]
+    if kind == "llama3":
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        context = rope["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv
+        scaled = torch.where(wavelength > context / low, inv / factor, inv)
+        smooth = (context / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        band = (wavelength >= context / high) & (wavelength <= context / low)
+        return torch.where(band, smoothed, scaled)
+    assert kind == "default", kind
+    return inv
+
+
+def make_rope_float64(module, config):
+    inv = inverse_frequencies(config)
+    # The same frequencies as transformers' own rope_init_fn, to its float32 rounding.
+    assert torch.allclose(inv, module.inv_freq.to(torch.float64), rtol=1e-6, atol=0), \
+        (inv, module.inv_freq)
+    module.inv_freq64 = inv
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64.to(x.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.attention_scaling).to(x.dtype),
+                (emb.sin() * self.attention_scaling).to(x.dtype))
+
+    module.forward = types.MethodType(forward, module)
+
+
+def load_float64(folder):
+    gpt2 = json.load(open(f"{folder}/config.json"))["model_type"] == "gpt2"
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float64, attn_implementation="eager" if gpt2 else "eager_in_dtype")
+    model.eval()
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith("RMSNorm"):
+            m.forward = types.MethodType(rms_norm_float64, m)
+        elif name.endswith("RotaryEmbedding"):
+            make_rope_float64(m, model.config)
+    return model
+
+
+def loss_of(model, inputs, targets):
+    logits = model(input_ids=inputs).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                             targets.reshape(-1))
+
+
+def audit(model, inputs, targets, u):
+    """loss, g·u, uᵀHu, ‖u‖², L(θ + u) − L(θ) of the model's parameters, exact autograd."""
+    params = [p for _, p in model.named_parameters()]
+    loss = loss_of(model, inputs, targets)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    gu = sum((g * v).sum() for g, v in zip(grads, u))
+    hu = torch.autograd.grad(gu, params)
+    out = {"loss": loss.item(), "first_order": gu.item(),
+           "curvature": sum((h * v).sum() for h, v in zip(hu, u)).item(),
+           "sq_norm": sum((v * v).sum() for v in u).item()}
+    with torch.no_grad():
+        for p, v in zip(params, u):
+            p.add_(v)
+        out["realized"] = loss_of(model, inputs, targets).item() - out["loss"]
+        for p, v in zip(params, u):
+            p.sub_(v)
+    return out
+
+
+def training_args(out):
+    return TrainingArguments(
+        output_dir=out, max_steps=STEPS, save_steps=2, per_device_train_batch_size=4,
+        learning_rate=3e-3, weight_decay=0.1, lr_scheduler_type="linear", warmup_steps=0,
+        logging_steps=100, report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+        save_total_limit=None, dataloader_num_workers=0)
+
+
+def adamw_step(folder, args, inputs, targets):
+    """The step the Trainer's AdamW takes from `folder`'s saved state on the probe gradient."""
+    model = load_float64(folder)
+    trainer = Trainer(model=model, args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=STEPS)
+    optimizer = torch.optim.AdamW(trainer.optimizer.param_groups, foreach=False)
+    optimizer.load_state_dict(torch.load(f"{folder}/optimizer.pt", weights_only=True))
+    trainer.lr_scheduler.load_state_dict(torch.load(f"{folder}/scheduler.pt", weights_only=True))
+    before = [p.detach().clone() for p in model.parameters()]
+    model.zero_grad()
+    loss_of(model, inputs, targets).backward()
+    optimizer.step()
+    step = [p.detach() - b for p, b in zip(model.parameters(), before)]
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    return step, lrs
+
+
+def main():
+    out, arch = sys.argv[1], sys.argv[2]
+    run = f"{out}/run"
+    torch.manual_seed(0)
+    config = config_of(arch)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    g = torch.Generator().manual_seed(1)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, VOCAB, (32, T + 1), generator=g)]
+    trainer = Trainer(model=model, args=training_args(run), train_dataset=data)
+    trainer.train()
+
+    inputs = torch.randint(0, VOCAB, (3, T), generator=g)
+    targets = torch.randint(0, VOCAB, (3, T), generator=g)
+    save_file({"inputs": inputs, "targets": targets}, f"{out}/probe.safetensors")
+
+    at2, at4 = load_float64(f"{run}/checkpoint-2"), load_float64(f"{run}/checkpoint-4")
+    names = [n for n, _ in at2.named_parameters()]
+    delta = [b.detach() - a.detach() for a, b in zip(at2.parameters(), at4.parameters())]
+    ref = {"transformers": transformers.__version__, "torch": torch.__version__,
+           "param_names": names,
+           "loss_at_4": loss_of(at4, inputs, targets).item(),
+           "delta": audit(at2, inputs, targets, delta)}
+    step, lrs = adamw_step(f"{run}/checkpoint-2", training_args(f"{out}/unused"), inputs, targets)
+    ref["adamw"] = audit(at2, inputs, targets, step)
+    ref["adamw"]["lr"] = lrs
+    _, lrs4 = adamw_step(f"{run}/checkpoint-4", training_args(f"{out}/unused"), inputs, targets)
+    ref["lr_at_4"] = lrs4
+
+    if arch == "llama":
+        for step_dir in ("checkpoint-2", "checkpoint-4"):
+            m = AutoModelForCausalLM.from_pretrained(f"{run}/{step_dir}", dtype=torch.bfloat16)
+            m.save_pretrained(f"{out}/sharded/{step_dir}", max_shard_size="20KB")
+        ref["bf16_loss_at_2"] = loss_of(load_float64(f"{out}/sharded/checkpoint-2"), inputs,
+                                        targets).item()
+        ref["bf16_shards"] = len([f for f in os.listdir(f"{out}/sharded/checkpoint-2")
+                                  if f.endswith(".safetensors")])
+    with open(f"{out}/reference.json", "w") as f:
+        json.dump(ref, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+// Folders written by the real transformers (the version scripts/setup-pypi.sh pins): tiny LLaMA,
+// Llama 3.1 (rotary scaling llama3), Qwen2, Qwen3, Mistral and GPT-2 models trained four steps by
+// transformers' own Trainer on the CPU and read as saved, with no --model. ndsprobe's audits of
+// the checkpoint delta and of the rebuilt AdamW step equal transformers' modelling code and
+// torch.optim.AdamW in float64 (tests/python/transformers_reference.py); the linear schedule's
+// last learning rate is 0, so the last checkpoint's AdamW step is a zero direction, recorded as
+// such while the run completes.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "curv/io/h5_file.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The row of /taylor for (step, direction, block).
+size_t row_of(const Table& taylor, int64_t step, const std::string& direction,
+              const std::string& block = "total") {
+  for (size_t i = 0; i < taylor.num_rows(); ++i) {
+    if (taylor.int64s("step")[i] == step && taylor.strings("direction")[i] == direction &&
+        taylor.strings("block")[i] == block) {
+      return i;
+    }
+  }
+  FAIL("no /taylor row for step " << step << " " << direction << " " << block);
+  return 0;
+}
+
+void check_audit(const Table& taylor, size_t row, const nlohmann::json& want) {
+  auto close = [&](const char* column, double expected) {
+    const double got = taylor.doubles(column)[row];
+    INFO(column << ": got " << got << ", want " << expected);
+    CHECK(std::abs(got - expected) <= 1e-10 * std::abs(expected));
+  };
+  close("loss", want["loss"].get<double>());
+  close("first_order", want["first_order"].get<double>());
+  close("curvature", want["curvature"].get<double>());
+  close("nds", want["curvature"].get<double>() / want["sq_norm"].get<double>());
+  close("update_norm", std::sqrt(want["sq_norm"].get<double>()));
+  close("realized", want["realized"].get<double>());
+}
+
+}  // namespace
+
+TEST_CASE("folders saved by transformers' Trainer equal transformers' own float64 model",
+          "[transformers][hf_models][ndsprobe]") {
+  const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2");
+  INFO(arch);
+  TempDir dir;
+  run_transformers_python("transformers_reference.py", {dir.path(), arch});
+  const nlohmann::json ref = read_json(dir.file("reference.json"));
+  INFO("transformers " << ref["transformers"].get<std::string>());
+  const std::string out = dir.file("probe.h5");
+  int status = 0;
+  const std::string log = run_tool(
+      "ndsprobe",
+      fmt::format("{}/run --data {} --dtype float64 --directions delta,adamw --blocks component "
+                  "-o {}",
+                  dir.path(), dir.file("probe.safetensors"), out),
+      &status);
+  INFO(log);
+  REQUIRE(status == 0);
+  H5Reader reader(out);
+  CHECK(reader.attribute_string("/", "param_names") ==
+        fmt::format("{}", fmt::join(ref["param_names"].get<std::vector<std::string>>(), ",")));
+  const Table taylor = reader.table("/taylor");
+  {
+    INFO("delta at checkpoint-2: u = θ4 − θ2");
+    check_audit(taylor, row_of(taylor, 2, "delta"), ref["delta"]);
+  }
+  {
+    INFO("adamw at checkpoint-2: torch.optim.AdamW's step from optimizer.pt and scheduler.pt");
+    check_audit(taylor, row_of(taylor, 2, "adamw"), ref["adamw"]);
+  }
+  // The schedule's learning rate at checkpoint-4 is 0: the rebuilt step is zero, the unit holds
+  // its loss and zero terms with NaN ratios and a status, and the run completes.
+  REQUIRE(ref["lr_at_4"][0].get<double>() == 0.0);
+  const size_t last = row_of(taylor, 4, "adamw");
+  CHECK(std::abs(taylor.doubles("loss")[last] - ref["loss_at_4"].get<double>()) <=
+        1e-10 * ref["loss_at_4"].get<double>());
+  CHECK(taylor.doubles("update_norm")[last] == 0.0);
+  CHECK(taylor.doubles("first_order")[last] == 0.0);
+  CHECK(taylor.doubles("curvature")[last] == 0.0);
+  CHECK(taylor.doubles("realized")[last] == 0.0);
+  CHECK(std::isnan(taylor.doubles("nds")[last]));
+  CHECK(std::isnan(taylor.doubles("rho_within")[last]));
+  const std::string unit = "/runs/run/step_4/adamw";
+  CHECK(reader.attribute_string(unit, "status") == "zero_direction");
+  const Table statuses = reader.table("/status");
+  std::vector<std::string> listed;
+  for (size_t i = 0; i < statuses.num_rows(); ++i) {
+    listed.push_back(fmt::format("{} {} {}", statuses.int64s("step")[i],
+                                 statuses.strings("direction")[i], statuses.strings("status")[i]));
+  }
+  CHECK_THAT(fmt::format("{}", fmt::join(listed, "; ")), Contains("4 adamw zero_direction"));
+  CHECK_THAT(log, Contains("1 unit(s) along a zero direction"));
+
+  if (arch == "llama") {
+    INFO("the same checkpoints in bfloat16, sharded with model.safetensors.index.json");
+    REQUIRE(ref["bf16_shards"].get<int>() > 1);
+    const std::string sharded = dir.file("sharded.h5");
+    run_tool("ndsprobe",
+             fmt::format("{}/sharded --data {} --dtype float64 --directions delta -o {}",
+                         dir.path(), dir.file("probe.safetensors"), sharded));
+    const Table t = H5Reader(sharded).table("/taylor");
+    const double want = ref["bf16_loss_at_2"].get<double>();
+    CHECK(std::abs(t.doubles("loss")[row_of(t, 2, "delta")] - want) <= 1e-10 * want);
+  }
+}
