@@ -307,6 +307,46 @@ TEST_CASE("a memory budget keeps graphs while resident memory allows and recompu
   EngineOptions negative;
   negative.max_memory = -1;
   CHECK_THROWS_WITH(CurvatureEngine(*model, probe, negative), Catch::Contains("max_memory"));
+
+  // A device's figure as EngineOptions::memory_probe gives it (what the CUDA allocator's
+  // statistics give on a GPU): the budget is read from it, not from the host's resident set.
+  // Simulated: the device holds 1 GiB until two graphs are kept, then 3 GiB.
+  int64_t device_bytes = int64_t{1} << 30;
+  EngineOptions device;
+  device.max_memory = int64_t{2} << 30;
+  device.memory_probe = [&] { return device_bytes; };
+  CurvatureEngine budgeted(*model, probe, device);
+  CHECK(relative_error(budgeted.hvp(v), expected) <= 1e-12);
+  CHECK(budgeted.kept_graphs() == probe.size());
+  device_bytes = int64_t{3} << 30;
+  CHECK(relative_error(budgeted.hvp(v), expected) <= 1e-12);
+  CHECK(budgeted.kept_graphs() == 0);
+  CHECK(budgeted.counters().graphs_over_budget == static_cast<int64_t>(probe.size()));
+  CHECK(relative_error(budgeted.hvp(v), expected) <= 1e-12);
+  CHECK(budgeted.counters().graphs_over_budget == static_cast<int64_t>(probe.size()));
+}
+
+TEST_CASE("an allocation failure in a pass is one OutOfMemory naming the pass, batch and flags",
+          "[engine][memory]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{6, at::kDouble});
+  const ProbeSet probe = gpt_probe(3, 6, 4);
+  // The gradient pass runs; the loss at θ + u fails on its second batch.
+  ExhaustingObjective exhausting(*model, static_cast<int64_t>(probe.size()) + 1);
+  CurvatureEngine engine(exhausting, probe);
+  CHECK(std::isfinite(engine.loss()));  // the gradient pass fits
+  try {
+    engine.loss_at(random_direction(*model, 3));
+    FAIL("no error");
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what,
+               Catch::Contains("ran out of cpu memory in the loss at θ + u of probe batch 1"));
+    CHECK_THAT(what, Catch::Contains("in use"));
+    CHECK_THAT(what, Catch::Contains("--micro-batch"));
+    CHECK_THAT(what, Catch::Contains("Tried to allocate 2.00 GiB"));
+    CHECK(what.find('\n') == std::string::npos);
+  }
+  CHECK(engine.kept_graphs() == 0);  // released on the way out
 }
 
 TEST_CASE("micro-batches give each batch's loss gradient and HVP of the whole batch",

@@ -100,4 +100,12 @@ at::Tensor tokens_of(const nlohmann::json& rows) {
   return at::tensor(flat, at::kLong).reshape({static_cast<int64_t>(rows.size()), -1});
 }
 
+at::Tensor ExhaustingObjective::loss(const curv::Batch& batch) {
+  if (calls_++ >= fail_from_) {
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                "CUDA out of memory. Tried to allocate 2.00 GiB (simulated)");
+  }
+  return model_.loss(batch);
+}
+
 }  // namespace curv_test

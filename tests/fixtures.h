@@ -59,4 +59,23 @@ nlohmann::json read_json(const std::string& path);
 // Token rows [[t, ...], ...] of a Python fixture's JSON as an int64 tensor [rows, columns].
 at::Tensor tokens_of(const nlohmann::json& rows);
 
+// A model whose allocations fail from its `fail_from`-th loss call on (counting from 0), the way
+// a device out of memory makes them fail: c10::OutOfMemoryError from the allocator.
+class ExhaustingObjective : public curv::Objective {
+ public:
+  ExhaustingObjective(curv::Objective& model, int64_t fail_from)
+      : model_(model), fail_from_(fail_from) {}
+  const curv::ParamSpace& space() const override { return model_.space(); }
+  curv::ParamVector parameters() override { return model_.parameters(); }
+  curv::ModelStructure structure() const override { return model_.structure(); }
+  std::string describe() const override { return model_.describe(); }
+  at::Tensor loss(const curv::Batch& batch) override;
+  int64_t calls() const { return calls_; }
+
+ private:
+  curv::Objective& model_;
+  int64_t fail_from_;
+  int64_t calls_ = 0;
+};
+
 }  // namespace curv_test

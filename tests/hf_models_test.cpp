@@ -7,10 +7,12 @@
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "curv/analysis/within.h"
 #include "curv/core/blocks.h"
@@ -499,5 +501,86 @@ TEST_CASE("within-block groups of Conv1D weights equal those of the same model s
       const double want = a.params[p].modes[m].curvature;
       CHECK(std::abs(b.params[p].modes[m].curvature - want) <= 1e-10 * std::abs(want) + 1e-14);
     }
+  }
+}
+
+TEST_CASE("a config.json far larger than its weights is refused before the model is allocated",
+          "[hf_models][ndsprobe]") {
+  auto hf = make_hf_run("gpt2");
+  const auto& ref = hf->reference;
+  const std::string probe = hf->dir.path() + "/probe.safetensors";
+  write_safetensors(probe,
+                    {{"inputs", tokens_of(ref["inputs"])}, {"targets", tokens_of(ref["targets"])}});
+  for (const auto& [field, value, shown] :
+       {std::tuple<const char*, int64_t, const char*>{"vocab_size", 2000000000, "vocab=2000000000"},
+        {"n_layer", 100000000, "n_layer=100000000"}}) {
+    INFO(field);
+    std::map<std::string, std::string> original;
+    for (const char* step : {"checkpoint-10", "checkpoint-20"}) {
+      const std::string path = fmt::format("{}/{}/config.json", hf->run(), step);
+      nlohmann::json config = read_json(path);
+      original[path] = config.dump();
+      config[field] = value;
+      std::ofstream(path) << config.dump();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    int status = 0;
+    const std::string log = run_tool("ndsprobe",
+                                     fmt::format("{} --data {} --directions delta -o {}/big.h5",
+                                                 hf->run(), probe, hf->dir.path()),
+                                     &status);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(log);
+    CHECK(status != 0);
+    CHECK_THAT(log, Contains("checkpoint-10/config.json"));
+    CHECK_THAT(log, Contains(shown));
+    CHECK_THAT(log, Contains("the config does not belong to these weights"));
+    CHECK(log.find("internal error") == std::string::npos);
+    CHECK(seconds < 5.0);  // the tool's start included; the check itself allocates nothing
+    for (const auto& [path, text] : original) std::ofstream(path) << text;
+  }
+}
+
+TEST_CASE("a config's parameter count by arithmetic equals its model's", "[hf_models][models]") {
+  auto count = [](const ModelConfig& config) {
+    auto model = make_model(config, ModelInit{0, at::kFloat});
+    int64_t n = 0;
+    for (const auto& p : model->parameters()) n += p.numel();
+    return static_cast<double>(n);
+  };
+  for (const bool bias : {true, false}) {
+    for (const bool tied : {true, false}) {
+      GptConfig c;
+      c.vocab_size = 11;
+      c.block_size = 7;
+      c.n_layer = 3;
+      c.n_head = 2;
+      c.n_embd = 8;
+      c.n_inner = bias ? 0 : 20;
+      c.bias = bias;
+      c.tied = tied;
+      const ModelConfig config("gpt", c);
+      INFO(config.describe());
+      CHECK(config.parameter_count() == count(config));
+    }
+  }
+  for (int variant = 0; variant < 4; ++variant) {
+    LlamaConfig c;
+    c.vocab_size = 13;
+    c.hidden_size = 12;
+    c.intermediate_size = 20;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 3;
+    c.num_key_value_heads = variant % 2 == 0 ? 1 : 3;
+    c.head_dim = variant == 3 ? 6 : 0;
+    c.tie_word_embeddings = variant == 1;
+    c.qkv_bias = variant == 1;
+    c.attention_bias = variant == 2;
+    c.mlp_bias = variant == 2;
+    c.qk_norm = variant == 3;
+    const ModelConfig config("llama", c);
+    INFO(config.describe());
+    CHECK(config.parameter_count() == count(config));
   }
 }

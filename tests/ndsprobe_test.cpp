@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
+#include <set>
 
 #include "curv/analysis/probe_run.h"
 #include "curv/core/engine.h"
@@ -415,6 +417,67 @@ TEST_CASE("a custom driver running ProbeRun on its own engine writes ndsprobe's 
       }
     }
   }
+}
+
+TEST_CASE("out of memory in a unit: one message naming it, the finished units kept, resumable",
+          "[ndsprobe][memory]") {
+  Fixture f;
+  ProbeRunOptions options;
+  options.runs = {f.run};
+  options.directions = {"delta", "gradient"};
+  auto model = make_model(tiny_gpt_config(), ModelInit{9, at::kDouble});
+  ProbeDataSource data;
+  data.path = f.data;
+  const ProbeSet probe = data.load();
+  const BlockPartition blocks = BlockOptions{}.partition(model->space(), model->structure());
+  Provenance provenance = make_provenance("custom driver", "", "float64", 0, 0);
+  provenance.model = model->describe();
+  const std::string out = f.dir.file("oom.h5");
+
+  // How many losses the first two units (step 0's delta and gradient) evaluate.
+  int64_t after_two_units = 0;
+  {
+    ExhaustingObjective counting(*model, std::numeric_limits<int64_t>::max());
+    CurvatureEngine engine(counting, probe);
+    ProbeReport report(f.dir.file("counting.h5"), provenance, /*resume=*/false);
+    ProbeRun(options).execute(engine, blocks, report, [&](size_t done, size_t, const auto&) {
+      if (done == 2) after_two_units = counting.calls();
+    });
+  }
+  REQUIRE(after_two_units > 0);
+  {
+    // Step 10's gradient pass fits; its delta's audit runs out of memory.
+    ExhaustingObjective exhausting(*model, after_two_units + static_cast<int64_t>(probe.size()));
+    CurvatureEngine engine(exhausting, probe);
+    ProbeReport report(out, provenance, /*resume=*/false);
+    try {
+      ProbeRun(options).execute(engine, blocks, report);
+      FAIL("no error");
+    } catch (const OutOfMemory& e) {
+      const std::string what = e.what();
+      CHECK_THAT(what, Catch::Contains("run_a step 10 delta: "));
+      CHECK_THAT(what, Catch::Contains("--micro-batch"));
+      CHECK_THAT(what, Catch::Contains("--resume"));
+      CHECK_THAT(what, Catch::Contains(out));
+    }
+  }
+  auto units_in = [](const std::string& path) {
+    const Table taylor = H5Reader(path).table("/taylor");
+    std::set<std::pair<int64_t, std::string>> units;
+    for (size_t i = 0; i < taylor.num_rows(); ++i) {
+      units.emplace(taylor.int64s("step")[i], taylor.strings("direction")[i]);
+    }
+    return units;
+  };
+  // The units finished before it are in the file; the same run resumed completes it.
+  using Unit = std::pair<int64_t, std::string>;
+  CHECK(units_in(out) == std::set<Unit>{{0, "delta"}, {0, "gradient"}});
+  CurvatureEngine engine(*model, probe);
+  ProbeReport report(out, provenance, /*resume=*/true);
+  const ProbeRunSummary summary = ProbeRun(options).execute(engine, blocks, report);
+  CHECK(summary.skipped == 2);
+  // Four checkpoints x two directions, but no delta at the last.
+  CHECK(units_in(out).size() == 7);
 }
 
 TEST_CASE("ndsprobe reads optimizer state only for directions that use it", "[ndsprobe]") {

@@ -116,12 +116,58 @@ TEST_CASE("the randomized coupling estimate is unbiased within its standard erro
   CHECK(none.nds == Approx(exact.nds).epsilon(1e-12));
 }
 
+TEST_CASE("a zero direction is an audit with exact zeros, NaN ratios and a status", "[taylor]") {
+  // A learning rate of 0 at the end of a schedule, identical checkpoints: u = 0.
+  QuadraticObjective q(6);
+  CurvatureEngine engine(q, dummy_probe(3, 1));
+  const auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kTensor);
+  const double loss = engine.loss();
+  for (const CouplingMode mode :
+       {CouplingMode::kFull, CouplingMode::kRandomized, CouplingMode::kNone}) {
+    INFO(to_string(mode));
+    TaylorOptions options;
+    options.coupling = mode;
+    options.step_multipliers = {0.5, 2.0};
+    options.ggn = false;
+    const int64_t forwards = engine.counters().forwards;
+    const TaylorResult r = taylor_audit(engine, zeros_like(q.parameters()), blocks, options);
+    CHECK(r.status == AuditStatus::kZeroDirection);
+    CHECK(to_string(r.status) == "zero_direction");
+    CHECK(r.loss == loss);
+    CHECK(r.update_norm == 0.0);
+    CHECK(r.first_order == 0.0);
+    CHECK(r.curvature == 0.0);
+    CHECK(r.predicted == 0.0);
+    CHECK(r.realized == 0.0);
+    CHECK(r.first_order_stderr == 0.0);
+    for (const double ratio :
+         {r.nds, r.eta_star, r.s_within, r.s_cross, r.rho_within, r.nds_stderr}) {
+      CHECK(std::isnan(ratio));
+    }
+    CHECK(r.hvps == 0);
+    CHECK(engine.counters().forwards == forwards);  // L(θ) was known: no pass at all
+    REQUIRE(r.blocks.size() == blocks.size());
+    for (const auto& b : r.blocks) {
+      CHECK(b.sq_norm == 0.0);
+      CHECK(b.first_order == 0.0);
+      CHECK(std::isnan(b.nds));
+    }
+    CHECK(r.batches.size() == 3);
+    CHECK(r.batches.curvature == std::vector<double>(3, 0.0));
+    REQUIRE(r.multipliers.size() == 2);
+    CHECK(r.multipliers[1].realized == 0.0);
+    CHECK(r.coupling.size() == (mode == CouplingMode::kFull ? blocks.size() * blocks.size() : 0));
+  }
+}
+
 TEST_CASE("taylor options and inputs are validated", "[taylor]") {
   QuadraticObjective q(1);
   CurvatureEngine engine(q, dummy_probe(1, 1));
   auto blocks = BlockPartition::by_rule(engine.space(), BlockRule::kWhole);
-  CURV_CHECK_THROWS(taylor_audit(engine, zeros_like(q.parameters()), blocks), InvalidArgument,
-                    Catch::Matchers::Contains("zero"));
+  ParamVector nan = zeros_like(q.parameters());
+  nan[0].fill_(std::nan(""));
+  CURV_CHECK_THROWS(taylor_audit(engine, nan, blocks), InvalidArgument,
+                    Catch::Matchers::Contains("nan"));
   TaylorOptions options;
   options.coupling = CouplingMode::kRandomized;
   options.coupling_samples = 1;

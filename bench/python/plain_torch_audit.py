@@ -9,8 +9,13 @@ writes H v); the coupling matrix C[l, m] = u_lᵀ (H u_m)_l and the realized cha
 L(θ + u) − L(θ) follow. The model is nanoGPT's GPT (the built-in GPT of libcurv is the same
 function), read from the checkpoints' model.safetensors and meta.json.
 
+With --coupling none (ndsprobe's --coupling none) each batch takes one second backward along the
+whole u, and only uᵀHu is computed. --device runs it on a GPU (explicit softmax attention: torch's
+fused attention kernels have no double backward).
+
 Writes a JSON file: per checkpoint the loss, g·u, uᵀHu, the block curvatures and the realized
-change, plus the seconds spent.
+change, plus the seconds spent (in total and in the audit itself, after the checkpoints are read)
+and, on a GPU, the peak memory its tensors held.
 """
 import argparse
 import json
@@ -56,8 +61,8 @@ def gpt_loss(p, cfg, x, y):
                             1e-5)
 
     h = F.embedding(x, p["transformer.wte.weight"]) + \
-        F.embedding(torch.arange(T), p["transformer.wpe.weight"])
-    mask = torch.full((T, T), -math.inf, dtype=h.dtype).triu(1)
+        F.embedding(torch.arange(T, device=x.device), p["transformer.wpe.weight"])
+    mask = torch.full((T, T), -math.inf, dtype=h.dtype, device=x.device).triu(1)
     for layer in range(cfg["n_layer"]):
         pre = f"transformer.h.{layer}."
         q, k, v = lin(ln(h, pre + "ln_1"), pre + "attn.c_attn").split(C, -1)
@@ -87,8 +92,15 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--coupling", default="full", choices=["full", "none"])
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
+    device = torch.device(a.device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.dtype == "float32" else torch.float64
     start = time.perf_counter()
@@ -97,18 +109,21 @@ def main():
     with open(os.path.join(a.run, f"step_{steps[0]}", "meta.json")) as f:
         cfg = json.load(f)["model"]
     probe = read_safetensors(a.data)
-    xs, ys = probe["inputs"].long(), probe["targets"].long()
+    xs, ys = probe["inputs"].long().to(device), probe["targets"].long().to(device)
     batches = [(xs[i:i + a.batch_size], ys[i:i + a.batch_size])
                for i in range(0, xs.shape[0], a.batch_size)]
     weights = [b[0].shape[0] / xs.shape[0] for b in batches]
 
     def load(step):
         t = read_safetensors(os.path.join(a.run, f"step_{step}", "model.safetensors"))
-        return {k: v.to(dtype) for k, v in t.items()}
+        return {k: v.to(device=device, dtype=dtype) for k, v in t.items()}
 
     results = []
+    audit_seconds = 0.0
     for k in range(len(steps) - 1):
         theta, nxt = load(steps[k]), load(steps[k + 1])
+        sync()
+        audit_start = time.perf_counter()
         names = list(theta.keys())
         params = [theta[n].clone().requires_grad_(True) for n in names]
         p = dict(zip(names, params))
@@ -130,8 +145,10 @@ def main():
 
         L = len(block_names)
         coupling = np.zeros((L, L))
-        for m, bm in enumerate(block_names):
-            v = [u[i] if i in blocks[bm] else torch.zeros_like(u[i]) for i in range(len(u))]
+        # --coupling none: one HVP along the whole u, its total put in the first entry.
+        for m, bm in enumerate(block_names if a.coupling == "full" else [None]):
+            v = [u[i] if bm is None or i in blocks[bm] else torch.zeros_like(u[i])
+                 for i in range(len(u))]
             hv = [torch.zeros_like(t) for t in params]
             for g, w in zip(kept, weights):
                 parts = torch.autograd.grad(g, params, grad_outputs=v, retain_graph=True)
@@ -140,21 +157,30 @@ def main():
             for l, bl in enumerate(block_names):
                 coupling[l, m] = sum(float((u[i].double() * hv[i].double()).sum())
                                      for i in blocks[bl])
+            hv = None
         del kept
 
         with torch.no_grad():
             shifted = {n: theta[n] + ui for n, ui in zip(names, u)}
             loss_after = sum(w * gpt_loss(shifted, cfg, x, y).item()
                              for (x, y), w in zip(batches, weights))
+        sync()
+        audit_seconds += time.perf_counter() - audit_start
         results.append({
             "step": steps[k], "loss": loss, "first_order": first_order,
             "curvature": float(coupling.sum()),
-            "blocks": dict(zip(block_names, np.diag(coupling).tolist())),
+            "sq_norm": sum(float((ui.double() ** 2).sum()) for ui in u),
+            "blocks": (dict(zip(block_names, np.diag(coupling).tolist()))
+                       if a.coupling == "full" else {}),
             "realized": loss_after - loss,
         })
 
     with open(a.out, "w") as f:
-        json.dump({"seconds": time.perf_counter() - start, "checkpoints": results}, f, indent=1)
+        json.dump({"seconds": time.perf_counter() - start, "audit_seconds": audit_seconds,
+                   "device": str(device),
+                   "peak_memory": (torch.cuda.max_memory_allocated(device)
+                                   if device.type == "cuda" else None),
+                   "checkpoints": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #include "cli_common.h"
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -179,6 +180,15 @@ int run_tool(const char* tool, const std::function<int()>& body) {
     return 128 + e.signal();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    // An allocation that failed outside any probe pass (reading, building the model): one line
+    // saying so, never LibTorch's backtrace.
+    const std::string what = e.what_without_backtrace();
+    const bool memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                        what.find("not enough memory") != std::string::npos;
+    std::fprintf(stderr, "%s: %s: %s\n", tool, memory ? "error: out of memory" : "internal error",
+                 what.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: internal error: %s\n", tool, e.what());

@@ -312,8 +312,9 @@ void EngineArgs::add_to(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-memory", max_memory,
-                 "Keep gradient graphs only while the process's resident memory stays under this "
-                 "many bytes (suffix K, M, G, T: powers of 1024; 0 = no bound)")
+                 "Keep gradient graphs only while the memory of the model's device (the "
+                 "process's resident memory; a GPU's allocated bytes) stays under this many bytes "
+                 "(suffix K, M, G, T: powers of 1024; 0 = no bound)")
       ->capture_default_str();
   app.add_flag("--recompute-graphs", recompute_graphs,
                "Keep no gradient graph between HVPs: each HVP redoes the forward pass and the "

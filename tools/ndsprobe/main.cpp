@@ -102,8 +102,12 @@ int run(int argc, char** argv) {
   progress.finish();
   if (!prints) return 0;
   std::fputs(summarize_probe_file(result.output).c_str(), stdout);
-  std::fprintf(stderr, "ndsprobe: wrote %s (%s)\n", result.output.c_str(),
-               result.summary.counters.brief().c_str());
+  // On a GPU: the most memory any unit's tensors held, for sizing --max-memory.
+  const std::string peak = result.summary.peak_memory < 0
+                               ? std::string()
+                               : ", peak device memory " + format_bytes(result.summary.peak_memory);
+  std::fprintf(stderr, "ndsprobe: wrote %s (%s%s)\n", result.output.c_str(),
+               result.summary.counters.brief().c_str(), peak.c_str());
   return 0;
 }
 

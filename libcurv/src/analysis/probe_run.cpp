@@ -16,6 +16,7 @@
 #include "curv/core/distributed.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
+#include "curv/core/runtime.h"
 #include "curv/core/statistics.h"
 #include "curv/io/h5_file.h"
 
@@ -489,6 +490,27 @@ Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>
   return t;
 }
 
+namespace {
+
+// Runs one unit's work from a fresh peak of device memory and returns the unit's peak (-1 where
+// the device keeps no statistics); an OutOfMemory leaves naming the unit and how to go on.
+template <class Work>
+int64_t as_unit(const std::string& label, const std::string& path, const c10::Device& device,
+                Work&& work) {
+  reset_peak_memory(device);
+  try {
+    work();
+    return device_memory(device).peak;
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(fmt::format(
+        "{}: {} (every unit finished before it is in {}: the same command with --resume "
+        "completes it)",
+        label, e.what(), path));
+  }
+}
+
+}  // namespace
+
 void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
                                 CurvatureEngine& engine, const BlockPartition& blocks,
                                 ProbeReport& report, const ProgressCallback& progress, size_t& done,
@@ -561,7 +583,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       break;
     }
   }
-  report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()), digest);
+  const int64_t gradient_peak =
+      as_unit(fmt::format("{} step {}", run.name, info.step), report.path(), engine.device(), [&] {
+        report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()), digest);
+      });
+  summary.peak_memory = std::max(summary.peak_memory, gradient_peak);
   std::vector<Eigen::VectorXd> top_vectors;
   if (any_spectrum) {
     bool overlap_needed = false;
@@ -570,8 +596,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
           overlap_needed || (o.spectrum.overlap && !report.done(run.name, info.step, d->name()));
     }
     if (!spectrum_done || overlap_needed) {
-      top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum, report.writer(), run.name,
-                                        !spectrum_done);
+      const int64_t peak =
+          as_unit(fmt::format("{} step {} spectrum", run.name, info.step), report.path(),
+                  engine.device(), [&] {
+                    top_vectors = checkpoint_spectrum(engine, ckpt, blocks, o.spectrum,
+                                                      report.writer(), run.name, !spectrum_done);
+                  });
+      summary.peak_memory = std::max(summary.peak_memory, peak);
       if (!spectrum_done) report.commit_if_due();
     } else {
       ++summary.skipped;
@@ -598,40 +629,48 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       if (k == last_state_reader) release_state();
       report.add_status(run.name, info.step, d->name(), "unavailable", why);
     } else {
-      context.note.clear();
-      context.partition.clear();
-      ParamVector u = d->compute(context);
-      if (k == last_state_reader) release_state();
-      TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
-      // A zero direction has its audit and status; nothing is left to break down.
-      const bool complete = taylor.status == AuditStatus::kComplete;
-      if (!complete) ++summary.zero_directions;
-      std::vector<BucketResult> buckets;
-      if (token_buckets_ && complete) {
-        // Built at the first unit that needs it, after θ is set: its engines share the objective.
-        if (!bucket_audit) {
-          bucket_audit = std::make_unique<TokenBucketAudit>(engine.objective(), engine.probe(),
-                                                            *token_buckets_, engine.options());
+      const int64_t peak = as_unit(label, report.path(), engine.device(), [&] {
+        context.note.clear();
+        context.partition.clear();
+        ParamVector u = d->compute(context);
+        if (k == last_state_reader) release_state();
+        TaylorResult taylor = taylor_audit(engine, u, blocks, o.taylor);
+        // A zero direction has its audit and status; nothing is left to break down.
+        const bool complete = taylor.status == AuditStatus::kComplete;
+        if (!complete) ++summary.zero_directions;
+        std::vector<BucketResult> buckets;
+        if (token_buckets_ && complete) {
+          // Built at the first unit that needs it, after θ is set: its engines share the objective.
+          if (!bucket_audit) {
+            bucket_audit = std::make_unique<TokenBucketAudit>(engine.objective(), engine.probe(),
+                                                              *token_buckets_, engine.options());
+          }
+          buckets = bucket_audit->audit(u, blocks, o.taylor);
         }
-        buckets = bucket_audit->audit(u, blocks, o.taylor);
-      }
-      if (o.within && complete) {
-        WithinReport within = within_block(engine, u, within_options);
-        report.add_taylor(run.name, info.step, d->name(), taylor, &within);
-      } else {
-        report.add_taylor(run.name, info.step, d->name(), taylor);
-      }
-      if (token_buckets_ && complete) {
-        report.add_token_buckets(run.name, info.step, d->name(), buckets);
-      }
-      const std::string unit = unit_path(run.name, info.step, d->name());
-      if (o.spectrum.overlap && complete) {
-        write_overlap(report.writer(), unit, direction_overlap(u, top_vectors, engine.gradient()));
-      }
-      if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
-      // Which rule each parameter got (aligned with the root attribute param_names).
-      if (!context.partition.empty()) {
-        report.writer().attribute(unit, "partition", context.partition);
+        if (o.within && complete) {
+          WithinReport within = within_block(engine, u, within_options);
+          report.add_taylor(run.name, info.step, d->name(), taylor, &within);
+        } else {
+          report.add_taylor(run.name, info.step, d->name(), taylor);
+        }
+        if (token_buckets_ && complete) {
+          report.add_token_buckets(run.name, info.step, d->name(), buckets);
+        }
+        const std::string unit = unit_path(run.name, info.step, d->name());
+        if (o.spectrum.overlap && complete) {
+          write_overlap(report.writer(), unit,
+                        direction_overlap(u, top_vectors, engine.gradient()));
+        }
+        if (!context.note.empty()) report.writer().attribute(unit, "note", context.note);
+        // Which rule each parameter got (aligned with the root attribute param_names).
+        if (!context.partition.empty()) {
+          report.writer().attribute(unit, "partition", context.partition);
+        }
+      });
+      // On a device whose allocator keeps statistics: the unit's peak, for budgeting runs.
+      if (peak >= 0) {
+        report.writer().attribute(unit_path(run.name, info.step, d->name()), "peak_memory", peak);
+        summary.peak_memory = std::max(summary.peak_memory, peak);
       }
     }
     report.commit_if_due();
@@ -682,8 +721,13 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   LoadedModel model = [&] {
     const Checkpoint first =
         load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
+    StoredWeights weights;
+    weights.elements = 0;
+    for (const auto& entry : first.model) weights.elements += entry.second.numel();
+    weights.origin = first.model_file;
     return load_model(job.model, first.model_config_json(),
-                      first.model_config_file.empty() ? first.meta_file : first.model_config_file);
+                      first.model_config_file.empty() ? first.meta_file : first.model_config_file,
+                      weights);
   }();
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();

@@ -170,7 +170,14 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
     throw InvalidArgument(
         fmt::format("CurvatureEngine: {} has no parameters", objective_.describe()));
   }
-  probe_ = probe_.to(state_->params.front().scalar_type(), state_->params.front().device());
+  device_ = state_->params.front().device();
+  probe_ = probe_.to(state_->params.front().scalar_type(), device_);
+  if (options_.max_memory > 0 && !options_.memory_probe && device_memory(device_).in_use < 0) {
+    throw InvalidArgument(fmt::format(
+        "EngineOptions.max_memory: the memory of {} is not known to this LibTorch (device "
+        "statistics need LibTorch 2.9 or later)",
+        device_.str()));
+  }
   state_->kept.resize(probe_.size());
   for (size_t b = 0; b < probe_.size(); ++b) {
     state_->slices.push_back(slices_of(probe_[b], options_.micro_batch));
@@ -204,8 +211,16 @@ void CurvatureEngine::release_graphs() {
   state_->graphs_current = false;
 }
 
+int64_t CurvatureEngine::memory_in_use() const {
+  return options_.memory_probe ? options_.memory_probe() : device_memory(device_).in_use;
+}
+
+bool CurvatureEngine::over_memory_budget() const {
+  return options_.max_memory > 0 && memory_in_use() > options_.max_memory;
+}
+
 void CurvatureEngine::release_graphs_over_budget() {
-  if (options_.max_memory <= 0 || resident_bytes() <= options_.max_memory) return;
+  if (!over_memory_budget()) return;
   // Past the budget no graph stays: each is released (its slices are recomputed by later
   // HVPs) and the allocator's free pages go back to the system.
   for (auto& batch : state_->kept) {
@@ -216,7 +231,7 @@ void CurvatureEngine::release_graphs_over_budget() {
       }
     }
   }
-  release_free_memory();
+  release_free_memory(device_);
 }
 
 size_t CurvatureEngine::kept_graphs() const {
@@ -256,6 +271,24 @@ const char* CurvatureEngine::pass_name(Pass pass) {
   return "probe pass";
 }
 
+OutOfMemory CurvatureEngine::out_of_memory(Pass pass, size_t batch, const std::exception& e) {
+  // What the allocator held when it failed, before anything is released.
+  const DeviceMemory m = device_memory(device_);
+  release_graphs();
+  release_free_memory(device_);
+  std::string held = fmt::format("{} in use", format_bytes(m.in_use));
+  if (m.reserved >= 0) held += fmt::format(", {} reserved", format_bytes(m.reserved));
+  if (m.peak >= 0) held += fmt::format(", peak {}", format_bytes(m.peak));
+  return OutOfMemory(fmt::format(
+      "{} ran out of {} memory in the {} of probe batch {} ({}{}): lower what a pass holds with "
+      "--micro-batch (smaller slices of each batch), --max-memory or --max-kept-graphs (fewer "
+      "kept graphs), --coupling none (one HVP per direction) or a smaller --batch-size. {}",
+      objective_.describe(), device_.str(), pass_name(pass), batch, held,
+      options_.max_memory > 0 ? fmt::format("; --max-memory {}", format_bytes(options_.max_memory))
+                              : std::string(),
+      brief_what(e)));
+}
+
 void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t, double)>& body) {
   std::exception_ptr failure;
   for (size_t b = first_batch_; b < last_batch_ && !failure; ++b) {
@@ -263,7 +296,14 @@ void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t,
       body(b, probe_.weight(b));
     } catch (const Error&) {
       failure = std::current_exception();
+    } catch (const c10::OutOfMemoryError& e) {
+      failure = std::make_exception_ptr(out_of_memory(pass, b, e));
     } catch (const std::exception& e) {
+      // LibTorch 1.13's CPU allocator reports exhaustion as a plain c10::Error.
+      if (std::string(e.what()).find("not enough memory") != std::string::npos) {
+        failure = std::make_exception_ptr(out_of_memory(pass, b, e));
+        continue;
+      }
       // Only the HVP needs a second derivative: the hint would mislead for the other passes.
       failure = std::make_exception_ptr(ModelError(fmt::format(
           "{}: {} failed on probe batch {}{}: {}", objective_.describe(), pass_name(pass), b,
@@ -342,7 +382,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                                                /*create_graph=*/keep, /*allow_unused=*/true),
                          s.params);
       ++counters_.backwards;
-      if (keep && options_.max_memory > 0 && resident_bytes() > options_.max_memory) {
+      if (keep && over_memory_budget()) {
         // Dropping the only references to the create_graph gradients frees their graph.
         for (auto& t : g) t = t.detach();
         keep = false;
@@ -366,7 +406,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
         }
       }
       s.kept[b][k] = keep ? std::move(g) : ParamVector{};
-      if (over_budget) release_free_memory();
+      if (over_budget) release_free_memory(device_);
     }
     loss += w_b * value_b;
     batch_losses[b] = value_b;

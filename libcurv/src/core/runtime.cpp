@@ -21,6 +21,13 @@
 #include <malloc.h>
 #endif
 
+// The device-generic allocator interface (c10::DeviceAllocator: statistics, emptyCache) came with
+// LibTorch 2.9; before it, only the CPU's figures are known.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#include <c10/core/CachingDeviceAllocator.h>
+#define CURV_DEVICE_ALLOCATOR_STATS 1
+#endif
+
 #include "curv/core/error.h"
 
 namespace curv {
@@ -108,6 +115,67 @@ void release_free_memory() {
 #ifdef __GLIBC__
   ::malloc_trim(0);
 #endif
+}
+
+#ifdef CURV_DEVICE_ALLOCATOR_STATS
+namespace {
+
+// The device's allocator when it keeps statistics and is in use, else null.
+c10::DeviceAllocator* stats_allocator(const c10::Device& device) {
+  if (device.is_cpu()) return nullptr;
+  auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(device.type()));
+  return allocator != nullptr && allocator->initialized() ? allocator : nullptr;
+}
+
+constexpr size_t kAllPools = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+}  // namespace
+#endif
+
+DeviceMemory device_memory(const c10::Device& device) {
+  DeviceMemory m;
+  if (device.is_cpu()) {
+    m.in_use = resident_bytes();
+    return m;
+  }
+#ifdef CURV_DEVICE_ALLOCATOR_STATS
+  if (auto* allocator = stats_allocator(device)) {
+    const auto stats = allocator->getDeviceStats(device.index() < 0 ? 0 : device.index());
+    m.in_use = stats.allocated_bytes[kAllPools].current;
+    m.peak = stats.allocated_bytes[kAllPools].peak;
+    m.reserved = stats.reserved_bytes[kAllPools].current;
+  }
+#endif
+  return m;
+}
+
+void reset_peak_memory(const c10::Device& device) {
+#ifdef CURV_DEVICE_ALLOCATOR_STATS
+  if (auto* allocator = stats_allocator(device)) {
+    allocator->resetPeakStats(device.index() < 0 ? 0 : device.index());
+  }
+#else
+  (void)device;
+#endif
+}
+
+void release_free_memory(const c10::Device& device) {
+  if (device.is_cpu()) return release_free_memory();
+#ifdef CURV_DEVICE_ALLOCATOR_STATS
+  if (auto* allocator = stats_allocator(device)) allocator->emptyCache();
+#endif
+}
+
+std::string format_bytes(int64_t bytes) {
+  if (bytes < 0) return "unknown";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(units)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.3g} {}", value, units[unit]);
 }
 
 int hardware_threads() {

@@ -7,6 +7,7 @@
 
 #include <any>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -41,6 +42,12 @@ class TypedArchitecture : public Architecture {
     return build(typed(config), init);
   }
   ModelData data(const std::any& config) const override { return data_of(typed(config)); }
+  double parameter_count(const std::any& config) const override {
+    return count_parameters(typed(config));
+  }
+  virtual double count_parameters(const Config&) const {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
 
   virtual Config from_json(const nlohmann::json& j, const std::string& origin) const = 0;
   virtual nlohmann::json to_json_object(const Config& config) const = 0;

@@ -194,6 +194,17 @@ class Gpt : public FunctionalModel {
 class GptArchitecture : public TypedArchitecture<GptConfig> {
  public:
   std::string name() const override { return "gpt"; }
+  double count_parameters(const GptConfig& c) const override {
+    // The constructor's tensors: embeddings, per layer two norms, the fused projection, the
+    // attention output and the MLP (biases with `bias`), the final norm and an untied head.
+    const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());
+    const double b = c.bias ? 1.0 : 0.0;
+    const double layer = 2 * (1 + b) * C + (3 * C * C + b * 3 * C) + (C * C + b * C) +
+                         (F * C + b * F) + (C * F + b * C);
+    return static_cast<double>(c.vocab_size + c.block_size) * C +
+           static_cast<double>(c.n_layer) * layer + (1 + b) * C +
+           (c.tied ? 0.0 : static_cast<double>(c.vocab_size) * C);
+  }
   std::vector<std::string> keys() const override {
     // dropout is accepted (nanoGPT configs carry it) but must be 0.
     return {"vocab_size", "block_size", "n_layer",    "n_head",         "n_embd",  "bias",

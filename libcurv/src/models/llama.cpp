@@ -391,6 +391,20 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     return d;
   }
 
+  double count_parameters(const LlamaConfig& c) const override {
+    const double C = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_size());
+    const double H = static_cast<double>(c.num_attention_heads);
+    const double KV = static_cast<double>(c.kv_heads()),
+                 F = static_cast<double>(c.intermediate_size);
+    const bool qkv_bias = c.attention_bias || c.qkv_bias;
+    const double layer = (H * D * C + KV * D * C * 2 + C * H * D) +
+                         (qkv_bias ? H * D + 2 * KV * D : 0.0) + (c.attention_bias ? C : 0.0) +
+                         (c.qk_norm ? 2 * D : 0.0) + 3 * F * C + (c.mlp_bias ? 2 * F + C : 0.0) +
+                         2 * C;
+    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
+           static_cast<double>(c.num_hidden_layers) * layer + C;
+  }
+
   std::vector<std::string> hf_model_types() const override {
     return {"llama", "mistral", "qwen2", "qwen3"};
   }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "curv/core/error.h"
@@ -21,8 +22,26 @@ at::ScalarType parse_dtype(const std::string& text) {
   throw InvalidArgument(fmt::format("dtype '{}': expected float32 or float64", text));
 }
 
+namespace {
+
+// A config whose model would be far larger than the weights meant for it (a vocab_size of 2e9
+// beside a 97-row embedding) must fail here, not in the allocator.
+void check_config_fits(const ModelConfig& config, const std::string& origin,
+                       const StoredWeights& weights) {
+  const double implied = config.parameter_count();
+  if (weights.elements < 0 || !std::isfinite(implied)) return;
+  const double stored = static_cast<double>(weights.elements);
+  if (implied <= 4.0 * stored) return;
+  throw FormatError(fmt::format(
+      "{}: the config describes {} with {:.4g} parameters, but the weights ({}) hold {}: the "
+      "config does not belong to these weights",
+      origin, config.describe(), implied, weights.origin, weights.elements));
+}
+
+}  // namespace
+
 LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json,
-                       const std::string& recorded_origin) {
+                       const std::string& recorded_origin, const StoredWeights& weights) {
   LoadedModel out;
   const bool json =
       source.path.empty() || std::filesystem::path(source.path).extension() == ".json";
@@ -41,6 +60,7 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
     }
     out.config = source.path.empty() ? ModelConfig::from_json(recorded_config_json, recorded_origin)
                                      : ModelConfig::from_file(source.path);
+    check_config_fits(out.config, source.path.empty() ? recorded_origin : source.path, weights);
     out.objective = make_model(out.config, source.init);
     out.builtin = true;
   } else {

@@ -34,6 +34,10 @@ void ModelConfig::throw_wrong_type(const char* requested) const {
 
 ModelData ModelConfig::data() const { return find_architecture(arch_).data(config_); }
 
+double ModelConfig::parameter_count() const {
+  return find_architecture(arch_).parameter_count(config_);
+}
+
 void ModelConfig::validate() const { find_architecture(arch_).validate(config_); }
 
 namespace {

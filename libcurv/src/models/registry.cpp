@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <limits>
 #include <mutex>
 
 #include "core/strings.h"
@@ -30,6 +31,10 @@ Registry& registry() {
 }
 
 }  // namespace
+
+double Architecture::parameter_count(const std::any&) const {
+  return std::numeric_limits<double>::quiet_NaN();
+}
 
 std::any Architecture::parse_hf(const std::string&, const std::string& origin) const {
   throw FormatError(

@@ -94,6 +94,9 @@ struct ProbeRunSummary {
   size_t skipped = 0;  // already in the output (resume)
   // Units audited along a zero direction (AuditStatus::kZeroDirection: NaN ratios, run goes on).
   size_t zero_directions = 0;
+  // The most bytes the device's tensors held in any unit (a checkpoint's gradient pass counted);
+  // -1 where the device keeps no statistics (the CPU).
+  int64_t peak_memory = -1;
   EngineCounters counters;
 };
 

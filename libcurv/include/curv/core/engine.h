@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "curv/core/distributed.h"
+#include "curv/core/error.h"
 #include "curv/core/objective.h"
 #include "curv/core/param_space.h"
 #include "curv/core/probe_set.h"
@@ -30,14 +31,19 @@ struct EngineOptions {
   // Keep the graphs of at most this many batches (the first ones); 0 keeps all. Bounds memory on
   // large probe sets: the remaining batches are recomputed on every HVP.
   int64_t max_kept_graphs = 0;
-  // Keep a batch's graph only while the process's resident memory (host RAM, as the kernel
-  // counts it) stays at or below this many bytes; 0 = no bound. Checked as each graph is built
-  // (the graph that crosses the budget is released at once and no later batch keeps one) and
-  // after each batch (or slice) of an HVP: once over the budget, every kept graph is released
-  // and the allocator's free pages go back to the system. Batches without a graph are
-  // recomputed on every HVP. A bound on what the graphs add, not on the memory an HVP needs
-  // for itself; micro_batch bounds that.
+  // Keep a batch's graph only while the memory of the device the model lives on stays at or below
+  // this many bytes; 0 = no bound. On the CPU that is the process's resident memory (host RAM, as
+  // the kernel counts it); on a GPU, the bytes its tensors hold by the caching allocator's
+  // statistics (device_memory in runtime.h; LibTorch 2.9 or later). Checked as each graph is
+  // built (the graph that crosses the budget is released at once and no later batch keeps one)
+  // and after each batch (or slice) of an HVP: once over the budget, every kept graph is released
+  // and the allocator's free memory goes back to the system or the device. Batches without a
+  // graph are recomputed on every HVP. A bound on what the graphs add, not on the memory an HVP
+  // needs for itself; micro_batch bounds that.
   int64_t max_memory = 0;
+  // The figure max_memory bounds, when a program measures memory its own way (a test simulating
+  // a device, an allocator of its own); empty: device_memory(device).in_use.
+  std::function<int64_t()> memory_probe;
   // Run each probe batch through the model in slices of at most this many examples (0 = the
   // whole batch at once) and sum the slices' terms: the batch's loss, gradient, HVP and
   // Gauss-Newton coupling are the same to rounding, and the graph an HVP builds or keeps is a
@@ -93,6 +99,8 @@ class CurvatureEngine {
   const ParamSpace& space() const;
   const ProbeSet& probe() const { return probe_; }
   const EngineOptions& options() const { return options_; }
+  // The device the model's parameters live on, where every pass runs.
+  const c10::Device& device() const { return device_; }
 
   // Detached copy of the current parameters θ.
   ParamVector parameters() const;
@@ -152,6 +160,9 @@ class CurvatureEngine {
   // work (w_b = N_b / N) for this rank's batches; a failure inside the model becomes one
   // ModelError naming the operation and the batch, raised on every rank.
   void for_each_batch(Pass pass, const std::function<void(size_t, double)>& body);
+  // The OutOfMemory error for an allocation that failed in `pass` of `batch`; releases the kept
+  // graphs and the allocator's cached memory.
+  OutOfMemory out_of_memory(Pass pass, size_t batch, const std::exception& e);
   // x ← Σ_ranks x and scalars likewise, through one float64 buffer; undefined tensors count as
   // zero. Nothing happens with one process.
   void reduce(ParamVector& x, std::vector<double>& scalars);
@@ -164,6 +175,9 @@ class CurvatureEngine {
   void check(const ParamVector& x, const char* what) const;
   // EngineOptions::max_memory during an HVP: past it, releases every kept graph.
   void release_graphs_over_budget();
+  // The figure EngineOptions::max_memory bounds (its memory_probe, else the device's in_use).
+  int64_t memory_in_use() const;
+  bool over_memory_budget() const;
   // hvp_exact over the parameters in `support` (all when null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
                            const BatchObserver& observer);
@@ -171,6 +185,7 @@ class CurvatureEngine {
   Objective& objective_;
   ProbeSet probe_;
   EngineOptions options_;
+  c10::Device device_ = c10::Device(c10::kCPU);
   std::shared_ptr<Communicator> communicator_;
   size_t first_batch_ = 0, last_batch_ = 0;  // this rank's batches
   EngineCounters counters_;

@@ -38,6 +38,13 @@ class ModelError : public Error {
   using Error::Error;
 };
 
+// The device (or the host) ran out of memory during a pass; the message names the pass, the
+// batch, the memory in use and the options that lower it.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // NaN or Inf appeared in a loss, gradient or Hessian-vector product.
 class NumericalError : public Error {
  public:

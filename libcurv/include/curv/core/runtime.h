@@ -3,6 +3,8 @@
 // backward correct, and the C allocator's thresholds.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <string>
 
@@ -27,6 +29,23 @@ int64_t resident_bytes();
 // releases whole free pages inside the heap, not only at its top); a no-op elsewhere. With
 // init_runtime's allocator settings, freed tensor memory otherwise stays resident for reuse.
 void release_free_memory();
+
+// The memory of the device a computation runs on, in bytes (-1: not known). On the CPU, `in_use`
+// is the process's resident memory and `peak` is not tracked. On a device whose allocator keeps
+// statistics (CUDA's caching allocator, with LibTorch 2.9 or later), `in_use` is what its live
+// tensors hold, `peak` the most they held since reset_peak_memory, and `reserved` what the
+// allocator holds from the device, cached free blocks included.
+struct DeviceMemory {
+  int64_t in_use = -1;
+  int64_t peak = -1;
+  int64_t reserved = -1;
+};
+DeviceMemory device_memory(const c10::Device& device);
+void reset_peak_memory(const c10::Device& device);
+// release_free_memory() on the CPU; a device allocator's cached free blocks otherwise.
+void release_free_memory(const c10::Device& device);
+// "1.25 GiB", "512 MiB", "0 B"; "unknown" for a negative count.
+std::string format_bytes(int64_t bytes);
 // libcurv's version, "MAJOR.MINOR.PATCH" (provenance of every results file).
 std::string library_version();
 // OpenBLAS chooses its kernels by the CPU model when it is loaded, and on a model it does not

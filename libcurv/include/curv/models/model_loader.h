@@ -31,10 +31,20 @@ struct LoadedModel {
   bool builtin = false;
 };
 
+// The numbers a checkpoint's model tensors hold and where they come from, so that a built-in
+// model's config is checked against them before the model is allocated.
+struct StoredWeights {
+  int64_t elements = -1;  // -1: not known (no check)
+  std::string origin;     // the weight files, for messages
+};
+
 // `recorded_config_json`: the model config a checkpoint carries ("" if none: its meta.json's
 // "model" object, or a Hugging Face folder's config.json), used when `source.path` is empty;
-// `recorded_origin` names its file in messages. InvalidArgument when neither gives a model.
+// `recorded_origin` names its file in messages. InvalidArgument when neither gives a model;
+// FormatError, before anything is allocated, when a built-in config implies far more parameters
+// (over 4x) than `weights` hold, as a config with a wrong vocab_size or layer count does.
 LoadedModel load_model(const ModelSource& source, const std::string& recorded_config_json,
-                       const std::string& recorded_origin = "meta.json");
+                       const std::string& recorded_origin = "meta.json",
+                       const StoredWeights& weights = {});
 
 }  // namespace curv

@@ -154,6 +154,8 @@ class ModelConfig {
   }
   // What data the model reads (ModelData in registry.h): tools choose their data by it.
   ModelData data() const;
+  // Architecture::parameter_count: the numbers the parameters hold (NaN: not known).
+  double parameter_count() const;
 
   void validate() const;  // throws InvalidArgument naming the field and value
   // JSON: {"arch": "gpt", "vocab_size": 512, "n_layer": 4, ...} or

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What needs a GPU, on a machine with one and a build against a CUDA LibTorch (scripts/
+# build-torch2.sh, or an official archive): the hidden [.cuda] tests (the engine and ndsprobe on
+# CUDA against the CPU in float64, the device memory budget, a real CUDA out-of-memory), then
+# GPT-2 small's audit side by side: a 124M-parameter built-in GPT (12 x 768, vocabulary 50304,
+# context 256), 64 probe sequences of 256 tokens in 16 batches of 4, --directions delta
+# --coupling none, float32, by ndsprobe as it is, by ndsprobe within an 8 GiB device budget
+# (--max-memory 8G --micro-batch 2), and by plain PyTorch (bench/python/plain_torch_audit.py,
+# explicit attention), each twice.
+#
+# usage: bench/gpu_check.sh BUILD_DIR [WORK_DIR]    PYTHON: a python3 with a CUDA torch
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "$1" && pwd)
+work=${2:-/tmp/curv_gpu_check}
+py=${PYTHON:-python3}
+mkdir -p "$work"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$py" -c 'import torch; print("python torch", torch.__version__, torch.cuda.get_device_name(0))'
+
+echo "== the [.cuda] tests"
+"$build/tests/curv_tests" "[.cuda]"
+echo "cuda tests exit code $?"
+
+echo "== GPT-2 small's shape: the run (curvtrain, one AdamW step on the GPU)"
+cat > "$work/gpt2.json" <<'JSON'
+{"arch": "gpt", "vocab_size": 50304, "block_size": 256, "n_layer": 12, "n_head": 12,
+ "n_embd": 768, "bias": true, "tied": true}
+JSON
+run="$work/run"
+rm -rf "$run"
+"$build/tools/curvtrain/curvtrain" --model "$work/gpt2.json" -o "$run" --steps 1 --save-every 1 \
+  --eval-every 1 --eval-sequences 1 --batch-size 1 --probe-sequences 64 --train-tokens 65536 \
+  --optimizer adamw:lr=1e-4 --dtype float32 --device cuda --quiet > "$work/curvtrain.log" 2>&1
+echo "curvtrain exit code $?"; tail -3 "$work/curvtrain.log"
+args=("$run" --data "$run/probe.safetensors" --directions delta --coupling none --batch-size 4
+      --dtype float32 --device cuda --quiet)
+for i in 1 2; do
+  echo "== ndsprobe, run $i"
+  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$build/tools/ndsprobe/ndsprobe" \
+    "${args[@]}" -o "$work/ndsprobe_$i.h5" 2>&1 | grep -E "wall|wrote|^run |delta"
+done
+for i in 1 2; do
+  echo "== ndsprobe --max-memory 8G --micro-batch 2, run $i"
+  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$build/tools/ndsprobe/ndsprobe" \
+    "${args[@]}" --max-memory 8G --micro-batch 2 -o "$work/budget_$i.h5" 2>&1 |
+    grep -E "wall|wrote|^run |delta"
+done
+for i in 1 2; do
+  echo "== plain PyTorch, run $i"
+  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$py" "$here/python/plain_torch_audit.py" \
+    "$run" --data "$run/probe.safetensors" --batch-size 4 --device cuda --coupling none \
+    -o "$work/plain_$i.json" 2>&1 | grep -E "wall|Error|error"
+  "$py" - "$work/plain_$i.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["checkpoints"][0]
+print(f"plain: audit {r['audit_seconds']:.2f} s, total {r['seconds']:.2f} s, peak "
+      f"{r['peak_memory'] / 2**30:.2f} GiB, loss {c['loss']:.6f}, NDS {c['curvature'] / c['sq_norm']:.6f}")
+PY
+done

@@ -1,0 +1,185 @@
+// The engine and ndsprobe on a CUDA device against the CPU, the device memory budget from the
+// CUDA allocator's statistics, and a real CUDA out-of-memory error. Hidden from the default run
+// (tag [.cuda]): a machine with a GPU and a CUDA LibTorch runs them with `curv_tests "[.cuda]"`
+// (bench/gpu_check.sh).
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "curv/core/engine.h"
+#include "curv/core/error.h"
+#include "curv/core/runtime.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
+#include "curv/io/safetensors.h"
+#include "curv/models/models.h"
+#include "fixtures.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+
+namespace {
+
+const char* kDevice = "cuda:0";
+
+void require_cuda() {
+  if (!at::hasCUDA()) FAIL("no CUDA device: these tests run on a GPU machine");
+}
+
+ParamVector on(const ParamVector& x, const c10::Device& device) {
+  ParamVector out;
+  for (const auto& t : x) out.push_back(t.to(device));
+  return out;
+}
+
+double error_against_cpu(const ParamVector& got, const ParamVector& want) {
+  const ParamVector g = on(got, c10::Device(c10::kCPU));
+  double diff = 0.0, ref = 0.0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    diff += (g[i].to(at::kDouble) - want[i].to(at::kDouble)).pow(2).sum().item<double>();
+    ref += want[i].to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / ref);
+}
+
+ModelConfig small_llama() {
+  LlamaConfig c;
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  c.qk_norm = true;
+  return ModelConfig("llama", c);
+}
+
+}  // namespace
+
+TEST_CASE("the engine on CUDA equals the CPU in float64", "[.cuda]") {
+  require_cuda();
+  for (const ModelConfig& config : {tiny_gpt_config(), small_llama()}) {
+    INFO(config.describe());
+    auto cpu = make_model(config, ModelInit{4, at::kDouble, "cpu"});
+    auto gpu = make_model(config, ModelInit{4, at::kDouble, kDevice});
+    const int64_t vocab = config.arch() == "gpt" ? 5 : 23;
+    const ProbeSet probe = gpt_probe(2, 12, 4, vocab, 4);
+    const ParamVector v = random_direction(*cpu, 5);
+    CurvatureEngine on_cpu(*cpu, probe);
+    CurvatureEngine on_gpu(*gpu, probe);
+    CHECK(on_gpu.device().is_cuda());
+    CHECK(std::abs(on_gpu.loss() - on_cpu.loss()) <= 1e-13 * std::abs(on_cpu.loss()));
+    CHECK(error_against_cpu(on_gpu.gradient(), on_cpu.gradient()) <= 1e-12);
+    CHECK(error_against_cpu(on_gpu.hvp(on(v, on_gpu.device())), on_cpu.hvp(v)) <= 1e-12);
+  }
+}
+
+TEST_CASE("the memory budget on CUDA reads the allocator's statistics", "[.cuda]") {
+  require_cuda();
+  auto model = make_model(tiny_gpt_config(), ModelInit{6, at::kDouble, kDevice});
+  const ProbeSet probe = gpt_probe(3, 6, 4);
+  const c10::Device device(kDevice);
+  const ParamVector v = on(random_direction(*model, 41), device);
+  CurvatureEngine unbounded(*model, probe);
+  reset_peak_memory(device);
+  const ParamVector expected = unbounded.hvp(v);
+  const DeviceMemory m = device_memory(device);
+  CHECK(m.in_use > 0);
+  CHECK(m.peak >= m.in_use);
+  CHECK(m.reserved >= m.in_use);
+  CHECK(unbounded.kept_graphs() == probe.size());
+
+  EngineOptions tight;
+  tight.max_memory = 1;  // below anything on the device: no graph is kept
+  CurvatureEngine engine(*model, probe, tight);
+  CHECK(error_against_cpu(engine.hvp(v), on(expected, c10::Device(c10::kCPU))) <= 1e-12);
+  CHECK(engine.kept_graphs() == 0);
+  CHECK(engine.counters().graphs_over_budget == 1);
+}
+
+namespace {
+
+// A loss that asks the device for 32 TiB on its second call.
+class Greedy : public Objective {
+ public:
+  explicit Greedy(Objective& model) : model_(model) {}
+  const ParamSpace& space() const override { return model_.space(); }
+  ParamVector parameters() override { return model_.parameters(); }
+  std::string describe() const override { return model_.describe(); }
+  at::Tensor loss(const Batch& batch) override {
+    if (calls_++ > 0) {
+      const auto huge =
+          at::empty({int64_t{1} << 43}, at::TensorOptions(at::kFloat).device(kDevice));
+      return model_.loss(batch) + huge.sum();
+    }
+    return model_.loss(batch);
+  }
+
+ private:
+  Objective& model_;
+  int calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a CUDA out-of-memory error is one OutOfMemory naming the device and memory", "[.cuda]") {
+  require_cuda();
+  auto model = make_model(tiny_gpt_config(), ModelInit{6, at::kDouble, kDevice});
+  Greedy greedy(*model);
+  CurvatureEngine engine(greedy, gpt_probe(3, 4, 4));
+  CHECK(std::isfinite(engine.loss()));
+  try {
+    engine.loss_at(on(random_direction(*model, 3), c10::Device(kDevice)));
+    FAIL("no error");
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("ran out of cuda:0 memory in the loss at θ + u"));
+    CHECK_THAT(what, Catch::Contains("reserved"));
+    CHECK_THAT(what, Catch::Contains("--micro-batch"));
+  }
+}
+
+TEST_CASE("ndsprobe --device cuda equals --device cpu in float64", "[.cuda]") {
+  require_cuda();
+  TempDir dir;
+  const auto config = tiny_gpt_config();
+  auto model = make_model(config, ModelInit{1, at::kDouble});
+  const ProbeSet probe = gpt_probe(7, 12, 4);
+  const std::string data = dir.file("probe.safetensors");
+  write_safetensors(data, {{"inputs", probe[0].inputs}, {"targets", probe[0].targets}});
+  const std::string run = dir.file("run");
+  for (int step = 0; step <= 20; step += 10) {
+    save_checkpoint(run, step, model->space(), snapshot_parameters(*model), {},
+                    R"({"model": )" + config.to_json() + "}");
+    CurvatureEngine engine(*model, probe);
+    ParamVector next = engine.parameters();
+    axpy(-0.5, engine.gradient(), next);
+    load_parameters(*model, next);
+  }
+  auto audit = [&](const std::string& device) {
+    const std::string out = dir.file(device + ".h5");
+    run_tool("ndsprobe", fmt::format("{} --data {} --dtype float64 --directions delta,gradient "
+                                     "--device {} -o {}",
+                                     run, data, device, out));
+    return out;
+  };
+  const std::string cpu = audit("cpu"), gpu = audit("cuda");
+  const Table a = H5Reader(cpu).table("/taylor"), b = H5Reader(gpu).table("/taylor");
+  REQUIRE(a.num_rows() == b.num_rows());
+  for (const std::string column : {"loss", "first_order", "curvature", "nds", "realized"}) {
+    for (size_t i = 0; i < a.num_rows(); ++i) {
+      INFO(column << " row " << i);
+      const double x = a.doubles(column)[i], y = b.doubles(column)[i];
+      if (std::isnan(x)) {
+        CHECK(std::isnan(y));
+      } else {
+        CHECK(std::abs(x - y) <= 1e-10 * std::abs(x) + 1e-300);
+      }
+    }
+  }
+  CHECK(H5Reader(gpu).attribute_int("/runs/run/step_0/delta", "peak_memory") > 0);
+}
