@@ -15,6 +15,17 @@ build=$(cd "$1" && pwd)
 work=${2:-/tmp/curv_gpu_check}
 py=${PYTHON:-python3}
 mkdir -p "$work"
+# Wall time and host peak RSS of a command (GNU time where the machine has it).
+timed() {
+  if [ -x /usr/bin/time ]; then
+    /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$@"
+  else
+    local start
+    start=$(date +%s%N)
+    "$@"
+    echo "wall $(( ($(date +%s%N) - start) / 1000000 )) ms"
+  fi
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$py" -c 'import torch; print("python torch", torch.__version__, torch.cuda.get_device_name(0))'
 
@@ -37,18 +48,17 @@ args=("$run" --data "$run/probe.safetensors" --directions delta --coupling none 
       --dtype float32 --device cuda --quiet)
 for i in 1 2; do
   echo "== ndsprobe, run $i"
-  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$build/tools/ndsprobe/ndsprobe" \
-    "${args[@]}" -o "$work/ndsprobe_$i.h5" 2>&1 | grep -E "wall|wrote|^run |delta"
+  timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" -o "$work/ndsprobe_$i.h5" 2>&1 |
+    grep -E "wall|wrote|^run |delta|rror"
 done
 for i in 1 2; do
   echo "== ndsprobe --max-memory 8G --micro-batch 2, run $i"
-  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$build/tools/ndsprobe/ndsprobe" \
-    "${args[@]}" --max-memory 8G --micro-batch 2 -o "$work/budget_$i.h5" 2>&1 |
-    grep -E "wall|wrote|^run |delta"
+  timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --max-memory 8G --micro-batch 2 \
+    -o "$work/budget_$i.h5" 2>&1 | grep -E "wall|wrote|^run |delta|rror"
 done
 for i in 1 2; do
   echo "== plain PyTorch, run $i"
-  /usr/bin/time -f "wall %e s, host peak RSS %M KiB" "$py" "$here/python/plain_torch_audit.py" \
+  timed "$py" "$here/python/plain_torch_audit.py" \
     "$run" --data "$run/probe.safetensors" --batch-size 4 --device cuda --coupling none \
     -o "$work/plain_$i.json" 2>&1 | grep -E "wall|Error|error"
   "$py" - "$work/plain_$i.json" <<'PY'

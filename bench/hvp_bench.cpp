@@ -3,6 +3,8 @@
 // binary re-invoked with --op), so allocator reuse from an earlier measurement cannot hide memory.
 //
 //   hvp_bench [--threads 2] [--repeats 5]            all ops, float32 and float64, a Markdown table
+//   hvp_bench --device cuda [--shape gpt2]           the same on a GPU: times after the device
+//       finished, memory as the allocator's peak of tensor bytes above what the model holds
 //   hvp_bench --op hvp_reused --dtype float32        one measurement, one JSON line
 //   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
 //       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
@@ -74,20 +76,30 @@ struct Setup {
   curv::ParamVector v;
 };
 
-Setup make_setup(const std::string& dtype_name, const std::string& shape) {
+Setup make_setup(const std::string& dtype_name, const std::string& shape,
+                 const std::string& device = "cpu") {
   const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
   auto config = shape_config(shape);
   Setup s;
-  s.model = curv::make_model(config, curv::ModelInit{0, dtype});
+  s.model = curv::make_model(config, curv::ModelInit{0, dtype, device});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   s.probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
-  for (const auto& p : s.model->parameters()) s.v.push_back(at::randn(p.sizes(), gen, p.options()));
+  // Drawn on the CPU from one generator: the same v on every device.
+  for (const auto& p : s.model->parameters()) {
+    s.v.push_back(at::randn(p.sizes(), gen, p.options().device(at::kCPU)).to(p.device()));
+  }
   return s;
 }
 
+// Waits for the device's queued work (a no-op on the CPU), so that a time covers it.
+void finish(const c10::Device& device) {
+  if (!device.is_cpu()) at::zeros({1}, at::TensorOptions().device(device)).item<float>();
+}
+
 int measure(const std::string& op, const std::string& dtype_name, int repeats, bool memory_mode,
-            const std::string& shape) {
-  Setup setup = make_setup(dtype_name, shape);
+            const std::string& shape, const std::string& device_name) {
+  Setup setup = make_setup(dtype_name, shape, device_name);
+  const c10::Device device(device_name);
   auto& model = setup.model;
   const curv::ProbeSet& probe = setup.probe;
   const curv::ParamVector& v = setup.v;
@@ -98,25 +110,32 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
     model->loss(probe[0]);
   }
   std::vector<double> times;
+  finish(device);
   const long baseline = status_kib("VmRSS:");
   reset_peak_rss();
+  // On a GPU the allocator's statistics: the peak of tensor bytes above what is held now.
+  const int64_t device_baseline = device.is_cpu() ? 0 : curv::device_memory(device).in_use;
+  curv::reset_peak_memory(device);
   for (int r = 0; r < repeats; ++r) {
     curv::EngineOptions options;
     if (op == "loss") {
       c10::NoGradGuard no_grad;
       auto start = std::chrono::steady_clock::now();
       model->loss(probe[0]).item<double>();
+      finish(device);
       times.push_back(seconds_since(start));
     } else if (op == "gradient") {
       options.reuse_graph = false;
       curv::CurvatureEngine engine(*model, probe, options);
       auto start = std::chrono::steady_clock::now();
       engine.gradient();
+      finish(device);
       times.push_back(seconds_since(start));
     } else if (op == "hvp_first") {
       curv::CurvatureEngine engine(*model, probe, options);
       auto start = std::chrono::steady_clock::now();
       engine.hvp(v);
+      finish(device);
       times.push_back(seconds_since(start));
     } else if (op == "hvp_reused") {
       static curv::CurvatureEngine* engine = nullptr;
@@ -126,23 +145,27 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
       }
       auto start = std::chrono::steady_clock::now();
       engine->hvp(v);
+      finish(device);
       times.push_back(seconds_since(start));
     } else if (op == "hvp_fd") {
       options.reuse_graph = false;
       curv::CurvatureEngine engine(*model, probe, options);
       auto start = std::chrono::steady_clock::now();
       engine.hvp_finite_difference(v);
+      finish(device);
       times.push_back(seconds_since(start));
     } else {
       std::fprintf(stderr, "unknown --op %s\n", op.c_str());
       return 2;
     }
   }
-  const long peak = status_kib("VmHWM:");
+  const double peak_extra_mib =
+      device.is_cpu() ? (status_kib("VmHWM:") - baseline) / 1024.0
+                      : (curv::device_memory(device).peak - device_baseline) / 1048576.0;
   std::printf(
       "{\"op\": \"%s\", \"dtype\": \"%s\", \"seconds\": %.6f, \"peak_extra_mib\": %.1f, "
       "\"params\": %lld}\n",
-      op.c_str(), dtype_name.c_str(), median(times), (peak - baseline) / 1024.0,
+      op.c_str(), dtype_name.c_str(), median(times), peak_extra_mib,
       static_cast<long long>(model->space().numel()));
   return 0;
 }
@@ -197,7 +220,7 @@ std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtyp
 int main(int argc, char** argv) {
   curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
   std::string op, dtype = "float32", shape = "reference", cross_entropy = "fused",
-                  fused_ops = "fused";
+                  fused_ops = "fused", device = "cpu";
   int threads = 2, repeats = 5;
   bool memory_mode = false, compare_cross_entropy = false, compare_fused_ops = false,
        dtype_given = false;
@@ -215,6 +238,8 @@ int main(int argc, char** argv) {
       memory_mode = value == "1";
     else if (flag == "--shape")
       shape = value;
+    else if (flag == "--device")
+      device = value;
     else if (flag == "--cross-entropy")
       cross_entropy = value;
     else if (flag == "--compare-cross-entropy")
@@ -240,11 +265,12 @@ int main(int argc, char** argv) {
   curv::init_runtime(runtime);
   curv::set_fused_cross_entropy(cross_entropy == "fused");
   curv::set_fused_operations(fused_ops == "fused");
-  if (!op.empty()) return measure(op, dtype, repeats, memory_mode, shape);
+  if (!op.empty()) return measure(op, dtype, repeats, memory_mode, shape, device);
   // One measurement in a child process: the value after `key` in its JSON line.
   auto child = [&](const std::string& flags, const char* key) {
-    const std::string command = fmt::format("'{}' --threads {} --repeats {} --shape {} {}", argv[0],
-                                            threads, repeats, shape, flags);
+    const std::string command =
+        fmt::format("'{}' --threads {} --repeats {} --shape {} --device {} {}", argv[0], threads,
+                    repeats, shape, device, flags);
     FILE* pipe = popen(command.c_str(), "r");
     char buffer[512] = {0};
     const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
@@ -301,14 +327,19 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("%s; reference GPT %s, batch 32 x 64 tokens\n", curv::runtime_summary().c_str(),
-              reference_config().describe().c_str());
-  std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n\n",
-              curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));
+  std::printf("%s; %s; %s GPT %s, %s\n", curv::runtime_summary().c_str(), device.c_str(),
+              shape.c_str(), shape_config(shape).describe().c_str(),
+              shape == "gpt2" ? "batch 4 x 256 tokens" : "batch 32 x 64 tokens");
+  if (device == "cpu") {
+    std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n",
+                curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));
+  }
+  std::printf("\n");
   std::printf(
       "| dtype | op | median time (ms) | x gradient | peak extra memory (MiB) | x gradient |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const char* d : {"float32", "float64"}) {
+  for (const std::string d : {"float32", "float64"}) {
+    if (dtype_given && d != dtype) continue;
     std::map<std::string, std::pair<double, double>> results;
     for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
       auto run = [&](int memory, const char* key) {
@@ -319,7 +350,7 @@ int main(int argc, char** argv) {
     const auto grad = results["gradient"];
     for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
       const auto r = results[o];
-      std::printf("| %s | %s | %.1f | %.2f | %.1f | %.2f |\n", d, o, r.first * 1e3,
+      std::printf("| %s | %s | %.1f | %.2f | %.1f | %.2f |\n", d.c_str(), o, r.first * 1e3,
                   r.first / grad.first, r.second, grad.second > 0 ? r.second / grad.second : 0.0);
     }
   }

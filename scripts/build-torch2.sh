@@ -10,7 +10,16 @@ build="${CURV_BUILD_DIR:-$root/build-torch2}"
 jobs="${CURV_JOBS:-$(nproc)}"
 venv="${CURV_VENV:-$root/.venv}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
-prefix="${CURV_TORCH_PREFIX:-$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')}"
+if [ -n "${CURV_TORCH_PREFIX:-}" ]; then
+  prefix="$CURV_TORCH_PREFIX"
+else
+  # The wheel's CMake folder (torch/share/cmake) and the wheel's torch folder itself: TorchConfig
+  # looks its libraries up with find_library, which searches the system's folders before the
+  # wheel's, so with Debian's libtorch-dev installed it would otherwise pick Debian's libc10.so
+  # and libtorch.so. A prefix's lib/ comes before the system's.
+  cmake_dir=$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  prefix="$cmake_dir;$(dirname "$(dirname "$cmake_dir")")"
+fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
   "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" >/dev/null
 cmake --build "$build" -j "$jobs"

@@ -1,5 +1,6 @@
 #include "test_support.h"
 
+#include <ftw.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -24,8 +25,13 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  // POSIX nftw rather than std::filesystem::remove_all: LibTorch 2.x's libtorch_cpu.so exports
+  // its own copy of libstdc++'s filesystem functions, and remove_all, interposed across the two
+  // libstdc++ builds, crashed (seen with the torch 2.11 wheel and g++ 13).
+  ::nftw(
+      path_.c_str(),
+      [](const char* file, const struct stat*, int, struct FTW*) { return ::remove(file); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 int run_command(const std::string& command, std::string* output) {
