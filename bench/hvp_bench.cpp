@@ -83,7 +83,8 @@ Setup make_setup(const std::string& dtype_name, const std::string& shape,
   Setup s;
   s.model = curv::make_model(config, curv::ModelInit{0, dtype, device});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  s.probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32);
+  s.probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32)
+                .to(dtype, c10::Device(device));  // where the model is, as the engine puts it
   // Drawn on the CPU from one generator: the same v on every device.
   for (const auto& p : s.model->parameters()) {
     s.v.push_back(at::randn(p.sizes(), gen, p.options().device(at::kCPU)).to(p.device()));

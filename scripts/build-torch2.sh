@@ -21,5 +21,5 @@ else
   prefix="$cmake_dir;$(dirname "$(dirname "$cmake_dir")")"
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
-  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" >/dev/null
+  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" "-DCURV_TORCHRUN=$venv/bin/torchrun" >/dev/null
 cmake --build "$build" -j "$jobs"

@@ -541,11 +541,13 @@ TEST_CASE("torchrun starts ndsprobe as a non-Python program on 2 ranks", "[distr
   const std::string single = f.dir.file("single.h5"), out = f.dir.file("torchrun.h5");
   run_tool("ndsprobe", f.args + " -o " + single);
   std::string log;
-  // Debian's torchrun 1.13 on Python 3.11 needs --redirects 1 --tee 1 (pytorch#92319).
+  // Debian's torchrun 1.13 on Python 3.11 needs --redirects 1 --tee 1 (pytorch#92319). The
+  // torchrun is the one of the LibTorch built against (CURV_TORCHRUN): its agent's store speaks
+  // that version's protocol to the ranks.
   const int status = run_command(
-      fmt::format("OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo torchrun --no_python --nproc_per_node 2 "
+      fmt::format("OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {} --no_python --nproc_per_node 2 "
                   "--redirects 1 --tee 1 --master_addr 127.0.0.1 --master_port {} {} {} -o {}",
-                  free_port(), tool_path("ndsprobe"), f.args, out),
+                  CURV_TORCHRUN, free_port(), tool_path("ndsprobe"), f.args, out),
       &log);
   INFO(log);
   REQUIRE(status == 0);
