@@ -11,7 +11,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
+#include "curv/models/model_loader.h"
 #include "fixtures.h"
 #include "test_support.h"
 
@@ -68,6 +70,16 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
       &status);
   INFO(log);
   REQUIRE(status == 0);
+  {
+    INFO("optimizer.pt's indices named by the Trainer's own decay / no-decay grouping");
+    Checkpoint ckpt = load_checkpoint(list_checkpoints(dir.path() + "/run").front());
+    const LoadedModel model =
+        load_model(ModelSource{}, ckpt.model_config_json(), ckpt.model_config_file);
+    const ModelStructure structure = model.objective->structure();
+    resolve_optimizer_state(ckpt, model.objective->space(), "auto", &structure);
+    REQUIRE(ckpt.meta.optimizer);
+    CHECK(ckpt.meta.optimizer->param_order == "trainer");
+  }
   H5Reader reader(out);
   CHECK(reader.attribute_string("/", "param_names") ==
         fmt::format("{}", fmt::join(ref["param_names"].get<std::vector<std::string>>(), ",")));

@@ -21,7 +21,8 @@ void CheckpointArgs::add_to(CLI::App& app) {
   app.add_option("--param-order", param_order,
                  "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
                  "matrices first), hidden (Muon: hidden matrices first), modded (modded-nanogpt's "
-                 "AdamW and size-sorted Muon groups) or file:PATH (one name per line)")
+                 "AdamW and size-sorted Muon groups), trainer (the Hugging Face Trainer's decayed "
+                 "and undecayed groups) or file:PATH (one name per line)")
       ->capture_default_str();
   app.add_option("--steps", steps,
                  "Checkpoint steps to probe: FIRST:LAST, FIRST:, :LAST (inclusive)");

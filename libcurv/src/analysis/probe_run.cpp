@@ -559,7 +559,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   }
   Checkpoint ckpt =
       load_checkpoint(info, needs_state ? CheckpointParts::kAll : CheckpointParts::kModelOnly);
-  resolve_optimizer_state(ckpt, space, o.param_order);
+  const ModelStructure structure = engine.objective().structure();
+  resolve_optimizer_state(ckpt, space, o.param_order, &structure);
   SavedOptimizer saved = saved_optimizer(ckpt);
   DirectionContext context;
   context.engine = &engine;

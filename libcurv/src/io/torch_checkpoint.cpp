@@ -41,6 +41,9 @@ struct IndexedOptimizerState {
   // modded-nanogpt's two optimizers (AdamW, then Muon) merged into one state: AdamW's groups
   // first (use_muon false), then Muon's with its indices after AdamW's (the "modded" rule).
   bool modded = false;
+  // Written by the Hugging Face Trainer (optimizer.pt in a checkpoint-<N> folder): its two
+  // groups are the weight-decayed parameters and the rest (the "trainer" rule).
+  bool hf_trainer = false;
   int64_t muon_offset = 0;  // Muon's index k is k + muon_offset here
   // Why the state cannot be used (e.g. Muon state sharded across ranks): resolve_optimizer_state
   // throws it, so that the model still loads for directions that need no optimizer state.
@@ -862,6 +865,7 @@ Checkpoint load_torch_checkpoint(const CheckpointInfo& info) {
                                       ckpt.optimizer_file, root->type_name()));
       }
       parts.optimizer = optimizer_state_dict(*root, ckpt.optimizer_file, parts.meta);
+      parts.optimizer->hf_trainer = true;
     }
     // The optimizer's hyper-parameters and step count come from optimizer.pt.
     ckpt.meta_file = parts.optimizer ? ckpt.optimizer_file : info.path;
@@ -931,13 +935,14 @@ namespace {
 
 // How torch's parameter indices map to the model's parameters (docs/checkpoints.md).
 enum class ParamOrder {
-  kAuto,    // the recorded names, else whichever of model, ndim and hidden fits
-  kModel,   // all groups together in model order
-  kNdim,    // two groups: ndim >= 2, then the rest (nanoGPT)
-  kHidden,  // Muon's hidden matrices filling whole groups, then the rest
-  kModded,  // modded-nanogpt's AdamW groups, then Muon's size-sorted block matrices
-  kFile,    // file:PATH, one name per line in index order
-  kNames,   // the names the optimizer recorded (param_names); chosen by auto, never named
+  kAuto,     // the recorded names, else whichever of model, ndim and hidden fits
+  kModel,    // all groups together in model order
+  kNdim,     // two groups: ndim >= 2, then the rest (nanoGPT)
+  kHidden,   // Muon's hidden matrices filling whole groups, then the rest
+  kModded,   // modded-nanogpt's AdamW groups, then Muon's size-sorted block matrices
+  kTrainer,  // the Hugging Face Trainer's groups: weight-decayed parameters, then the rest
+  kFile,     // file:PATH, one name per line in index order
+  kNames,    // the names the optimizer recorded (param_names); chosen by auto, never named
 };
 
 struct ParamOrderName {
@@ -946,8 +951,10 @@ struct ParamOrderName {
 };
 // The rules a user may name, in the order messages list them; "file:" takes a path after it.
 constexpr ParamOrderName kParamOrders[] = {
-    {ParamOrder::kAuto, "auto"},     {ParamOrder::kModel, "model"},   {ParamOrder::kNdim, "ndim"},
-    {ParamOrder::kHidden, "hidden"}, {ParamOrder::kModded, "modded"}, {ParamOrder::kFile, "file:"}};
+    {ParamOrder::kAuto, "auto"},     {ParamOrder::kModel, "model"},
+    {ParamOrder::kNdim, "ndim"},     {ParamOrder::kHidden, "hidden"},
+    {ParamOrder::kModded, "modded"}, {ParamOrder::kTrainer, "trainer"},
+    {ParamOrder::kFile, "file:"}};
 // The rules auto tries when no names were recorded, from least to most specific.
 constexpr ParamOrder kGuessed[] = {ParamOrder::kModel, ParamOrder::kNdim, ParamOrder::kHidden};
 
@@ -997,7 +1004,8 @@ struct Mapping {
 struct OrderInput {
   const IndexedOptimizerState& ix;
   const ParamSpace& space;
-  std::vector<int64_t> indices;  // the optimizer's indices, in group order
+  std::vector<int64_t> indices;               // the optimizer's indices, in group order
+  const ModelStructure* structure = nullptr;  // the parameters' roles, where known
 };
 
 std::string count_problem(const OrderInput& in, size_t expected, const char* what) {
@@ -1116,6 +1124,38 @@ Mapping by_ndim_groups(const OrderInput& in) {
   return m;
 }
 
+// The Hugging Face Trainer's create_optimizer: group 0 holds get_decay_parameter_names(model) in
+// model order, group 1 the rest. A parameter is undecayed when it lies in an nn.LayerNorm (here:
+// a parameter whose role is a norm gain or bias) or its lower-cased name matches bias, layernorm,
+// rmsnorm, (^|.)norm($|.) or _norm($|.).
+Mapping by_trainer_groups(const OrderInput& in) {
+  Mapping m{param_order_name(ParamOrder::kTrainer), {}, ""};
+  static const std::regex undecayed_name(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");
+  std::vector<size_t> decayed, rest;
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    std::string name = in.space[i].name;
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    bool norm = false;
+    if (in.structure && i < in.structure->params.size()) {
+      const ParamRole role = in.structure->params[i].role;
+      norm = role == ParamRole::kNormGain || role == ParamRole::kNormBias;
+    }
+    (norm || std::regex_search(name, undecayed_name) ? rest : decayed).push_back(i);
+  }
+  const auto& groups = in.ix.groups;
+  if (groups.size() != 2 || groups[0].params.size() != decayed.size() ||
+      groups[1].params.size() != rest.size()) {
+    m.problem = fmt::format(
+        "its groups hold {} parameters, the Trainer's rule gives {} weight-decayed and {} others",
+        group_sizes(in.ix), decayed.size(), rest.size());
+    return m;
+  }
+  m.of_index = decayed;
+  m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
+  return m;
+}
+
 // modded-nanogpt's train_gpt_simple.py: AdamW over [embed.weight], [proj.weight] and [every
 // parameter with ndim < 2, in model order]; Muon over the blocks' matrices (ndim >= 2) in model
 // order, sorted by size, largest first (Python's sorted(key=size, reverse=True) on torch.Size:
@@ -1213,6 +1253,9 @@ Mapping map_by(const OrderInput& in, ParamOrder order, const std::string& order_
     case ParamOrder::kModded:
       m = by_modded_groups(in);
       break;
+    case ParamOrder::kTrainer:
+      m = by_trainer_groups(in);
+      break;
     case ParamOrder::kFile:
       m = by_listed_names(in, order_file);
       break;
@@ -1287,7 +1330,14 @@ Mapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec, const s
       !groups.empty() && std::all_of(groups.begin(), groups.end(), [](const auto& g) {
         return g.names.size() == g.params.size() && !g.params.empty();
       });
-  if (!names_recorded) return choose_guessed(in);
+  if (!names_recorded) {
+    // A Trainer's optimizer.pt: the Trainer's own grouping, when it fits.
+    if (in.ix.hf_trainer) {
+      Mapping m = map_by(in, ParamOrder::kTrainer);
+      if (m.problem.empty()) return m;
+    }
+    return choose_guessed(in);
+  }
   // The optimizer saved its parameters' names: no order needs to be guessed.
   Mapping m = map_by(in, ParamOrder::kNames);
   if (!m.problem.empty()) {
@@ -1341,13 +1391,13 @@ void validate_param_order(const std::string& param_order) {
 }
 
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
-                             const std::string& param_order) {
+                             const std::string& param_order, const ModelStructure* structure) {
   validate_param_order(param_order);
   if (!ckpt.indexed_optimizer) return;
   if (!ckpt.indexed_optimizer->problem.empty()) {
     throw InvalidArgument(ckpt.indexed_optimizer->problem);
   }
-  OrderInput in{*ckpt.indexed_optimizer, space, {}};
+  OrderInput in{*ckpt.indexed_optimizer, space, {}, structure};
   for (const auto& g : in.ix.groups) {
     in.indices.insert(in.indices.end(), g.params.begin(), g.params.end());
   }

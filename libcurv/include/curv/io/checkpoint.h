@@ -16,6 +16,7 @@
 
 #include "curv/core/checkpoint_meta.h"
 #include "curv/core/param_space.h"
+#include "curv/core/structure.h"
 
 namespace curv {
 
@@ -154,17 +155,22 @@ Checkpoint load_checkpoint(const CheckpointInfo& info,
 //    [proj.weight], [ndim < 2 in model order], then Muon's block matrices in model order stably
 //    sorted by shape, largest first (train_gpt_simple.py);
 //  - "file:PATH": PATH lists the parameter names in index order, one per line;
+//  - "trainer": the Hugging Face Trainer's two groups, the weight-decayed parameters and then the
+//    rest, by the Trainer's get_decay_parameter_names (norm parameters by `structure`'s roles,
+//    else by name; biases and names with norm in them);
 //  - "auto": "modded" for modded-nanogpt's optimizers; else the names the optimizer recorded
-//    (param_groups[].param_names, PyTorch >= 2.6) when every group has them, else whichever of
-//    "model", "ndim" and "hidden" fits the group sizes and every state tensor's shape.
+//    (param_groups[].param_names, PyTorch >= 2.6) when every group has them, else "trainer" for
+//    a Hugging Face Trainer's optimizer.pt when it fits, else whichever of "model", "ndim" and
+//    "hidden" fits the group sizes and every state tensor's shape.
 // InvalidArgument naming the optimizer file: a count or shape that fits no rule (optimizer state
 // for a different model), an ambiguous "auto" (two rules fit and disagree), an unknown name in
 // the order file (with the closest model names); modded-nanogpt state that is sharded across
 // ranks (each rank's Muon keeps only its share) or not train_gpt_simple.py's [AdamW, Muon].
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
-                             const std::string& param_order = "auto");
-// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, modded, or file:PATH
-// with PATH an existing file: lets a tool check the rule before any checkpoint is read.
+                             const std::string& param_order = "auto",
+                             const ModelStructure* structure = nullptr);
+// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, modded, trainer or
+// file:PATH with PATH an existing file: lets a tool check the rule before any checkpoint is read.
 void validate_param_order(const std::string& param_order);
 
 // The parameters of `space` from `ckpt.model`, in the space's order, converted to the dtype and
