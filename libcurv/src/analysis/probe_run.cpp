@@ -630,6 +630,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       if (k == last_state_reader) release_state();
       report.add_status(run.name, info.step, d->name(), "unavailable", why);
     } else {
+      const std::string unit = unit_path(run.name, info.step, d->name());
       const int64_t peak = as_unit(label, report.path(), engine.device(), [&] {
         context.note.clear();
         context.partition.clear();
@@ -657,7 +658,6 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         if (token_buckets_ && complete) {
           report.add_token_buckets(run.name, info.step, d->name(), buckets);
         }
-        const std::string unit = unit_path(run.name, info.step, d->name());
         if (o.spectrum.overlap && complete) {
           write_overlap(report.writer(), unit,
                         direction_overlap(u, top_vectors, engine.gradient()));
@@ -670,7 +670,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
       });
       // On a device whose allocator keeps statistics: the unit's peak, for budgeting runs.
       if (peak >= 0) {
-        report.writer().attribute(unit_path(run.name, info.step, d->name()), "peak_memory", peak);
+        report.writer().attribute(unit, "peak_memory", peak);
         summary.peak_memory = std::max(summary.peak_memory, peak);
       }
     }

@@ -1104,24 +1104,31 @@ Mapping by_hidden_first(const OrderInput& in) {
 }
 
 // nanoGPT's configure_optimizers: matrices (ndim >= 2) in group 0, the rest in group 1.
-Mapping by_ndim_groups(const OrderInput& in) {
-  Mapping m{param_order_name(ParamOrder::kNdim), {}, ""};
-  std::vector<size_t> matrices, rest;
-  for (size_t i = 0; i < in.space.size(); ++i) {
-    (in.space[i].shape.size() >= 2 ? matrices : rest).push_back(i);
-  }
+// Two groups: the parameters `in_first` selects, then the rest, each in model order. `split`
+// describes the split in a mismatch message, given the two counts.
+template <class InFirst, class Describe>
+Mapping two_groups(const OrderInput& in, ParamOrder order, InFirst in_first, Describe split) {
+  Mapping m{param_order_name(order), {}, ""};
+  std::vector<size_t> first, rest;
+  for (size_t i = 0; i < in.space.size(); ++i) (in_first(i) ? first : rest).push_back(i);
   const auto& groups = in.ix.groups;
-  if (groups.size() != 2 || groups[0].params.size() != matrices.size() ||
+  if (groups.size() != 2 || groups[0].params.size() != first.size() ||
       groups[1].params.size() != rest.size()) {
-    m.problem = fmt::format(
-        "its groups hold {} parameters, the model has {} with ndim >= 2 "
-        "and {} others",
-        group_sizes(in.ix), matrices.size(), rest.size());
+    m.problem = fmt::format("its groups hold {} parameters, {}", group_sizes(in.ix),
+                            split(first.size(), rest.size()));
     return m;
   }
-  m.of_index = matrices;
+  m.of_index = first;
   m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
   return m;
+}
+
+Mapping by_ndim_groups(const OrderInput& in) {
+  return two_groups(
+      in, ParamOrder::kNdim, [&](size_t i) { return in.space[i].shape.size() >= 2; },
+      [](size_t matrices, size_t rest) {
+        return fmt::format("the model has {} with ndim >= 2 and {} others", matrices, rest);
+      });
 }
 
 // The Hugging Face Trainer's create_optimizer: group 0 holds get_decay_parameter_names(model) in
@@ -1129,31 +1136,21 @@ Mapping by_ndim_groups(const OrderInput& in) {
 // a parameter whose role is a norm gain or bias) or its lower-cased name matches bias, layernorm,
 // rmsnorm, (^|.)norm($|.) or _norm($|.).
 Mapping by_trainer_groups(const OrderInput& in) {
-  Mapping m{param_order_name(ParamOrder::kTrainer), {}, ""};
   static const std::regex undecayed_name(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");
-  std::vector<size_t> decayed, rest;
-  for (size_t i = 0; i < in.space.size(); ++i) {
+  auto decayed = [&](size_t i) {
+    if (in.structure && i < in.structure->params.size()) {
+      const ParamRole role = in.structure->params[i].role;
+      if (role == ParamRole::kNormGain || role == ParamRole::kNormBias) return false;
+    }
     std::string name = in.space[i].name;
     std::transform(name.begin(), name.end(), name.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    bool norm = false;
-    if (in.structure && i < in.structure->params.size()) {
-      const ParamRole role = in.structure->params[i].role;
-      norm = role == ParamRole::kNormGain || role == ParamRole::kNormBias;
-    }
-    (norm || std::regex_search(name, undecayed_name) ? rest : decayed).push_back(i);
-  }
-  const auto& groups = in.ix.groups;
-  if (groups.size() != 2 || groups[0].params.size() != decayed.size() ||
-      groups[1].params.size() != rest.size()) {
-    m.problem = fmt::format(
-        "its groups hold {} parameters, the Trainer's rule gives {} weight-decayed and {} others",
-        group_sizes(in.ix), decayed.size(), rest.size());
-    return m;
-  }
-  m.of_index = decayed;
-  m.of_index.insert(m.of_index.end(), rest.begin(), rest.end());
-  return m;
+    return !std::regex_search(name, undecayed_name);
+  };
+  return two_groups(in, ParamOrder::kTrainer, decayed, [](size_t decayed_count, size_t rest) {
+    return fmt::format("the Trainer's rule gives {} weight-decayed and {} others", decayed_count,
+                       rest);
+  });
 }
 
 // modded-nanogpt's train_gpt_simple.py: AdamW over [embed.weight], [proj.weight] and [every
