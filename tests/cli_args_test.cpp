@@ -1,5 +1,7 @@
 // The tools' argument groups on their own: flags parsed by CLI11 into the library's options, and
-// library validation messages rewritten to the flags a user typed.
+// library validation errors naming the flags a user typed.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 
 #include "cli_common.h"
@@ -20,20 +22,42 @@ void parse(CLI::App& app, std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("library field names in messages become the flags of the argument groups", "[cli]") {
+TEST_CASE("options named in a library error become the flags of the argument groups", "[cli]") {
   const std::map<std::string, std::string> flags = {{"EigenOptions.bottom", "--eig-bottom"},
                                                     {"EigenOptions", "--eig-top/--eig-bottom"},
                                                     {"TraceOptions.matvecs", "--trace-hvps"}};
-  CHECK(tools::with_flag_names("EigenOptions.bottom = 2: power iteration finds the largest",
-                               flags) == "--eig-bottom 2: power iteration finds the largest");
-  CHECK(tools::with_flag_names("TraceOptions.matvecs = 4 must be >= 6 for hutchpp", flags) ==
-        "--trace-hvps 4 must be >= 6 for hutchpp");
-  CHECK(tools::with_flag_names("EigenOptions: top = bottom = 0 asks for nothing", flags) ==
+  const InvalidOption bottom("{0}: power iteration finds the largest",
+                             {{"EigenOptions.bottom", "2"}});
+  CHECK(std::string(bottom.what()) == "EigenOptions.bottom = 2: power iteration finds the largest");
+  CHECK(tools::with_flag_names(bottom, flags) ==
+        "--eig-bottom 2: power iteration finds the largest");
+  const InvalidOption whole("{0}: top = bottom = 0 asks for nothing", {{"EigenOptions", ""}});
+  CHECK(tools::with_flag_names(whole, flags) ==
         "--eig-top/--eig-bottom: top = bottom = 0 asks for nothing");
-  CHECK(tools::with_flag_names("nothing to rewrite", flags) == "nothing to rewrite");
+  // An option without a flag keeps the library's name; literal braces and a quoted user text
+  // holding "{1}" are not placeholders.
+  const InvalidOption two(
+      fmt::format("{{0}} must divide {{1}} in {{{{x}}}} '{}'", InvalidOption::literal("a{1}")),
+      {{"TraceOptions.matvecs", "4"}, {"WithinOptions.n_head", "6"}});
+  CHECK(std::string(two.what()) ==
+        "TraceOptions.matvecs = 4 must divide WithinOptions.n_head = 6 in {x} 'a{1}'");
+  CHECK(tools::with_flag_names(two, flags) ==
+        "--trace-hvps 4 must divide WithinOptions.n_head = 6 in {x} 'a{1}'");
   CURV_CHECK_THROWS(tools::validate_with_flags(
-                        [] { throw InvalidArgument("TraceOptions.matvecs = 1 too small"); }, flags),
+                        [] {
+                          throw InvalidOption("{0} too small", {{"TraceOptions.matvecs", "1"}});
+                        },
+                        flags),
                     InvalidArgument, Contains("--trace-hvps 1 too small"));
+  // Every library option a flag names is one the library's validation reports by that name.
+  CURV_CHECK_THROWS(tools::validate_with_flags(
+                        [] {
+                          TraceOptions o;
+                          o.matvecs = 1;
+                          o.validate();
+                        },
+                        tools::SpectrumArgs::flags()),
+                    InvalidArgument, Contains("--trace-hvps 1 must be >= "));
 }
 
 TEST_CASE("ndsprobe's argument groups produce the run options", "[cli]") {

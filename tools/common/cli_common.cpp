@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <regex>
 
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
@@ -77,27 +76,21 @@ ModelSource ModelArgs::to_source(const RuntimeArgs& runtime) const {
   return source;
 }
 
-std::string with_flag_names(const std::string& message,
+std::string with_flag_names(const InvalidOption& error,
                             const std::map<std::string, std::string>& flags) {
-  // Longest fields first, so "EigenOptions.bottom" is replaced before "EigenOptions".
-  std::vector<std::pair<std::string, std::string>> ordered(flags.begin(), flags.end());
-  std::stable_sort(ordered.begin(), ordered.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  std::string out = message;
-  for (const auto& [field, flag] : ordered) {
-    const std::string escaped = std::regex_replace(field, std::regex(R"([.])"), R"(\.)");
-    out = std::regex_replace(out, std::regex(escaped + R"( = )"), flag + " ");
-    out = std::regex_replace(out, std::regex(escaped + R"(\b)"), flag);
-  }
-  return out;
+  return error.render([&](const InvalidOption::Named& named) {
+    const auto flag = flags.find(named.option);
+    if (flag == flags.end()) return InvalidOption::library_name(named);
+    return named.value.empty() ? flag->second : flag->second + " " + named.value;
+  });
 }
 
 void validate_with_flags(const std::function<void()>& body,
                          const std::map<std::string, std::string>& flags) {
   try {
     body();
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(with_flag_names(e.what(), flags));
+  } catch (const InvalidOption& e) {
+    throw InvalidArgument(with_flag_names(e, flags));
   }
 }
 

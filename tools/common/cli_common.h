@@ -54,11 +54,12 @@ struct ModelArgs {
 };
 
 // Library options name their fields ("EigenOptions.bottom = 2"); a tool's users know flags.
-// `flags` maps "Struct.field" to "--flag": each "Struct.field = value" in the message becomes
-// "--flag value" and each bare "Struct.field" becomes "--flag".
-std::string with_flag_names(const std::string& message,
+// `flags` maps an option's name, "Struct.field", to the flag that sets it: the option written
+// "--flag value" (or "--flag" when the message names it alone); options without a flag keep the
+// library's name.
+std::string with_flag_names(const InvalidOption& error,
                             const std::map<std::string, std::string>& flags);
-// Runs `body`; an InvalidArgument from it is rethrown with flag names.
+// Runs `body`; an InvalidOption from it is rethrown as an InvalidArgument with flag names.
 void validate_with_flags(const std::function<void()>& body,
                          const std::map<std::string, std::string>& flags);
 

@@ -30,8 +30,8 @@ void CheckpointSpectrumOptions::validate() const {
     // --overlap alone needs the top eigenvectors only.
     if (!eigenvalues) e.bottom = 0;
     if (overlap && e.top < 1) {
-      throw InvalidArgument(fmt::format(
-          "overlap needs the top eigenspace: EigenOptions.top = {} must be >= 1", e.top));
+      throw InvalidOption("overlap needs the top eigenspace: {0} must be >= 1",
+                          {{"EigenOptions.top", fmt::format("{}", e.top)}});
     }
     e.validate();
   }
@@ -77,7 +77,7 @@ NdsPairSpec NdsPairSpec::parse(const std::string& text) {
 
 void ProbeRunOptions::validate() const {
   if (runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
-  if (directions.empty()) throw InvalidArgument("ProbeRunOptions.directions is empty");
+  if (directions.empty()) throw InvalidOption("{0} is empty", {{"ProbeRunOptions.directions", ""}});
   validate_param_order(param_order);
   taylor.validate();
   token_buckets.validate();

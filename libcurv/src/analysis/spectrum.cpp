@@ -368,20 +368,23 @@ std::string to_string(EigenMethod method) {
 }
 
 void EigenOptions::validate() const {
-  if (top < 0) throw InvalidArgument(fmt::format("EigenOptions.top = {} must be >= 0", top));
+  if (top < 0)
+    throw InvalidOption("{0} must be >= 0", {{"EigenOptions.top", fmt::format("{}", top)}});
   if (bottom < 0)
-    throw InvalidArgument(fmt::format("EigenOptions.bottom = {} must be >= 0", bottom));
-  if (top + bottom == 0) throw InvalidArgument("EigenOptions: top = bottom = 0 asks for nothing");
+    throw InvalidOption("{0} must be >= 0", {{"EigenOptions.bottom", fmt::format("{}", bottom)}});
+  if (top + bottom == 0)
+    throw InvalidOption("{0}: top = bottom = 0 asks for nothing", {{"EigenOptions", ""}});
   if (!(tol > 0 && tol < 1))
-    throw InvalidArgument(fmt::format("EigenOptions.tol = {} must be in (0, 1)", tol));
+    throw InvalidOption("{0} must be in (0, 1)", {{"EigenOptions.tol", fmt::format("{}", tol)}});
   if (max_hvps < 2)
-    throw InvalidArgument(fmt::format("EigenOptions.max_hvps = {} must be >= 2", max_hvps));
-  if (ncv < 0) throw InvalidArgument(fmt::format("EigenOptions.ncv = {} must be >= 0", ncv));
+    throw InvalidOption("{0} must be >= 2",
+                        {{"EigenOptions.max_hvps", fmt::format("{}", max_hvps)}});
+  if (ncv < 0)
+    throw InvalidOption("{0} must be >= 0", {{"EigenOptions.ncv", fmt::format("{}", ncv)}});
   if (method == EigenMethod::kPower && bottom > 0) {
-    throw InvalidArgument(
-        fmt::format("EigenOptions.bottom = {}: power iteration finds the largest "
-                    "|λ| only; use the lanczos or spectra method",
-                    bottom));
+    throw InvalidOption(
+        "{0}: power iteration finds the largest |λ| only; use the lanczos or spectra method",
+        {{"EigenOptions.bottom", fmt::format("{}", bottom)}});
   }
 }
 
@@ -457,8 +460,8 @@ std::string to_string(TraceMethod method) {
 void TraceOptions::validate() const {
   const int64_t least = method == TraceMethod::kHutchinson ? 2 : 6;
   if (matvecs < least) {
-    throw InvalidArgument(fmt::format("TraceOptions.matvecs = {} must be >= {} for {}", matvecs,
-                                      least, to_string(method)));
+    throw InvalidOption(fmt::format("{{0}} must be >= {} for {}", least, to_string(method)),
+                        {{"TraceOptions.matvecs", fmt::format("{}", matvecs)}});
   }
 }
 
@@ -512,12 +515,15 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
 }
 
 void DensityOptions::validate() const {
-  if (runs < 1) throw InvalidArgument(fmt::format("DensityOptions.runs = {} must be >= 1", runs));
+  if (runs < 1)
+    throw InvalidOption("{0} must be >= 1", {{"DensityOptions.runs", fmt::format("{}", runs)}});
   if (steps < 1)
-    throw InvalidArgument(fmt::format("DensityOptions.steps = {} must be >= 1", steps));
+    throw InvalidOption("{0} must be >= 1", {{"DensityOptions.steps", fmt::format("{}", steps)}});
   if (!(sigma >= 0) || !std::isfinite(sigma))
-    throw InvalidArgument(fmt::format("DensityOptions.sigma = {} must be finite and >= 0", sigma));
-  if (grid < 2) throw InvalidArgument(fmt::format("DensityOptions.grid = {} must be >= 2", grid));
+    throw InvalidOption("{0} must be finite and >= 0",
+                        {{"DensityOptions.sigma", fmt::format("{}", sigma)}});
+  if (grid < 2)
+    throw InvalidOption("{0} must be >= 2", {{"DensityOptions.grid", fmt::format("{}", grid)}});
 }
 
 double DensityResult::moment(int k) const {

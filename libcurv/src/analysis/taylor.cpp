@@ -39,12 +39,13 @@ std::string to_string(CouplingMode mode) {
 
 void TaylorOptions::validate() const {
   if (coupling == CouplingMode::kRandomized && coupling_samples < 2) {
-    throw InvalidArgument(
-        fmt::format("TaylorOptions.coupling_samples = {} must be >= 2", coupling_samples));
+    throw InvalidOption("{0} must be >= 2",
+                        {{"TaylorOptions.coupling_samples", fmt::format("{}", coupling_samples)}});
   }
   for (double eta : step_multipliers) {
     if (!std::isfinite(eta)) {
-      throw InvalidArgument(fmt::format("TaylorOptions.step_multipliers holds {}", eta));
+      throw InvalidOption(fmt::format("{{0}} holds {}", eta),
+                          {{"TaylorOptions.step_multipliers", ""}});
     }
   }
 }

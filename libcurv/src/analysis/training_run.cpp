@@ -190,20 +190,22 @@ void TrainingRunOptions::validate() const {
   model.validate();
   optimizer.validate();
   schedule.validate();
-  if (out.empty()) throw InvalidArgument("TrainingRunOptions.out: no checkpoint directory");
+  if (out.empty())
+    throw InvalidOption("{0}: no checkpoint directory", {{"TrainingRunOptions.out", ""}});
   if (save_every < 1 || eval_every < 1) {
-    throw InvalidArgument(
-        fmt::format("TrainingRunOptions.save_every = {} and eval_every = {} must be >= 1",
-                    save_every, eval_every));
+    throw InvalidOption("{0} and {1} must be >= 1",
+                        {{"TrainingRunOptions.save_every", fmt::format("{}", save_every)},
+                         {"TrainingRunOptions.eval_every", fmt::format("{}", eval_every)}});
   }
   if (!(clip >= 0))
-    throw InvalidArgument(fmt::format("TrainingRunOptions.clip = {} must be >= 0", clip));
+    throw InvalidOption("{0} must be >= 0", {{"TrainingRunOptions.clip", fmt::format("{}", clip)}});
   if (probe_every > 0 && probe_output.empty()) {
     throw InvalidArgument("--probe-every needs --probe-output FILE.h5");
   }
   if (probe_on != "train" && probe_on != "probe" && probe_on != "both") {
-    throw InvalidArgument(
-        fmt::format("TrainingRunOptions.probe_on = '{}': expected train, probe or both", probe_on));
+    throw InvalidOption(fmt::format("{{0}} = '{}': expected train, probe or both",
+                                    InvalidOption::literal(probe_on)),
+                        {{"TrainingRunOptions.probe_on", ""}});
   }
 }
 

@@ -120,14 +120,18 @@ std::vector<Group> groups_for(const ParamStructure& p, int64_t rows, int64_t col
 
 void WithinOptions::validate() const {
   auto non_negative = [](const char* field, int64_t v) {
-    if (v < 0) throw InvalidArgument(fmt::format("WithinOptions.{} = {} must be >= 0", field, v));
+    if (v < 0) {
+      throw InvalidOption("{0} must be >= 0",
+                          {{fmt::format("WithinOptions.{}", field), fmt::format("{}", v)}});
+    }
   };
   non_negative("modes", modes);
   non_negative("n_head", n_head);
   non_negative("n_kv_head", n_kv_head);
   if (n_kv_head > 0 && (n_head == 0 || n_head % n_kv_head != 0)) {
-    throw InvalidArgument(
-        fmt::format("WithinOptions.n_kv_head = {} must divide n_head = {}", n_kv_head, n_head));
+    throw InvalidOption("{0} must divide {1}",
+                        {{"WithinOptions.n_kv_head", fmt::format("{}", n_kv_head)},
+                         {"WithinOptions.n_head", fmt::format("{}", n_head)}});
   }
   non_negative("row_chunks", row_chunks);
   non_negative("max_hvps", max_hvps);
@@ -136,8 +140,10 @@ void WithinOptions::validate() const {
     try {
       std::regex check(param_regex);
     } catch (const std::regex_error& e) {
-      throw InvalidArgument(
-          fmt::format("WithinOptions.param_regex '{}' is invalid: {}", param_regex, e.what()));
+      throw InvalidOption(
+          fmt::format("{{0}} '{}' is invalid: {}", InvalidOption::literal(param_regex),
+                      InvalidOption::literal(e.what())),
+          {{"WithinOptions.param_regex", ""}});
     }
   }
 }

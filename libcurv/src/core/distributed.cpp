@@ -278,8 +278,8 @@ std::shared_ptr<Communicator> single_process() {
 
 void DistributedOptions::validate() const {
   if (timeout_seconds < 1) {
-    throw InvalidArgument(
-        fmt::format("DistributedOptions.timeout_seconds = {} must be at least 1", timeout_seconds));
+    throw InvalidOption("{0} must be at least 1", {{"DistributedOptions.timeout_seconds",
+                                                    fmt::format("{}", timeout_seconds)}});
   }
 }
 

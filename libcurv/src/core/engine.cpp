@@ -27,20 +27,20 @@ HvpMethod parse_hvp_method(const std::string& text) {
 
 void EngineOptions::validate() const {
   if (max_kept_graphs < 0) {
-    throw InvalidArgument(
-        fmt::format("EngineOptions.max_kept_graphs = {} must be >= 0", max_kept_graphs));
+    throw InvalidOption("{0} must be >= 0",
+                        {{"EngineOptions.max_kept_graphs", fmt::format("{}", max_kept_graphs)}});
   }
   if (micro_batch < 0) {
-    throw InvalidArgument(fmt::format(
-        "EngineOptions.micro_batch = {} must be >= 0 (0 = whole batches)", micro_batch));
+    throw InvalidOption("{0} must be >= 0 (0 = whole batches)",
+                        {{"EngineOptions.micro_batch", fmt::format("{}", micro_batch)}});
   }
   if (max_memory < 0) {
-    throw InvalidArgument(
-        fmt::format("EngineOptions.max_memory = {} must be >= 0 (0 = no bound)", max_memory));
+    throw InvalidOption("{0} must be >= 0 (0 = no bound)",
+                        {{"EngineOptions.max_memory", fmt::format("{}", max_memory)}});
   }
   if (!(fd_step >= 0.0) || !std::isfinite(fd_step)) {
-    throw InvalidArgument(
-        fmt::format("EngineOptions.fd_step = {} must be finite and >= 0", fd_step));
+    throw InvalidOption("{0} must be finite and >= 0",
+                        {{"EngineOptions.fd_step", fmt::format("{}", fd_step)}});
   }
 }
 
@@ -173,10 +173,10 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
   device_ = state_->params.front().device();
   probe_ = probe_.to(state_->params.front().scalar_type(), device_);
   if (options_.max_memory > 0 && !options_.memory_probe && device_memory(device_).in_use < 0) {
-    throw InvalidArgument(fmt::format(
-        "EngineOptions.max_memory: the memory of {} is not known to this LibTorch (device "
-        "statistics need LibTorch 2.9 or later)",
-        device_.str()));
+    throw InvalidOption(fmt::format("{{0}}: the memory of {} is not known to this LibTorch (device "
+                                    "statistics need LibTorch 2.9 or later)",
+                                    device_.str()),
+                        {{"EngineOptions.max_memory", ""}});
   }
   state_->kept.resize(probe_.size());
   for (size_t b = 0; b < probe_.size(); ++b) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 
 namespace curv {
 
@@ -56,5 +57,54 @@ std::string printable_message(const std::string& text) {
 
 Error::Error(const std::string& message) : std::runtime_error(printable_message(message)) {}
 Error::Error(const char* message) : Error(std::string(message)) {}
+
+namespace {
+
+std::string render_text(const std::string& text, const std::vector<InvalidOption::Named>& options,
+                        const std::function<std::string(const InvalidOption::Named&)>& name) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if ((text[i] == '{' || text[i] == '}') && i + 1 < text.size() && text[i + 1] == text[i]) {
+      out += text[i++];
+      continue;
+    }
+    const size_t close = text[i] == '{' ? text.find('}', i) : std::string::npos;
+    if (close != std::string::npos && close > i + 1 &&
+        text.find_first_not_of("0123456789", i + 1) == close) {
+      const size_t k = std::stoul(text.substr(i + 1, close - i - 1));
+      if (k < options.size()) {
+        out += name(options[k]);
+        i = close;
+        continue;
+      }
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+InvalidOption::InvalidOption(std::string text, std::vector<Named> options)
+    : InvalidArgument(render_text(text, options, library_name)),
+      text_(std::move(text)),
+      options_(std::move(options)) {}
+
+std::string InvalidOption::render(const std::function<std::string(const Named&)>& name) const {
+  return printable_message(render_text(text_, options_, name));
+}
+
+std::string InvalidOption::literal(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '{' || c == '}') out += c;
+    out += c;
+  }
+  return out;
+}
+
+std::string InvalidOption::library_name(const Named& named) {
+  return named.value.empty() ? named.option : named.option + " = " + named.value;
+}
 
 }  // namespace curv

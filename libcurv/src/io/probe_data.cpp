@@ -71,11 +71,12 @@ void ProbeDataSource::validate() const {
   if (path.empty())
     throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
   if (token_file() && (block_size == 0 || options.max_examples == 0)) {
-    throw InvalidArgument(fmt::format(
-        "probe data {}: a uint16 token file needs the window length "
-        "ProbeDataSource.block_size = {} and the window count ProbeDataOptions.max_examples = {} "
-        "set (> 0)",
-        path, block_size, options.max_examples));
+    throw InvalidOption(
+        fmt::format("probe data {}: a uint16 token file needs the window length {{0}} and the "
+                    "window count {{1}} set (> 0)",
+                    InvalidOption::literal(path)),
+        {{"ProbeDataSource.block_size", fmt::format("{}", block_size)},
+         {"ProbeDataOptions.max_examples", fmt::format("{}", options.max_examples)}});
   }
   if (!token_file() && block_size != 0) {
     throw InvalidArgument(

@@ -2,8 +2,10 @@
 // names the file, key or field and the offending value. Non-convergence is a status, not an error.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace curv {
 
@@ -24,6 +26,31 @@ std::string printable_message(const std::string& text);
 class InvalidArgument : public Error {
  public:
   using Error::Error;
+};
+
+// An option of a library Options struct is out of range or inconsistent. The message is kept
+// as a text with placeholders {0}, {1}, ... and the options they stand for, so that a tool names
+// each option by its own flag ("--eig-top 3 must be >= 1") from the option's name, with no
+// rewriting of message text; what() names them as the library does ("EigenOptions.top = 3").
+class InvalidOption : public InvalidArgument {
+ public:
+  struct Named {
+    std::string option;  // "Struct.field", or "Struct" for the struct as a whole
+    std::string value;   // as written in the message; empty: the option is named alone
+  };
+  // `text`: the message, with "{i}" where options[i] goes and "{{", "}}" for literal braces.
+  InvalidOption(std::string text, std::vector<Named> options);
+  // `text` (a path, a user's pattern) with its braces doubled, to be quoted in a message text.
+  static std::string literal(const std::string& text);
+  const std::vector<Named>& options() const { return options_; }
+  // The message with each option written by `name`.
+  std::string render(const std::function<std::string(const Named&)>& name) const;
+  // "Struct.field = value", or "Struct.field" when there is no value.
+  static std::string library_name(const Named& named);
+
+ private:
+  std::string text_;
+  std::vector<Named> options_;
 };
 
 // A file is missing, truncated, corrupt or does not follow its format.
