@@ -7,7 +7,7 @@
 
 #include "core/strings.h"
 #include "curv/core/error.h"
-#include "optim/optimizer_directions.h"
+#include "curv/optim/optimizer_directions.h"
 
 namespace curv {
 

@@ -1,4 +1,4 @@
-#include "optim/optimizer_directions.h"
+#include "curv/optim/optimizer_directions.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
