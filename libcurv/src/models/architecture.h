@@ -94,14 +94,6 @@ class FunctionalModel : public Objective {
 
 at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
 
-// The built-in entries, one per file (gpt.cpp, mlp.cpp, model_problems.cpp).
-std::shared_ptr<const Architecture> gpt_architecture();
-std::shared_ptr<const Architecture> mlp_architecture();
-std::shared_ptr<const Architecture> quadratic_architecture();
-std::shared_ptr<const Architecture> memory_architecture();
-std::shared_ptr<const Architecture> llama_architecture();
-std::shared_ptr<const Architecture> modded_architecture();
-
 // Reading Hugging Face config.json files (hf_config.cpp): every key of the file must be taken by
 // the architecture or listed as one that does not change the forward pass in eval mode.
 class HfConfigReader {

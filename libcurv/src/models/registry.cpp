@@ -11,6 +11,10 @@
 
 namespace curv {
 
+// Declares each built-in's NAME_architecture() and lists them (libcurv/CMakeLists.txt's
+// CURV_ARCHITECTURES).
+#include "models/builtin_architectures.inc"
+
 namespace {
 
 struct Registry {
@@ -23,8 +27,7 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;
-    out->entries = {gpt_architecture(),    mlp_architecture(),   quadratic_architecture(),
-                    memory_architecture(), llama_architecture(), modded_architecture()};
+    out->entries = builtin_architectures();
     return out;
   }();
   return *r;
