@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 
+#include "core/engine_internal.h"
 #include "core/fmt_torch.h"
 #include "core/strings.h"
 #include "curv/core/error.h"
@@ -53,25 +54,12 @@ std::string EngineCounters::brief() const {
           : std::string());
 }
 
-namespace {
+namespace engine_detail {
 
-class Stopwatch {
- public:
-  explicit Stopwatch(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~Stopwatch() {
-    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  double& total_;
-  std::chrono::steady_clock::time_point start_;
-};
-
-const char* kTwiceDifferentiableHint =
+const char* const kTwiceDifferentiableHint =
     "is the loss twice differentiable? Some operations (fused or flash attention kernels, "
     "in-place ops on saved tensors) have no double backward; use plain softmax attention";
 
-// Undefined gradients (parameters the loss does not depend on) become zeros.
 ParamVector fill_undefined(ParamVector grads, const ParamVector& params) {
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) grads[i] = at::zeros_like(params[i]);
@@ -79,10 +67,6 @@ ParamVector fill_undefined(ParamVector grads, const ParamVector& params) {
   return grads;
 }
 
-// Adds w·t to the accumulator `acc`, where t is a fresh result that the caller may give away.
-// The first term becomes the accumulator itself (scaled in place when nothing else holds t), so a
-// sum over batches holds one parameter-sized buffer beside the current term, and a single batch
-// none; 0 + w·t rounds as w·t, so the sum is the same to the bit.
 void accumulate(at::Tensor& acc, at::Tensor t, double w) {
   if (acc.defined()) {
     acc.add_(t, w);
@@ -93,7 +77,6 @@ void accumulate(at::Tensor& acc, at::Tensor t, double w) {
   }
 }
 
-// Parameters no batch's term reached get zeros.
 void fill_zeros(ParamVector& acc, const ParamVector& params) {
   for (size_t i = 0; i < acc.size(); ++i) {
     if (!acc[i].defined()) acc[i] = at::zeros_like(params[i], at::MemoryFormat::Contiguous);
@@ -111,16 +94,6 @@ double machine_epsilon(at::ScalarType dtype) {
   }
 }
 
-// A run of consecutive examples of a probe batch and its share of the batch's loss.
-struct Slice {
-  Batch batch;
-  double share = 1.0;
-};
-
-// `batch` in slices of at most `size` examples (one slice, the batch itself, when size is 0 or
-// covers it). Integer targets: a slice's share is its count of targets other than kIgnoreIndex
-// over the batch's (what a mean cross-entropy averages over); otherwise its examples over the
-// batch's. Slices of share 0 (every target ignored) are left out.
 std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
   const int64_t n = batch.size();
   if (size <= 0 || size >= n) return {Slice{batch, 1.0}};
@@ -143,20 +116,9 @@ std::vector<Slice> slices_of(const Batch& batch, int64_t size) {
   return slices;
 }
 
-}  // namespace
+}  // namespace engine_detail
 
-struct CurvatureEngine::State {
-  ParamVector params;  // the objective's live leaf tensors
-  bool have_first_order = false;
-  double loss = 0.0;
-  std::vector<double> batch_losses;
-  ParamVector grad;
-  std::vector<std::vector<Slice>> slices;  // per batch (EngineOptions::micro_batch)
-  // Per batch and slice: the create_graph gradient, or empty.
-  std::vector<std::vector<ParamVector>> kept;
-  // The kept graphs belong to the current parameters (even when the budget kept none).
-  bool graphs_current = false;
-};
+using namespace engine_detail;
 
 CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options)
     : objective_(objective),
@@ -568,157 +530,6 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
   fill_zeros(result, s.params);
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
-  return result;
-}
-
-Eigen::MatrixXd CurvatureEngine::gauss_newton(
-    const ParamVector& u, const std::vector<std::vector<size_t>>& supports,
-    const std::function<void(size_t, const Eigen::MatrixXd&)>& observer) {
-  Stopwatch timer(counters_.seconds);
-  const auto L = static_cast<Eigen::Index>(supports.size());
-  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(L, L);
-  for_each_batch(Pass::kGaussNewton, [&](size_t b, double w) {
-    Eigen::MatrixXd g_b = Eigen::MatrixXd::Zero(L, L);
-    for (const Slice& slice : state_->slices[b]) {
-      const Eigen::MatrixXd g_s = gauss_newton_coupling(objective_, slice.batch, u, supports);
-      ++counters_.forwards;
-      g_b = state_->slices[b].size() == 1 ? g_s : Eigen::MatrixXd(g_b + slice.share * g_s);
-    }
-    if (observer) observer(b, g_b);
-    total += w * g_b;
-  });
-  sum_over_ranks(total.data(), static_cast<size_t>(total.size()));
-  return total;
-}
-
-double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch_losses) {
-  Stopwatch timer(counters_.seconds);
-  auto& s = *state_;
-  ParamVector saved = clone(s.params);
-  double loss = 0.0;
-  if (batch_losses) batch_losses->assign(probe_.size(), 0.0);
-  {
-    c10::NoGradGuard no_grad;
-    // variable_data(): same storage, separate version counter, so the kept graphs survive the
-    // excursion; the exact restore below makes them valid again.
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      s.params[i].variable_data().add_(u.at(i).to(s.params[i].scalar_type()));
-    }
-    try {
-      for_each_batch(Pass::kLossAt, [&](size_t b, double w) {
-        const double value = batch_loss_value(b);
-        loss += w * value;
-        if (batch_losses) (*batch_losses)[b] = value;
-      });
-      if (communicator_->distributed()) {
-        std::vector<double> sums{loss};
-        if (batch_losses) sums.insert(sums.end(), batch_losses->begin(), batch_losses->end());
-        sum_over_ranks(sums.data(), sums.size());
-        loss = sums[0];
-        if (batch_losses) std::copy(sums.begin() + 1, sums.end(), batch_losses->begin());
-      }
-    } catch (...) {
-      for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-      throw;
-    }
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-  }
-  if (options_.check_finite && std::isnan(loss)) {
-    throw NumericalError(
-        fmt::format("loss of {} at θ + u is NaN (‖u‖ = {:.4g}); hint: the step "
-                    "leaves the region where the model is finite",
-                    objective_.describe(), norm(u)));
-  }
-  return loss;
-}
-
-double CurvatureEngine::batch_loss_value(size_t b) {
-  c10::NoGradGuard no_grad;
-  double value = 0.0;
-  for (const Slice& slice : state_->slices[b]) {
-    const double value_s = objective_.loss(slice.batch).item<double>();
-    ++counters_.forwards;
-    value += slice.share * value_s;
-  }
-  return value;
-}
-
-ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& saved,
-                                               const ParamVector* offset) {
-  auto& s = *state_;
-  {
-    c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      auto data = s.params[i].variable_data();
-      data.copy_(saved[i]);
-      if (offset) data.add_((*offset)[i].to(s.params[i].scalar_type()));
-    }
-  }
-  ParamVector g(s.params.size());
-  for (const Slice& slice : s.slices[b]) {
-    at::Tensor loss_s = objective_.loss(slice.batch);
-    ++counters_.forwards;
-    auto g_s =
-        fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true), s.params);
-    ++counters_.backwards;
-    c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < g.size(); ++i) accumulate(g[i], std::move(g_s[i]), slice.share);
-  }
-  return g;
-}
-
-ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double step,
-                                                   const BatchObserver& observer) {
-  Stopwatch timer(counters_.seconds);
-  auto& s = *state_;
-  const double v_norm = norm(v);
-  if (v_norm == 0.0 && !observer) return zeros_like(s.params);
-  if (step <= 0.0) step = options_.fd_step;
-  if (step <= 0.0) {
-    const double eps = machine_epsilon(s.params.front().scalar_type());
-    // Scale by the parameters' RMS, not their norm: the norm grows with the parameter count while
-    // the curvature scale per coordinate does not, and an oversized step turns truncation error
-    // into the dominant term (measured: 1e-2 relative error on a tiny float32 GPT).
-    const double rms = norm(s.params) / std::sqrt(static_cast<double>(space().numel()));
-    step = std::cbrt(eps) * std::max(1.0, rms);
-  }
-  const double h = v_norm > 0.0 ? step / v_norm : 0.0;
-  const ParamVector plus = scaled(v, h), minus = scaled(v, -h);
-  // Per batch, so that each batch's H_b v exists for an observer; θ is written back exactly from
-  // `saved` before every evaluation and after the last.
-  const ParamVector saved = clone(s.params);
-  auto restore = [&] {
-    c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-  };
-  ParamVector result(s.params.size());
-  try {
-    for_each_batch(Pass::kGradientAtOffset, [&](size_t b, double w) {
-      ParamVector hv;
-      if (v_norm > 0.0) {
-        hv = batch_gradient_at(b, saved, &plus);
-        ParamVector g_minus = batch_gradient_at(b, saved, &minus);
-        c10::NoGradGuard no_grad;
-        for (size_t i = 0; i < hv.size(); ++i) hv[i].sub_(g_minus[i]).div_(2.0 * h);
-      } else {
-        hv = zeros_like(s.params);
-      }
-      if (observer) {
-        ParamVector g_b = batch_gradient_at(b, saved, nullptr);
-        observer(BatchTerms{b, w, &g_b, &hv});
-      }
-      for (size_t i = 0; i < hv.size(); ++i) accumulate(result[i], std::move(hv[i]), w);
-    });
-    std::vector<double> none;
-    reduce(result, none);
-  } catch (...) {
-    restore();
-    throw;
-  }
-  restore();
-  fill_zeros(result, s.params);
-  ++counters_.hvps;
-  check(result, "the finite-difference Hessian-vector product");
   return result;
 }
 

@@ -1,0 +1,68 @@
+// Private to the engine's sources (engine.cpp, engine_offset_passes.cpp): the engine's state and
+// the helpers both files use.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <vector>
+
+#include "curv/core/engine.h"
+
+namespace curv {
+namespace engine_detail {
+
+// Adds the seconds from construction to destruction to `total`.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+extern const char* const kTwiceDifferentiableHint;
+
+// Undefined gradients (parameters the loss does not depend on) become zeros.
+ParamVector fill_undefined(ParamVector grads, const ParamVector& params);
+// Adds w·t to the accumulator `acc`, where t is a fresh result that the caller may give away.
+// The first term becomes the accumulator itself (scaled in place when nothing else holds t), so a
+// sum over batches holds one parameter-sized buffer beside the current term, and a single batch
+// none; 0 + w·t rounds as w·t, so the sum is the same to the bit.
+void accumulate(at::Tensor& acc, at::Tensor t, double w);
+// Parameters no batch's term reached get zeros.
+void fill_zeros(ParamVector& acc, const ParamVector& params);
+double machine_epsilon(at::ScalarType dtype);
+
+// A run of consecutive examples of a probe batch and its share of the batch's loss.
+struct Slice {
+  Batch batch;
+  double share = 1.0;
+};
+
+// `batch` in slices of at most `size` examples (one slice, the batch itself, when size is 0 or
+// covers it). Integer targets: a slice's share is its count of targets other than kIgnoreIndex
+// over the batch's (what a mean cross-entropy averages over); otherwise its examples over the
+// batch's. Slices of share 0 (every target ignored) are left out.
+std::vector<Slice> slices_of(const Batch& batch, int64_t size);
+
+}  // namespace engine_detail
+
+struct CurvatureEngine::State {
+  ParamVector params;  // the objective's live leaf tensors
+  bool have_first_order = false;
+  double loss = 0.0;
+  std::vector<double> batch_losses;
+  ParamVector grad;
+  std::vector<std::vector<engine_detail::Slice>> slices;  // per batch (EngineOptions::micro_batch)
+  // Per batch and slice: the create_graph gradient, or empty.
+  std::vector<std::vector<ParamVector>> kept;
+  // The kept graphs belong to the current parameters (even when the budget kept none).
+  bool graphs_current = false;
+};
+
+}  // namespace curv
