@@ -12,9 +12,9 @@
 #   (d) a spectral density by Lanczos quadrature, SLQ_RUNS x SLQ_STEPS,
 # plus a memory baseline per side (model, data and operator built, no pass). Every HVP is
 # counted on every side. Prints a Markdown report (also WORK/report.md) with the HVPs, seconds,
-# peak RSS and the accuracy of each number. About 10 minutes on 1 thread of the reference
-# machine with the default sizes (each model 0.43M parameters; 16 probe sequences of 32 tokens
-# in 2 batches; float64).
+# peak RSS and the accuracy of each number. 17 minutes on 1 thread per process on the 2-core
+# reference machine while it was shared (load average 3 to 6), with the default sizes (each model
+# 0.43M parameters; 16 probe sequences of 32 tokens in 2 batches; float64).
 #
 # usage: bench/peers.sh [BUILD_DIR] [WORK_DIR]
 #   BUILD_DIR: a build of scripts/build-torch2.sh (default build-torch2: the LibTorch of the torch

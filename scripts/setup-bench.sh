@@ -2,7 +2,7 @@
 # Makes .venv-bench: the peers of bench/peers.sh (curvlinops-for-pytorch, hessian-eigenthings;
 # scripts/requirements-bench.txt) on top of the torch of .venv (scripts/setup-pypi.sh), which a
 # .pth file puts on its path, so that the peers and the LibTorch build of scripts/build-torch2.sh
-# run the same torch 2.11.0 wheel. About 60 MB, under a minute with a warm pip cache. Idempotent.
+# run the same torch 2.11.0 wheel. About 175 MB, under a minute with a warm pip cache. Idempotent.
 # CURV_VENV (default .venv) and CURV_BENCH_VENV (default .venv-bench) override the folders.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
