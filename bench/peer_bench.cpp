@@ -35,8 +35,7 @@
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string json_list(const std::vector<double>& xs) {
@@ -50,10 +49,12 @@ std::string json_list(const std::vector<double>& xs) {
 int main(int argc, char** argv) {
   curv::reexec_for_blas_kernels(argv);
   std::map<std::string, std::string> a = {
-      {"--batch-size", "8"},   {"--dtype", "float64"},    {"--threads", "2"},
-      {"--device", "cpu"},     {"--seed", "0"},           {"--eig-top", "3"},
-      {"--eig-tol", "1e-6"},   {"--eig-bound", "gap"},    {"--eig-max-hvps", "300"},
-      {"--trace-method", "hutchinson"}, {"--trace-hvps", "99"}, {"--slq-runs", "5"},
+      {"--batch-size", "8"},     {"--dtype", "float64"},
+      {"--threads", "2"},        {"--device", "cpu"},
+      {"--seed", "0"},           {"--eig-top", "3"},
+      {"--eig-tol", "1e-6"},     {"--eig-bound", "gap"},
+      {"--eig-max-hvps", "300"}, {"--trace-method", "hutchinson"},
+      {"--trace-hvps", "99"},    {"--slq-runs", "5"},
       {"--slq-steps", "40"}};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc || std::strncmp(argv[i], "--", 2) != 0) {
@@ -75,8 +76,8 @@ int main(int argc, char** argv) {
     const uint64_t seed = std::strtoull(a["--seed"].c_str(), nullptr, 10);
 
     const auto infos = curv::list_checkpoints(a["--run"]);
-    const curv::Checkpoint ckpt = curv::load_checkpoint(infos.front(),
-                                                        curv::CheckpointParts::kModelOnly);
+    const curv::Checkpoint ckpt =
+        curv::load_checkpoint(infos.front(), curv::CheckpointParts::kModelOnly);
     curv::ModelSource source;
     source.init.dtype = curv::parse_dtype(a["--dtype"]);
     source.init.device = a["--device"];
@@ -86,8 +87,7 @@ int main(int argc, char** argv) {
     data_options.batch_size = std::atoll(a["--batch-size"].c_str());
     curv::ProbeSet probe = curv::load_probe_data(a["--data"], data_options);
     curv::CurvatureEngine engine(objective, probe);
-    engine.set_parameters(
-        curv::parameters_from(ckpt, objective.space(), objective.parameters()));
+    engine.set_parameters(curv::parameters_from(ckpt, objective.space(), objective.parameters()));
     curv::HessianOperator h(engine);
     const auto& space = objective.space();
     const bool cuda = a["--device"].rfind("cuda", 0) == 0;
@@ -184,8 +184,7 @@ int main(int argc, char** argv) {
           "steps {})\"",
           r.trace, r.trace_standard_error, nodes_max, r.sigma, o.runs, o.steps);
     } else {
-      std::fprintf(stderr, "peer_bench: unknown --op %s (hvp, eig, trace, density)\n",
-                   op.c_str());
+      std::fprintf(stderr, "peer_bench: unknown --op %s (hvp, eig, trace, density)\n", op.c_str());
       return 2;
     }
     const std::string text = fmt::format(
