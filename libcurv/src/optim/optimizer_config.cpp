@@ -1,0 +1,180 @@
+// OptimizerConfig: an optimizer's hyperparameters as the "name:key=value,..." spec, the stored
+// JSON and the fields every optimizer entry reads (validated against the entry's key list).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <stdexcept>
+
+#include "core/strings.h"
+#include "curv/core/error.h"
+#include "curv/optim/optimizers.h"
+
+namespace curv {
+
+OptimizerConfig OptimizerConfig::defaults(const std::string& name) {
+  return optimizer_entry(name).defaults;
+}
+
+namespace {
+
+struct Field {
+  const char* name;
+  double OptimizerConfig::*number = nullptr;
+  bool OptimizerConfig::*flag = nullptr;
+  int64_t OptimizerConfig::*integer = nullptr;
+};
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      {"lr", &OptimizerConfig::lr},
+      {"weight_decay", &OptimizerConfig::weight_decay},
+      {"beta1", &OptimizerConfig::beta1},
+      {"beta2", &OptimizerConfig::beta2},
+      {"eps", &OptimizerConfig::eps},
+      {"momentum", &OptimizerConfig::momentum},
+      {"dampening", &OptimizerConfig::dampening},
+      {"nesterov", nullptr, &OptimizerConfig::nesterov},
+      {"sum_momentum", nullptr, &OptimizerConfig::sum_momentum},
+      {"rms_scale", nullptr, &OptimizerConfig::rms_scale},
+      {"ns_steps", nullptr, nullptr, &OptimizerConfig::ns_steps},
+      {"ns_a", &OptimizerConfig::ns_a},
+      {"ns_b", &OptimizerConfig::ns_b},
+      {"ns_c", &OptimizerConfig::ns_c},
+      {"exact_polar", nullptr, &OptimizerConfig::exact_polar},
+      {"adam_lr", &OptimizerConfig::adam_lr},
+      {"adam_beta1", &OptimizerConfig::adam_beta1},
+      {"adam_beta2", &OptimizerConfig::adam_beta2},
+      {"adam_eps", &OptimizerConfig::adam_eps},
+      {"adam_weight_decay", &OptimizerConfig::adam_weight_decay},
+  };
+  return f;
+}
+
+}  // namespace
+
+void OptimizerConfig::set(const std::string& key, const std::string& value) {
+  const OptimizerEntry& entry = optimizer_entry(name);
+  if (!entry.reads(key)) {
+    bool field = key == "muon_params";
+    for (const auto& f : fields()) field = field || key == f.name;
+    if (!field) {
+      throw InvalidArgument(fmt::format("optimizer {}: unknown hyper-parameter '{}'{}; it reads {}",
+                                        name, key, did_you_mean(key, entry.keys),
+                                        join(entry.keys, ", ")));
+    }
+    throw InvalidArgument(fmt::format("optimizer {}: key '{}' is not read by {}; it reads {}", name,
+                                      key, name, join(entry.keys, ", ")));
+  }
+  set_stored(key, value);
+}
+
+void OptimizerConfig::set_stored(const std::string& key, const std::string& value) {
+  if (key == "muon_params") {
+    muon_params = value;
+    return;
+  }
+  for (const auto& f : fields()) {
+    if (key != f.name) continue;
+    try {
+      size_t used = 0;
+      if (f.flag) {
+        if (value == "true" || value == "1")
+          this->*f.flag = true;
+        else if (value == "false" || value == "0")
+          this->*f.flag = false;
+        else
+          throw std::invalid_argument(value);
+        return;
+      }
+      const double v = std::stod(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+      if (f.integer) {
+        if (v != std::floor(v)) throw std::invalid_argument(value);
+        this->*f.integer = static_cast<int64_t>(v);
+      } else {
+        this->*f.number = v;
+      }
+      return;
+    } catch (const std::logic_error&) {
+      throw InvalidArgument(fmt::format("optimizer {}: {} = '{}' is not a valid {}", name, key,
+                                        value, f.flag ? "boolean (0/1/true/false)" : "number"));
+    }
+  }
+  std::vector<std::string> names = {"muon_params"};
+  for (const auto& f : fields()) names.push_back(f.name);
+  throw InvalidArgument(fmt::format("optimizer {}: unknown hyper-parameter '{}'{}", name, key,
+                                    did_you_mean(key, names)));
+}
+
+OptimizerConfig OptimizerConfig::parse(const std::string& spec) {
+  const auto colon = spec.find(':');
+  OptimizerConfig c = defaults(spec.substr(0, colon));
+  if (colon == std::string::npos) return c;
+  for (const auto& [key, value] :
+       parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
+    c.set(key, value);
+  }
+  c.validate();
+  return c;
+}
+
+std::vector<std::pair<std::string, double>> OptimizerConfig::hyper() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& f : fields()) {
+    const double v = f.flag      ? (this->*f.flag ? 1.0 : 0.0)
+                     : f.integer ? static_cast<double>(this->*f.integer)
+                                 : this->*f.number;
+    out.emplace_back(f.name, v);
+  }
+  return out;
+}
+
+std::string OptimizerConfig::to_json() const {
+  nlohmann::json j;
+  j["name"] = name;
+  for (const auto& [k, v] : hyper()) j["hyper"][k] = v;
+  j["muon_params"] = muon_params;
+  return j.dump();
+}
+
+void OptimizerConfig::validate() const {
+  optimizer_entry(name);  // known name
+  auto check = [&](const char* field, double v, bool ok) {
+    if (!ok || !std::isfinite(v)) {
+      throw InvalidArgument(fmt::format("optimizer {}: {} = {} is out of range", name, field, v));
+    }
+  };
+  check("lr", lr, lr >= 0);
+  check("weight_decay", weight_decay, weight_decay >= 0);
+  check("beta1", beta1, beta1 >= 0 && beta1 < 1);
+  check("beta2", beta2, beta2 >= 0 && beta2 < 1);
+  check("eps", eps, eps >= 0);
+  check("momentum", momentum, momentum >= 0 && momentum < 1);
+  check("dampening", dampening, dampening >= 0 && dampening <= 1);
+  check("ns_steps", static_cast<double>(ns_steps), ns_steps >= 0);
+  check("ns_a", ns_a, true);
+  check("ns_b", ns_b, true);
+  check("ns_c", ns_c, true);
+  check("adam_lr", adam_lr, adam_lr >= 0);
+  check("adam_beta1", adam_beta1, adam_beta1 >= 0 && adam_beta1 < 1);
+  check("adam_beta2", adam_beta2, adam_beta2 >= 0 && adam_beta2 < 1);
+  check("adam_weight_decay", adam_weight_decay, adam_weight_decay >= 0);
+  check("adam_eps", adam_eps, adam_eps >= 0);
+  if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
+    throw InvalidArgument(
+        "optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "
+        "torch.optim.SGD)");
+  }
+  if (!muon_params.empty()) {
+    try {
+      std::regex check_regex(muon_params);
+    } catch (const std::regex_error& e) {
+      throw InvalidArgument(fmt::format("optimizer {}: muon_params '{}' is not a valid regex: {}",
+                                        name, muon_params, e.what()));
+    }
+  }
+}
+
+}  // namespace curv
