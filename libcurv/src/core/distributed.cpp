@@ -38,14 +38,6 @@ class SingleProcess final : public Communicator {
   void barrier() override {}
 };
 
-// The message of an exception from c10d or gloo without c10's backtrace.
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return brief_what(std::runtime_error(c10_error->what_without_backtrace()));
-  }
-  return brief_what(e);
-}
-
 const char* getenv_or_null(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
@@ -71,6 +63,14 @@ int64_t env_integer(const char* name, int64_t low, int64_t high) {
 }
 
 #ifdef CURV_WITH_GLOO
+
+// The message of an exception from c10d or gloo without c10's backtrace.
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return brief_what(std::runtime_error(c10_error->what_without_backtrace()));
+  }
+  return brief_what(e);
+}
 
 // c10d's Gloo process group, plus a heartbeat in the store: when a collective fails, the ranks
 // whose heartbeat stopped are the lost ones (a slow rank still beats; a killed one does not).

@@ -101,8 +101,9 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& o
         throw FormatError(fmt::format("{}: \"model_type\" is {}, expected a string", origin,
                                       j["model_type"].dump()));
       }
-      const Architecture& architecture =
-          find_hf_architecture(j["model_type"].get<std::string>(), origin);
+      // A named string, not a temporary: gcc 13 would warn that the reference may dangle.
+      const std::string model_type = j["model_type"].get<std::string>();
+      const Architecture& architecture = find_hf_architecture(model_type, origin);
       c.arch_ = architecture.name();
       c.config_ = architecture.parse_hf(text, origin);
       c.validate();
