@@ -216,122 +216,117 @@ std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtyp
   return medians;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
+// The command line: --op runs one measurement in this process; otherwise a table of them, each
+// in a child process.
+struct Args {
   std::string op, dtype = "float32", shape = "reference", cross_entropy = "fused",
                   fused_ops = "fused", device = "cpu";
   int threads = 2, repeats = 5;
   bool memory_mode = false, compare_cross_entropy = false, compare_fused_ops = false,
        dtype_given = false;
+};
+
+// False (after naming it on stderr) for an unknown flag.
+bool parse_args(int argc, char** argv, Args& a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--op")
-      op = value;
+      a.op = value;
     else if (flag == "--dtype")
-      dtype = value, dtype_given = true;
+      a.dtype = value, a.dtype_given = true;
     else if (flag == "--threads")
-      threads = std::stoi(value);
+      a.threads = std::stoi(value);
     else if (flag == "--repeats")
-      repeats = std::stoi(value);
+      a.repeats = std::stoi(value);
     else if (flag == "--memory")
-      memory_mode = value == "1";
+      a.memory_mode = value == "1";
     else if (flag == "--shape")
-      shape = value;
+      a.shape = value;
     else if (flag == "--device")
-      device = value;
+      a.device = value;
     else if (flag == "--cross-entropy")
-      cross_entropy = value;
+      a.cross_entropy = value;
     else if (flag == "--compare-cross-entropy")
-      compare_cross_entropy = value == "1";
+      a.compare_cross_entropy = value == "1";
     else if (flag == "--fused-ops")
-      fused_ops = value;
+      a.fused_ops = value;
     else if (flag == "--compare-fused-ops")
-      compare_fused_ops = value == "1";
+      a.compare_fused_ops = value == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
+      return false;
     }
   }
-  if (memory_mode) {
-    // Every block above 128 KiB becomes its own mapping, returned to the system when freed, so
-    // the resident set tracks live tensors and its peak (VmHWM) is what an operation holds. The
-    // page faults this costs make such runs useless for timing: times come from separate runs.
-    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  return true;
+}
+
+// One measurement in a child process (this program with --op): the value after `key` in its
+// JSON line.
+double child(const char* program, const Args& a, const std::string& flags, const char* key) {
+  const std::string command =
+      fmt::format("'{}' --threads {} --repeats {} --shape {} --device {} {}", program, a.threads,
+                  a.repeats, a.shape, a.device, flags);
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[512] = {0};
+  const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
+  if (pipe) pclose(pipe);
+  const char* at = ok ? std::strstr(buffer, key) : nullptr;
+  if (!at) {
+    std::fprintf(stderr, "measurement failed: %s\n", command.c_str());
+    std::exit(1);
   }
-  curv::RuntimeOptions runtime{threads};
-  runtime.tune_allocator = !memory_mode;  // the memory runs keep the thresholds set above
-  curv::init_runtime(runtime);
-  curv::set_fused_cross_entropy(cross_entropy == "fused");
-  curv::set_fused_operations(fused_ops == "fused");
-  if (!op.empty()) return measure(op, dtype, repeats, memory_mode, shape, device);
-  // One measurement in a child process: the value after `key` in its JSON line.
-  auto child = [&](const std::string& flags, const char* key) {
-    const std::string command =
-        fmt::format("'{}' --threads {} --repeats {} --shape {} --device {} {}", argv[0], threads,
-                    repeats, shape, device, flags);
-    FILE* pipe = popen(command.c_str(), "r");
-    char buffer[512] = {0};
-    const bool ok = pipe && fgets(buffer, sizeof buffer, pipe);
-    if (pipe) pclose(pipe);
-    const char* at = ok ? std::strstr(buffer, key) : nullptr;
-    if (!at) {
-      std::fprintf(stderr, "measurement failed: %s\n", command.c_str());
-      std::exit(1);
-    }
-    return std::atof(at + std::strlen(key));
-  };
-  if (compare_fused_ops) {
-    std::printf("%s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(), shape.c_str(),
-                shape_config(shape).describe().c_str(), repeats);
-    std::printf(
-        "| dtype | softmax, LayerNorm, GELU | op | median time (ms) | x its gradient | x ATen's "
-        "gradient | peak extra memory (MiB) |\n|---|---|---|---|---|---|---|\n");
-    const char* ops[] = {"gradient", "hvp_first", "hvp_reused"};
-    const char* kinds[] = {"aten", "fused"};
-    for (const std::string d : {"float32", "float64"}) {
-      if (dtype_given && d != dtype) continue;
-      const auto t = interleaved_fused_times(d, repeats, shape);
-      for (int f = 0; f < 2; ++f) {
-        for (int o = 0; o < 3; ++o) {
-          const std::string flags =
-              fmt::format("--op {} --dtype {} --fused-ops {} --memory 1", ops[o], d, kinds[f]);
-          const double mib = child(flags, "\"peak_extra_mib\": ");
-          std::printf("| %s | %s | %s | %.1f | %.2f | %.2f | %.0f |\n", d.c_str(), kinds[f], ops[o],
-                      t[f][o] * 1e3, t[f][o] / t[f][0], t[f][o] / t[0][0], mib);
-          std::fflush(stdout);
-        }
-      }
-    }
-    return 0;
-  }
-  if (compare_cross_entropy) {
-    std::printf("%s; %s GPT %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
-                shape.c_str(), shape_config(shape).describe().c_str(), repeats);
-    std::printf(
-        "| cross-entropy | op | median time (s) | x ATen's gradient | peak extra memory (MiB) "
-        "|\n|---|---|---|---|---|\n");
-    double aten_gradient = 0.0;
-    for (const char* ce : {"aten", "fused"}) {
-      for (const char* o : {"gradient", "hvp_first", "hvp_reused"}) {
-        const std::string flags = fmt::format("--op {} --dtype float32 --cross-entropy {}", o, ce);
-        const double seconds = child(flags + " --memory 0", "\"seconds\": ");
-        const double mib = child(flags + " --memory 1", "\"peak_extra_mib\": ");
-        if (aten_gradient == 0.0) aten_gradient = seconds;
-        std::printf("| %s | %s | %.3f | %.2f | %.0f |\n", ce, o, seconds, seconds / aten_gradient,
-                    mib);
+  return std::atof(at + std::strlen(key));
+}
+
+void fused_ops_table(const char* program, const Args& a) {
+  std::printf("%s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(), a.shape.c_str(),
+              shape_config(a.shape).describe().c_str(), a.repeats);
+  std::printf(
+      "| dtype | softmax, LayerNorm, GELU | op | median time (ms) | x its gradient | x ATen's "
+      "gradient | peak extra memory (MiB) |\n|---|---|---|---|---|---|---|\n");
+  const char* ops[] = {"gradient", "hvp_first", "hvp_reused"};
+  const char* kinds[] = {"aten", "fused"};
+  for (const std::string d : {"float32", "float64"}) {
+    if (a.dtype_given && d != a.dtype) continue;
+    const auto t = interleaved_fused_times(d, a.repeats, a.shape);
+    for (int f = 0; f < 2; ++f) {
+      for (int o = 0; o < 3; ++o) {
+        const std::string flags =
+            fmt::format("--op {} --dtype {} --fused-ops {} --memory 1", ops[o], d, kinds[f]);
+        const double mib = child(program, a, flags, "\"peak_extra_mib\": ");
+        std::printf("| %s | %s | %s | %.1f | %.2f | %.2f | %.0f |\n", d.c_str(), kinds[f], ops[o],
+                    t[f][o] * 1e3, t[f][o] / t[f][0], t[f][o] / t[0][0], mib);
         std::fflush(stdout);
       }
     }
-    return 0;
   }
+}
 
-  std::printf("%s; %s; %s GPT %s, %s\n", curv::runtime_summary().c_str(), device.c_str(),
-              shape.c_str(), shape_config(shape).describe().c_str(),
-              shape == "gpt2" ? "batch 4 x 256 tokens" : "batch 32 x 64 tokens");
-  if (device == "cpu") {
+void cross_entropy_table(const char* program, const Args& a) {
+  std::printf("%s; %s GPT %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
+              a.shape.c_str(), shape_config(a.shape).describe().c_str(), a.repeats);
+  std::printf(
+      "| cross-entropy | op | median time (s) | x ATen's gradient | peak extra memory (MiB) "
+      "|\n|---|---|---|---|---|\n");
+  double aten_gradient = 0.0;
+  for (const char* ce : {"aten", "fused"}) {
+    for (const char* o : {"gradient", "hvp_first", "hvp_reused"}) {
+      const std::string flags = fmt::format("--op {} --dtype float32 --cross-entropy {}", o, ce);
+      const double seconds = child(program, a, flags + " --memory 0", "\"seconds\": ");
+      const double mib = child(program, a, flags + " --memory 1", "\"peak_extra_mib\": ");
+      if (aten_gradient == 0.0) aten_gradient = seconds;
+      std::printf("| %s | %s | %.3f | %.2f | %.0f |\n", ce, o, seconds, seconds / aten_gradient,
+                  mib);
+      std::fflush(stdout);
+    }
+  }
+}
+
+void operations_table(const char* program, const Args& a) {
+  std::printf("%s; %s; %s GPT %s, %s\n", curv::runtime_summary().c_str(), a.device.c_str(),
+              a.shape.c_str(), shape_config(a.shape).describe().c_str(),
+              a.shape == "gpt2" ? "batch 4 x 256 tokens" : "batch 32 x 64 tokens");
+  if (a.device == "cpu") {
     std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n",
                 curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));
   }
@@ -340,11 +335,11 @@ int main(int argc, char** argv) {
       "| dtype | op | median time (ms) | x gradient | peak extra memory (MiB) | x gradient |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const std::string d : {"float32", "float64"}) {
-    if (dtype_given && d != dtype) continue;
+    if (a.dtype_given && d != a.dtype) continue;
     std::map<std::string, std::pair<double, double>> results;
     for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
       auto run = [&](int memory, const char* key) {
-        return child(fmt::format("--op {} --dtype {} --memory {}", o, d, memory), key);
+        return child(program, a, fmt::format("--op {} --dtype {} --memory {}", o, d, memory), key);
       };
       results[o] = {run(0, "\"seconds\": "), run(1, "\"peak_extra_mib\": ")};
     }
@@ -354,6 +349,34 @@ int main(int argc, char** argv) {
       std::printf("| %s | %s | %.1f | %.2f | %.1f | %.2f |\n", d.c_str(), o, r.first * 1e3,
                   r.first / grad.first, r.second, grad.second > 0 ? r.second / grad.second : 0.0);
     }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
+  Args a;
+  if (!parse_args(argc, argv, a)) return 2;
+  if (a.memory_mode) {
+    // Every block above 128 KiB becomes its own mapping, returned to the system when freed, so
+    // the resident set tracks live tensors and its peak (VmHWM) is what an operation holds. The
+    // page faults this costs make such runs useless for timing: times come from separate runs.
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  }
+  curv::RuntimeOptions runtime{a.threads};
+  runtime.tune_allocator = !a.memory_mode;  // the memory runs keep the thresholds set above
+  curv::init_runtime(runtime);
+  curv::set_fused_cross_entropy(a.cross_entropy == "fused");
+  curv::set_fused_operations(a.fused_ops == "fused");
+  if (!a.op.empty()) return measure(a.op, a.dtype, a.repeats, a.memory_mode, a.shape, a.device);
+  if (a.compare_fused_ops) {
+    fused_ops_table(argv[0], a);
+  } else if (a.compare_cross_entropy) {
+    cross_entropy_table(argv[0], a);
+  } else {
+    operations_table(argv[0], a);
   }
   return 0;
 }

@@ -36,6 +36,92 @@ int64_t hvps_to(const std::vector<double>& history, double exact, double tol) {
 
 std::string count(int64_t n) { return n < 0 ? "not reached" : std::to_string(n); }
 
+// The eigenvalue rows of one seed: Lanczos with each stopping rule, Spectra, power iteration
+// with PyHessian's defaults and run long; errors against the reference ends.
+void eigen_rows(curv::HessianOperator& h, int seed, double lmax, double lmin, double dominant) {
+  // Lanczos for both ends at once, with each stopping rule.
+  curv::EigenOptions lo;
+  lo.top = 1;
+  lo.bottom = 1;
+  lo.tol = 1e-6;
+  lo.max_hvps = 300;
+  lo.seed = seed;
+  for (auto bound : {curv::ErrorBound::kGap, curv::ErrorBound::kResidual}) {
+    lo.bound = bound;
+    const curv::EigenResult l = curv::extreme_eigenpairs(h, lo);
+    const double l_err = std::max(std::abs(l.largest[0].value - lmax) / std::abs(lmax),
+                                  std::abs(l.smallest[0].value - lmin) / std::abs(lmin));
+    std::printf(
+        "| %d | lanczos (both ends, tol 1e-6, %s bound) | %s | %s | %lld (+%lld residual "
+        "checks) | %.10g, %.10g | %.2e | %.1f |\n",
+        seed, curv::to_string(bound).c_str(), count(hvps_to(l.largest_history, lmax, 1e-6)).c_str(),
+        count(hvps_to(l.smallest_history, lmin, 1e-6)).c_str(), static_cast<long long>(l.hvps),
+        static_cast<long long>(l.residual_hvps), l.largest[0].value, l.smallest[0].value, l_err,
+        l.seconds);
+    std::fflush(stdout);
+  }
+
+  // ARPACK-style restarted Lanczos (Spectra), one solve per end.
+  curv::EigenOptions so = lo;
+  so.method = curv::EigenMethod::kSpectra;
+  so.check_residuals = false;
+  const curv::EigenResult s = curv::extreme_eigenpairs(h, so);
+  const double s_err = std::max(std::abs(s.largest[0].value - lmax) / std::abs(lmax),
+                                std::abs(s.smallest[0].value - lmin) / std::abs(lmin));
+  std::printf(
+      "| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
+      "%.2e | %.1f |\n",
+      seed, static_cast<long long>(s.hvps), s.converged() ? "converged" : "not converged",
+      s.largest[0].value, s.smallest[0].value, s_err, s.seconds);
+
+  // PyHessian's defaults: tol 1e-3 on the relative change, at most 100 iterations.
+  curv::EigenOptions po;
+  po.method = curv::EigenMethod::kPower;
+  po.tol = 1e-3;
+  po.max_hvps = 100;
+  po.seed = seed;
+  po.check_residuals = false;
+  const curv::EigenResult p = curv::extreme_eigenpairs(h, po);
+  std::printf(
+      "| %d | power (PyHessian defaults: tol 1e-3, ≤ 100) | %s | — | %lld | %.10g | "
+      "%.2e vs dominant %.6g | %.1f |\n",
+      seed, count(hvps_to(p.largest_history, lmax, 1e-6)).c_str(), static_cast<long long>(p.hvps),
+      p.dominant[0].value, std::abs(p.dominant[0].value - dominant) / std::abs(dominant), dominant,
+      p.seconds);
+
+  // Power iteration run long, to see how many HVPs 1e-6 takes at all.
+  po.tol = 1e-12;
+  po.max_hvps = 300;
+  const curv::EigenResult pl = curv::extreme_eigenpairs(h, po);
+  std::printf(
+      "| %d | power (tol 1e-12, ≤ 300) | %s to the dominant %.6g | — | %lld | %.10g | "
+      "%.2e vs dominant | %.1f |\n",
+      seed, count(hvps_to(pl.largest_history, dominant, 1e-6)).c_str(), dominant,
+      static_cast<long long>(pl.hvps), pl.dominant[0].value,
+      std::abs(pl.dominant[0].value - dominant) / std::abs(dominant), pl.seconds);
+  std::fflush(stdout);
+}
+
+// Hutchinson and Hutch++ at 99 HVPs, per seed.
+void trace_table(curv::HessianOperator& h, int seeds) {
+  std::printf(
+      "\n| seed | trace method | matvecs | estimate | standard error | SE / |estimate| |\n"
+      "|---|---|---|---|---|---|\n");
+  for (int seed = 0; seed < seeds; ++seed) {
+    for (auto method : {curv::TraceMethod::kHutchinson, curv::TraceMethod::kHutchPlusPlus}) {
+      curv::TraceOptions to;
+      to.method = method;
+      to.matvecs = 99;
+      to.seed = seed;
+      const curv::TraceResult t = curv::estimate_trace(h, to);
+      std::printf("| %d | %s | %lld | %.6g | %.3g | %.3g |\n", seed,
+                  curv::to_string(method).c_str(), static_cast<long long>(t.matvecs), t.estimate,
+                  t.standard_error, t.standard_error / std::abs(t.estimate));
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,87 +176,8 @@ int main(int argc, char** argv) {
       "| seed | method | HVPs to λ_max ±1e-6 | HVPs to λ_min ±1e-6 | stopped after (HVPs) | "
       "returned | rel. error of returned vs its target | seconds "
       "|\n|---|---|---|---|---|---|---|---|\n");
-  for (int seed = 0; seed < seeds; ++seed) {
-    // Lanczos for both ends at once, with each stopping rule.
-    curv::EigenOptions lo;
-    lo.top = 1;
-    lo.bottom = 1;
-    lo.tol = 1e-6;
-    lo.max_hvps = 300;
-    lo.seed = seed;
-    for (auto bound : {curv::ErrorBound::kGap, curv::ErrorBound::kResidual}) {
-      lo.bound = bound;
-      const curv::EigenResult l = curv::extreme_eigenpairs(h, lo);
-      const double l_err = std::max(std::abs(l.largest[0].value - lmax) / std::abs(lmax),
-                                    std::abs(l.smallest[0].value - lmin) / std::abs(lmin));
-      std::printf(
-          "| %d | lanczos (both ends, tol 1e-6, %s bound) | %s | %s | %lld (+%lld residual "
-          "checks) | %.10g, %.10g | %.2e | %.1f |\n",
-          seed, curv::to_string(bound).c_str(),
-          count(hvps_to(l.largest_history, lmax, 1e-6)).c_str(),
-          count(hvps_to(l.smallest_history, lmin, 1e-6)).c_str(), static_cast<long long>(l.hvps),
-          static_cast<long long>(l.residual_hvps), l.largest[0].value, l.smallest[0].value, l_err,
-          l.seconds);
-      std::fflush(stdout);
-    }
-
-    // ARPACK-style restarted Lanczos (Spectra), one solve per end.
-    curv::EigenOptions so = lo;
-    so.method = curv::EigenMethod::kSpectra;
-    so.check_residuals = false;
-    const curv::EigenResult s = curv::extreme_eigenpairs(h, so);
-    const double s_err = std::max(std::abs(s.largest[0].value - lmax) / std::abs(lmax),
-                                  std::abs(s.smallest[0].value - lmin) / std::abs(lmin));
-    std::printf(
-        "| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
-        "%.2e | %.1f |\n",
-        seed, static_cast<long long>(s.hvps), s.converged() ? "converged" : "not converged",
-        s.largest[0].value, s.smallest[0].value, s_err, s.seconds);
-
-    // PyHessian's defaults: tol 1e-3 on the relative change, at most 100 iterations.
-    curv::EigenOptions po;
-    po.method = curv::EigenMethod::kPower;
-    po.tol = 1e-3;
-    po.max_hvps = 100;
-    po.seed = seed;
-    po.check_residuals = false;
-    const curv::EigenResult p = curv::extreme_eigenpairs(h, po);
-    std::printf(
-        "| %d | power (PyHessian defaults: tol 1e-3, ≤ 100) | %s | — | %lld | %.10g | "
-        "%.2e vs dominant %.6g | %.1f |\n",
-        seed, count(hvps_to(p.largest_history, lmax, 1e-6)).c_str(), static_cast<long long>(p.hvps),
-        p.dominant[0].value, std::abs(p.dominant[0].value - dominant) / std::abs(dominant),
-        dominant, p.seconds);
-
-    // Power iteration run long, to see how many HVPs 1e-6 takes at all.
-    po.tol = 1e-12;
-    po.max_hvps = 300;
-    const curv::EigenResult pl = curv::extreme_eigenpairs(h, po);
-    std::printf(
-        "| %d | power (tol 1e-12, ≤ 300) | %s to the dominant %.6g | — | %lld | %.10g | "
-        "%.2e vs dominant | %.1f |\n",
-        seed, count(hvps_to(pl.largest_history, dominant, 1e-6)).c_str(), dominant,
-        static_cast<long long>(pl.hvps), pl.dominant[0].value,
-        std::abs(pl.dominant[0].value - dominant) / std::abs(dominant), pl.seconds);
-    std::fflush(stdout);
-  }
-
-  std::printf(
-      "\n| seed | trace method | matvecs | estimate | standard error | SE / |estimate| |\n"
-      "|---|---|---|---|---|---|\n");
-  for (int seed = 0; seed < seeds; ++seed) {
-    for (auto method : {curv::TraceMethod::kHutchinson, curv::TraceMethod::kHutchPlusPlus}) {
-      curv::TraceOptions to;
-      to.method = method;
-      to.matvecs = 99;
-      to.seed = seed;
-      const curv::TraceResult t = curv::estimate_trace(h, to);
-      std::printf("| %d | %s | %lld | %.6g | %.3g | %.3g |\n", seed,
-                  curv::to_string(method).c_str(), static_cast<long long>(t.matvecs), t.estimate,
-                  t.standard_error, t.standard_error / std::abs(t.estimate));
-      std::fflush(stdout);
-    }
-  }
+  for (int seed = 0; seed < seeds; ++seed) eigen_rows(h, seed, lmax, lmin, dominant);
+  trace_table(h, seeds);
   std::printf("\nengine: %s\n", engine.counters().brief().c_str());
   return 0;
 }

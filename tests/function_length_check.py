@@ -1,0 +1,77 @@
+"""ctest's size check: no C++ function (or lambda) of the project is longer than 120 lines and no
+libcurv source or header longer than 600 (docs/library.md#layout).
+
+A function is a brace block opened at the end of a line that closes a parameter list, ") {",
+") const {", ") -> T {", ") : member(x) {", that is not a control statement (if, for, while,
+switch, catch). Comments, strings and character literals are blanked first, so braces inside
+them do not count.
+
+Run: python3 function_length_check.py REPO_ROOT
+"""
+
+import pathlib
+import re
+import sys
+
+MAX_FUNCTION_LINES = 120
+MAX_FILE_LINES = 600
+FUNCTION_OPENER = re.compile(
+    r"\)\s*(const\s*)?(noexcept\s*)?(override\s*)?(->\s*[^{;]+)?(:\s*[^;{]*(\([^;]*\)|\{\}))?"
+    r"\s*(mutable\s*)?\{\s*$"
+)
+CONTROL = re.compile(r"^\s*(\}\s*)?(else\s+)?(if|for|while|switch|catch)\b")
+
+
+def blank(text: str) -> str:
+    """Comments and literals replaced by spaces, line breaks kept."""
+    keep_lines = lambda m: re.sub(r"[^\n]", " ", m.group(0))
+    text = re.sub(r'R"([^(\s]*)\((.*?)\)\1"', keep_lines, text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", keep_lines, text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
+    text = re.sub(r"'(\\.|[^'\\\n])*'", "''", text)
+    return text
+
+
+def long_functions(path: pathlib.Path):
+    lines = blank(path.read_text(encoding="utf-8")).split("\n")
+    stack = []
+    for number, line in enumerate(lines, start=1):
+        for char in line:
+            if char == "{":
+                opener = FUNCTION_OPENER.search(line) and not CONTROL.search(line)
+                stack.append((number, bool(opener)))
+            elif char == "}" and stack:
+                start, is_function = stack.pop()
+                length = number - start + 1
+                if is_function and length > MAX_FUNCTION_LINES:
+                    yield start, length
+
+
+def main() -> int:
+    root = pathlib.Path(sys.argv[1])
+    failures = []
+    for folder in ("libcurv", "tools", "bench", "examples", "fuzz"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in (".cpp", ".h", ".cu", ".cuh"):
+                continue
+            name = path.relative_to(root)
+            for start, length in long_functions(path):
+                failures.append(f"{name}:{start}: function of {length} lines "
+                                f"(at most {MAX_FUNCTION_LINES})")
+            if folder == "libcurv":
+                count = len(path.read_text(encoding="utf-8").split("\n")) - 1
+                if count > MAX_FILE_LINES:
+                    failures.append(f"{name}: {count} lines (at most {MAX_FILE_LINES})")
+    for failure in failures:
+        print(failure)
+    if failures:
+        print(f"size check failed: {len(failures)} functions or files too long")
+        return 1
+    print(f"size check: functions within {MAX_FUNCTION_LINES} lines, "
+          f"libcurv files within {MAX_FILE_LINES}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
