@@ -287,6 +287,84 @@ TEST_CASE("the single-process communicator is rank 0 of 1 and changes nothing", 
   if (!std::getenv("WORLD_SIZE")) CHECK(communicator_from_environment()->world_size() == 1);
 }
 
+namespace {
+
+// Two ranks whose host sum doubles every number: what the device path hands it, and how.
+class DoublingCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "doubling"; }
+  void all_reduce_sum(double* data, size_t n) override {
+    for (size_t i = 0; i < n; ++i) data[i] *= 2.0;
+    ++host_sums;
+  }
+  void broadcast(std::string&, int) override {}
+  void barrier() override {}
+  int host_sums = 0;
+};
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_.empty()) {
+      unsetenv(name_);
+    } else {
+      setenv(name_, old_.c_str(), 1);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+};
+
+}  // namespace
+
+TEST_CASE("a tensor sum without a device backend goes through one float64 host sum",
+          "[distributed]") {
+  DoublingCommunicator comm;
+  at::Tensor f64 = at::arange(5, at::kDouble);
+  const void* storage = f64.data_ptr();
+  comm.all_reduce_sum_on_device(f64);
+  CHECK(f64.data_ptr() == storage);  // summed in place
+  CHECK(at::equal(f64, 2 * at::arange(5, at::kDouble)));
+  at::Tensor f32 = at::tensor({0.1f, 3.0f});
+  comm.all_reduce_sum_on_device(f32);
+  CHECK(f32.scalar_type() == at::kFloat);
+  CHECK(at::equal(f32, at::tensor({0.2f, 6.0f})));
+  CHECK(comm.host_sums == 2);
+  at::Tensor one = at::ones({3}, at::kDouble);
+  single_process()->all_reduce_sum_on_device(one);
+  CHECK(at::equal(one, at::ones({3}, at::kDouble)));
+}
+
+TEST_CASE("under torchrun a bare cuda device becomes cuda:LOCAL_RANK", "[distributed]") {
+  {
+    ScopedEnv world("WORLD_SIZE", nullptr);
+    CHECK(device_of_rank("cuda") == "cuda");
+  }
+  ScopedEnv world("WORLD_SIZE", "4");
+  {
+    ScopedEnv local("LOCAL_RANK", "3");
+    CHECK(device_of_rank("cuda") == "cuda:3");
+    CHECK(device_of_rank("cuda:0") == "cuda:0");  // a device given by index is kept
+    CHECK(device_of_rank("cpu") == "cpu");
+  }
+  ScopedEnv local("LOCAL_RANK", nullptr);
+  CURV_CHECK_THROWS(device_of_rank("cuda"), InvalidArgument,
+                    Catch::Matchers::Contains("LOCAL_RANK is not set"));
+}
+
 TEST_CASE("torchrun's environment is checked: a missing or malformed variable is named",
           "[distributed]") {
   std::string log;

@@ -32,7 +32,9 @@ void RuntimeArgs::add_to(CLI::App& app) {
       ->check(CLI::PositiveNumber);
 }
 
-ModelInit RuntimeArgs::model_init() const { return ModelInit{seed, parse_dtype(dtype), device}; }
+ModelInit RuntimeArgs::model_init() const {
+  return ModelInit{seed, parse_dtype(dtype), device_of_rank(device)};
+}
 
 void RuntimeArgs::init() const { init_runtime(RuntimeOptions{threads}); }
 
@@ -47,6 +49,7 @@ std::shared_ptr<Communicator> RuntimeArgs::communicator() const {
   if (!communicator_) {
     DistributedOptions options;
     options.timeout_seconds = dist_timeout;
+    options.device = device;
     communicator_ = communicator_from_environment(options);
   }
   return communicator_;

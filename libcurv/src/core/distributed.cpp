@@ -19,6 +19,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
+#ifdef CURV_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace curv {
 
@@ -72,12 +75,13 @@ std::string message_of(const std::exception& e) {
   return brief_what(e);
 }
 
-// c10d's Gloo process group, plus a heartbeat in the store: when a collective fails, the ranks
-// whose heartbeat stopped are the lost ones (a slow rank still beats; a killed one does not).
-class GlooCommunicator final : public Communicator {
+// c10d's Gloo process group (and, with `nccl`, an NCCL one for device tensors), plus a heartbeat
+// in the store: when a collective fails, the ranks whose heartbeat stopped are the lost ones (a
+// slow rank still beats; a killed one does not).
+class C10dCommunicator final : public Communicator {
  public:
-  GlooCommunicator(int rank, int world, std::string host, int port, bool agent_store,
-                   std::chrono::milliseconds timeout)
+  C10dCommunicator(int rank, int world, std::string host, int port, bool agent_store,
+                   std::chrono::milliseconds timeout, bool nccl)
       : rank_(rank), world_(world), host_(std::move(host)), port_(port) {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(port);
@@ -105,6 +109,17 @@ class GlooCommunicator final : public Communicator {
       options->threads = 1;
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("curv", store_);
       group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, options);
+#ifdef CURV_WITH_NCCL
+      if (nccl) {
+        // Its communicator is created on the first collective, on the device of its tensors.
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = timeout;
+        nccl_group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+            c10::make_intrusive<c10d::PrefixStore>("curv_nccl", store_), rank, world, nccl_options);
+      }
+#else
+      (void)nccl;
+#endif
       // The heartbeat gets its own connection: a collective's store traffic never waits on it.
       c10d::TCPStoreOptions client = store_options;
       client.isServer = false;
@@ -118,7 +133,7 @@ class GlooCommunicator final : public Communicator {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
   }
 
-  ~GlooCommunicator() override {
+  ~C10dCommunicator() override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -129,13 +144,31 @@ class GlooCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::string backend() const override { return "gloo"; }
+  std::string backend() const override {
+#ifdef CURV_WITH_NCCL
+    if (nccl_group_) return "gloo+nccl";
+#endif
+    return "gloo";
+  }
 
   void all_reduce_sum(double* data, size_t n) override {
     if (n == 0) return;
     std::vector<at::Tensor> tensors{
         at::from_blob(data, {static_cast<int64_t>(n)}, at::TensorOptions().dtype(at::kDouble))};
     run("an all-reduce", n * sizeof(double), [&] { return group_->allreduce(tensors); });
+  }
+
+  void all_reduce_sum_on_device(at::Tensor& data) override {
+#ifdef CURV_WITH_NCCL
+    if (nccl_group_ && data.is_cuda()) {
+      std::vector<at::Tensor> tensors{data};
+      // wait() orders the sum before later work on the current stream.
+      run("an all-reduce on the GPU", static_cast<size_t>(data.nbytes()),
+          [&] { return nccl_group_->allreduce(tensors); });
+      return;
+    }
+#endif
+    Communicator::all_reduce_sum_on_device(data);
   }
 
   void broadcast(std::string& bytes, int root) override {
@@ -213,6 +246,9 @@ class GlooCommunicator final : public Communicator {
   int port_;
   c10::intrusive_ptr<c10d::Store> store_, heartbeat_store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+#ifdef CURV_WITH_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_group_;
+#endif
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
@@ -271,6 +307,15 @@ std::string message_of(const std::exception_ptr& error) {
 
 }  // namespace
 
+void Communicator::all_reduce_sum_on_device(at::Tensor& data) {
+  if (!distributed() || data.numel() == 0) return;
+  const bool host =
+      data.device().is_cpu() && data.scalar_type() == at::kDouble && data.is_contiguous();
+  at::Tensor buffer = host ? data : data.to(at::kCPU, at::kDouble).contiguous();
+  all_reduce_sum(buffer.data_ptr<double>(), static_cast<size_t>(buffer.numel()));
+  if (!host) data.copy_(buffer);
+}
+
 std::shared_ptr<Communicator> single_process() {
   static const auto instance = std::make_shared<SingleProcess>();
   return instance;
@@ -284,11 +329,19 @@ void DistributedOptions::validate() const {
 }
 
 std::string distributed_backends() {
-#ifdef CURV_WITH_GLOO
+#if defined(CURV_WITH_NCCL)
+  return "gloo, nccl";
+#elif defined(CURV_WITH_GLOO)
   return "gloo";
 #else
   return "";
 #endif
+}
+
+std::string device_of_rank(const std::string& device) {
+  const char* world = getenv_or_null("WORLD_SIZE");
+  if (device != "cuda" || !world || env_integer("WORLD_SIZE", 1, 1 << 20) == 1) return device;
+  return fmt::format("cuda:{}", env_integer("LOCAL_RANK", 0, 1 << 16));
 }
 
 std::shared_ptr<Communicator> communicator_from_environment(const DistributedOptions& options) {
@@ -303,8 +356,9 @@ std::shared_ptr<Communicator> communicator_from_environment(const DistributedOpt
   const char* agent = getenv_or_null("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_store = agent && std::string(agent) == "True";
 #ifdef CURV_WITH_GLOO
-  return std::make_shared<GlooCommunicator>(rank, world, host, port, agent_store,
-                                            std::chrono::seconds(options.timeout_seconds));
+  const bool nccl = options.device.rfind("cuda", 0) == 0;
+  return std::make_shared<C10dCommunicator>(rank, world, host, port, agent_store,
+                                            std::chrono::seconds(options.timeout_seconds), nccl);
 #else
   (void)rank, (void)port, (void)agent_store;
   throw DistributedError(fmt::format(

@@ -286,11 +286,16 @@ void CurvatureEngine::sum_over_ranks(double* data, size_t n) {
 void CurvatureEngine::reduce(ParamVector& x, std::vector<double>& scalars) {
   if (!communicator_->distributed()) return;
   const auto& params = state_->params;
-  int64_t total = static_cast<int64_t>(scalars.size());
+  const auto k = static_cast<int64_t>(scalars.size());
+  int64_t total = k;
   for (const auto& p : params) total += p.numel();
-  at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kDouble));
-  std::copy(scalars.begin(), scalars.end(), buffer.data_ptr<double>());
-  int64_t offset = static_cast<int64_t>(scalars.size());
+  // In float64 on the parameters' device: on a GPU with NCCL the sum never leaves it.
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor buffer = at::empty({total}, f64.device(device_));
+  if (k > 0) {
+    buffer.narrow(0, 0, k).copy_(at::from_blob(scalars.data(), {k}, f64));
+  }
+  int64_t offset = k;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i].numel();
     at::Tensor slot = buffer.narrow(0, offset, n);
@@ -301,13 +306,16 @@ void CurvatureEngine::reduce(ParamVector& x, std::vector<double>& scalars) {
     }
     offset += n;
   }
-  communicator_->all_reduce_sum(buffer.data_ptr<double>(), static_cast<size_t>(total));
-  std::copy(buffer.data_ptr<double>(), buffer.data_ptr<double>() + scalars.size(), scalars.begin());
-  offset = static_cast<int64_t>(scalars.size());
+  communicator_->all_reduce_sum_on_device(buffer);
+  if (k > 0) {
+    const at::Tensor sums = buffer.narrow(0, 0, k).cpu();
+    std::copy(sums.data_ptr<double>(), sums.data_ptr<double>() + k, scalars.begin());
+  }
+  offset = k;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i].numel();
-    // In float64 on the CPU a view into the buffer; otherwise a converted copy. Never written
-    // in place: a kept graph's gradient may share x[i]'s storage.
+    // In float64 a view into the buffer; otherwise a converted copy. Never written in place: a
+    // kept graph's gradient may share x[i]'s storage.
     x[i] = buffer.narrow(0, offset, n)
                .view(params[i].sizes())
                .to(params[i].device(), params[i].scalar_type());

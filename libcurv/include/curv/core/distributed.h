@@ -1,7 +1,8 @@
 // Data parallelism across processes: a small communicator (rank, world size, sums and broadcasts
-// of float64 buffers) over torch's c10d engine — a TCPStore for the rendezvous and
-// ProcessGroupGloo for the collectives — configured from torchrun's environment. The single-
-// process communicator is the default everywhere and does nothing.
+// of float64 buffers) over torch's c10d engine — a TCPStore for the rendezvous,
+// ProcessGroupGloo for host collectives and, in a CUDA build whose ranks run on GPUs,
+// ProcessGroupNCCL for sums of device tensors — configured from torchrun's environment. The
+// single-process communicator is the default everywhere and does nothing.
 //
 // Every collective must be called by all ranks in the same order. A rank that dies or stops
 // answering turns the collective on every other rank into a DistributedError that names it.
@@ -17,6 +18,10 @@
 
 #include "curv/core/error.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace curv {
 
 // A collective failed: a rank died, hung past the timeout, or failed on its own (then every rank
@@ -31,10 +36,14 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // "single" for one process, "gloo" for c10d's ProcessGroupGloo.
+  // "single" for one process, "gloo" for c10d's ProcessGroupGloo, "gloo+nccl" when device
+  // tensors are summed by ProcessGroupNCCL.
   virtual std::string backend() const = 0;
   // data[i] ← Σ_ranks data[i], in place. Every rank ends with the same bits.
   virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // The same for a contiguous float64 tensor, in place on its device: by NCCL for a CUDA tensor
+  // when the backend has it, otherwise through a host copy summed as above.
+  virtual void all_reduce_sum_on_device(at::Tensor& data);
   // `bytes` ← root's bytes on every rank (any length).
   virtual void broadcast(std::string& bytes, int root) = 0;
   virtual void barrier() = 0;
@@ -49,6 +58,9 @@ std::shared_ptr<Communicator> single_process();
 struct DistributedOptions {
   // A collective that waits longer than this for another rank fails with DistributedError.
   int64_t timeout_seconds = 1800;
+  // The device the ranks compute on ("cpu", "cuda", "cuda:N"): on CUDA, in a build with NCCL,
+  // device tensors are summed by NCCL.
+  std::string device = "cpu";
   void validate() const;
 };
 
@@ -61,9 +73,15 @@ struct DistributedOptions {
 // (distributed_backends() is empty) or the rendezvous fails.
 std::shared_ptr<Communicator> communicator_from_environment(const DistributedOptions& options = {});
 
-// The backends compiled into this build: "gloo", or empty when the gloo headers were missing at
-// build time (official LibTorch archives do not ship them).
+// The backends compiled into this build: "gloo", "gloo, nccl" (a CUDA LibTorch with NCCL's
+// headers), or empty when the gloo headers were missing at build time (official LibTorch
+// archives do not ship them).
 std::string distributed_backends();
+
+// The device of this rank: under torchrun (WORLD_SIZE > 1) a bare "cuda" becomes
+// "cuda:LOCAL_RANK", one GPU per rank of a node; anything else is returned as it is.
+// InvalidArgument when LOCAL_RANK is missing or malformed there.
+std::string device_of_rank(const std::string& device);
 
 // A collective, called by every rank after work that may have failed on some of them:
 // `local_error` is this rank's failure (null when it succeeded). When any rank failed, every rank
