@@ -223,10 +223,12 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
   }
 
   // nanoGPT's state_dict stores a tied head twice, under both names; equal values prove it is
-  // the same tensor, different values mean the checkpoint was trained with an untied head.
-  const std::vector<std::pair<std::string, std::string>> gpt_tied = {
+  // the same tensor, different values mean the checkpoint was trained with an untied head. The
+  // model's structure names its tied pairs; one that names none (a TorchScript model's, whose
+  // roles come from name rules) keeps nanoGPT's.
+  const std::vector<std::pair<std::string, std::string>> nanogpt_tied = {
       {"lm_head.weight", "transformer.wte.weight"}};
-  const auto& tied = structure ? structure->tied : gpt_tied;
+  const auto& tied = structure && !structure->tied.empty() ? structure->tied : nanogpt_tied;
   std::vector<std::string> extra;
   for (const auto& name : file_names) {
     if (space.find(name)) continue;

@@ -51,7 +51,6 @@ ParamMapping two_groups(const OrderInput& in, ParamOrder order, InFirst in_first
   return m;
 }
 
-
 // The layouts' rules (hf_layout.cpp, modded_checkpoint.cpp).
 ParamMapping by_trainer_groups(const OrderInput& in);
 ParamMapping by_modded_groups(const OrderInput& in);

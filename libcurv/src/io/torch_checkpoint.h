@@ -6,11 +6,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "curv/io/checkpoint.h"
 #include "curv/io/param_order.h"

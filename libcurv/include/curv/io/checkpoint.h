@@ -27,9 +27,9 @@ namespace curv {
 class CheckpointLayout {
  public:
   static const CheckpointLayout kAuto;         // detected from the directory's entries
-  static const CheckpointLayout kNative;       // step_<N>/{model.safetensors, optimizer..., meta...}
+  static const CheckpointLayout kNative;       // step_<N>/model.safetensors, ...
   static const CheckpointLayout kNanoGPT;      // ckpt.pt or ckpt_<anything>.pt
-  static const CheckpointLayout kHuggingFace;  // checkpoint-<N>/{model.safetensors | ..., optimizer.pt}
+  static const CheckpointLayout kHuggingFace;  // checkpoint-<N>/ folders of the Trainer
   static const CheckpointLayout kTorchSteps;   // step_<N>.pt: a state dict, or a dict with 'model'
 
   explicit CheckpointLayout(std::string name) : name_(std::move(name)) {}
@@ -202,8 +202,8 @@ void validate_param_order(const std::string& param_order);
 //  - a tensor in the file that is not a model parameter (up to 5 listed, each with the closest
 //    model names), unless `allow_extra`. Tolerated always: a tied parameter the model does not
 //    have when the file's copy equals its source's (a tied head stored twice, as nanoGPT's
-//    state_dict does). The tied pairs are `structure`'s (ModelStructure::tied); without one,
-//    the built-in GPT's ("lm_head.weight" tied to "transformer.wte.weight");
+//    state_dict does). The tied pairs are `structure`'s (ModelStructure::tied); without one, or
+//    when it names none, nanoGPT's ("lm_head.weight" tied to "transformer.wte.weight");
 //  - a shape that differs (parameter and both shapes), or a non-floating tensor.
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
                             const ParamVector& like, bool allow_extra = false,
