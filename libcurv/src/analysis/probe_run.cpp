@@ -570,7 +570,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   context.whatif_fallback = o.whatif_fallback;
   for (const auto& b : blocks.blocks()) context.blocks.push_back(b.params);
   const ParamVector like = engine.objective().parameters();
-  engine.set_parameters(parameters_from(ckpt, space, like, o.allow_extra));
+  engine.set_parameters(parameters_from(ckpt, space, like, o.allow_extra, &structure));
   ckpt.model.clear();
   // θ is the engine's own parameters (views, no copy): nothing here writes to them, and the
   // engine's excursions to θ + u restore them exactly.
@@ -580,7 +580,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     if (run.all[k].step == info.step) {
       // Only its parameters: the successor's optimizer state plays no part here.
       Checkpoint next = load_checkpoint(run.all[k + 1], CheckpointParts::kModelOnly);
-      context.theta_next = parameters_from(next, space, like, o.allow_extra);
+      context.theta_next = parameters_from(next, space, like, o.allow_extra, &structure);
       break;
     }
   }

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -21,7 +20,7 @@
 #include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
-#include "io/torch_layouts.h"
+#include "io/builtin_layouts.h"
 
 namespace curv {
 
@@ -41,161 +40,12 @@ std::string origin_of(const Checkpoint& ckpt, const std::string& field, const ch
   return field.empty() ? file_in(ckpt.path, native) : field;
 }
 
-// Non-negative decimal integer, all of `text`; nullopt otherwise (or on overflow).
-std::optional<int64_t> parse_step_number(const std::string& text) {
-  if (text.empty() || text.size() > 18) return std::nullopt;  // 18 digits cannot overflow
-  int64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + (c - '0');
-  }
-  return value;
-}
-
 std::vector<std::string> first_few(const std::vector<std::string>& items) {
   std::vector<std::string> out;
   for (size_t i = 0; i < std::min(items.size(), kMaxListed); ++i)
     out.push_back("'" + items[i] + "'");
   if (items.size() > kMaxListed) out.push_back(fmt::format("... ({} in all)", items.size()));
   return out;
-}
-
-// The selection of `found` (sorted, not empty); InvalidArgument when it keeps none.
-std::vector<CheckpointInfo> select_some(const std::vector<CheckpointInfo>& found,
-                                        const StepSelection& selection, const std::string& dir) {
-  auto selected = selection.select(found);
-  if (selected.empty()) {
-    throw InvalidArgument(fmt::format(
-        "checkpoint steps {} select none of the {} checkpoints in {} (steps {} to {})",
-        selection.describe(), found.size(), dir, found.front().step, found.back().step));
-  }
-  return selected;
-}
-
-nlohmann::json parse_json_object(const std::string& text, const std::string& origin) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(fmt::format("{}: not valid JSON: {}", origin, e.what()));
-  }
-  if (!j.is_object()) {
-    throw FormatError(fmt::format("{}: expected a JSON object, got {}", origin, j.type_name()));
-  }
-  return j;
-}
-
-// FormatError naming the file, the key's path in meta.json and the value unless `ok`.
-void expect(bool ok, const std::string& origin, const std::string& field, const char* wanted,
-            const nlohmann::json& value) {
-  if (!ok) {
-    throw FormatError(
-        fmt::format("{}: \"{}\" must be {}, got {}", origin, field, wanted, value.dump()));
-  }
-}
-
-OptimizerParamGroup parse_param_group(const nlohmann::json& group, size_t k,
-                                      const std::string& origin) {
-  const std::string field = fmt::format("optimizer.param_groups[{}]", k);
-  const bool shaped = group.is_object() && group.contains("params") && group["params"].is_array() &&
-                      group.contains("hyper") && group["hyper"].is_object();
-  if (!shaped) {
-    throw FormatError(
-        fmt::format("{}: \"{}\" must be an object with \"params\" (names) and "
-                    "\"hyper\"",
-                    origin, field));
-  }
-  OptimizerParamGroup out;
-  for (const auto& name : group["params"]) {
-    expect(name.is_string(), origin, field + ".params[]", "a parameter name", name);
-    out.params.push_back(name.get<std::string>());
-  }
-  for (const auto& [key, value] : group["hyper"].items()) {
-    if (!value.is_number()) {
-      throw FormatError(
-          fmt::format("{}: parameter group hyper-parameter \"{}\" must be a "
-                      "number, got {}",
-                      origin, key, value.dump()));
-    }
-    out.hyper.emplace_back(key, value.get<double>());
-  }
-  return out;
-}
-
-OptimizerRecord parse_optimizer_record(const nlohmann::json& opt, const std::string& origin) {
-  expect(opt.is_object(), origin, "optimizer", "an object", opt);
-  OptimizerRecord r;
-  if (opt.contains("name")) {
-    expect(opt["name"].is_string(), origin, "optimizer.name", "a string", opt["name"]);
-    r.name = opt["name"].get<std::string>();
-  }
-  if (opt.contains("hyper")) {
-    const auto& hyper = opt["hyper"];
-    expect(hyper.is_object(), origin, "optimizer.hyper", "an object", hyper);
-    for (const auto& [key, value] : hyper.items()) {
-      if (value.is_number()) {
-        r.hyper.emplace_back(key, value.get<double>());
-      } else {
-        r.non_numeric_hyper.emplace_back(key, value.dump());
-      }
-    }
-  }
-  if (opt.contains("step_count")) {
-    expect(opt["step_count"].is_number_integer(), origin, "optimizer.step_count", "an integer",
-           opt["step_count"]);
-    r.step_count = opt["step_count"].get<int64_t>();
-  }
-  if (opt.contains("muon_params")) {
-    expect(opt["muon_params"].is_string(), origin, "optimizer.muon_params", "a string",
-           opt["muon_params"]);
-    r.muon_params = opt["muon_params"].get<std::string>();
-  }
-  if (opt.contains("param_order")) {
-    expect(opt["param_order"].is_string(), origin, "optimizer.param_order", "a string",
-           opt["param_order"]);
-    r.param_order = opt["param_order"].get<std::string>();
-  }
-  if (opt.contains("partition")) {
-    const auto& partition = opt["partition"];
-    expect(partition.is_object(), origin, "optimizer.partition", "an object", partition);
-    for (const auto& [param, rule] : partition.items()) {
-      expect(rule.is_string(), origin, "optimizer.partition." + param, "a string", rule);
-      r.partition.emplace_back(param, rule.get<std::string>());
-    }
-  }
-  if (opt.contains("param_groups")) {
-    const auto& groups = opt["param_groups"];
-    expect(groups.is_array(), origin, "optimizer.param_groups", "an array", groups);
-    for (size_t k = 0; k < groups.size(); ++k) {
-      r.param_groups.push_back(parse_param_group(groups[k], k, origin));
-    }
-  }
-  return r;
-}
-
-// `value` unless `raw` already holds the same number: re-saving keeps 5 as 5, not 5.0.
-nlohmann::json number_over(const nlohmann::json* raw, double value) {
-  if (raw && raw->is_number() && raw->get<double>() == value) return *raw;
-  return value;
-}
-
-nlohmann::json hyper_json(const std::vector<std::pair<std::string, double>>& hyper,
-                          const nlohmann::json* raw) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, value] : hyper) {
-    const bool known = raw && raw->is_object() && raw->contains(key);
-    out[key] = number_over(known ? &(*raw)[key] : nullptr, value);
-  }
-  return out;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) throw FormatError(fmt::format("{}: cannot read", path));
-  return out.str();
 }
 
 }  // namespace
@@ -246,7 +96,7 @@ StepSelection StepSelection::parse(const std::string& range, int64_t stride) {
                     range, why));
   };
   auto number = [&](const std::string& text) {
-    auto value = parse_step_number(text);
+    auto value = step_number(text);
     if (!value) throw bad(fmt::format("'{}' is not a non-negative integer", text));
     return *value;
   };
@@ -282,117 +132,6 @@ std::string StepSelection::describe() const {
   if (open_first && open_last) text = "all steps";
   if (stride != 1) text += fmt::format(", stride {}", stride);
   return text;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Listing and loading
-
-std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, const StepSelection& selection,
-                                             CheckpointLayout layout) {
-  if (layout == CheckpointLayout::kAuto) layout = detect_checkpoint_layout(dir);
-  if (layout != CheckpointLayout::kNative) {
-    return select_some(list_torch_checkpoints(dir, layout), selection, dir);
-  }
-  std::error_code ec;
-  const auto status = fs::status(dir, ec);
-  if (!fs::exists(status)) {
-    throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
-  }
-  if (!fs::is_directory(status)) {
-    throw FormatError(fmt::format("checkpoint directory {} is not a directory", dir));
-  }
-  std::vector<CheckpointInfo> found;
-  std::map<int64_t, std::string> by_step;  // to catch step_7 next to step_07
-  try {
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step_", 0) != 0) continue;
-      const auto step = parse_step_number(name.substr(5));
-      if (!step) continue;
-      const std::string folder = (fs::path(dir) / name).string();
-      if (!fs::is_directory(entry.status()) || !fs::is_regular_file(file_in(folder, kModelFile)))
-        continue;
-      auto [it, inserted] = by_step.emplace(*step, name);
-      if (!inserted) {
-        throw FormatError(fmt::format("checkpoint directory {}: folders {} and {} are both step {}",
-                                      dir, it->second, name, *step));
-      }
-      found.push_back({*step, folder});
-    }
-  } catch (const fs::filesystem_error& e) {
-    throw FormatError(fmt::format("checkpoint directory {}: cannot list: {}", dir, e.what()));
-  }
-  if (found.empty()) {
-    // A common slip is to pass one checkpoint's folder instead of the run's directory.
-    const bool is_step_folder = fs::is_regular_file(file_in(dir, kModelFile));
-    throw FormatError(fmt::format(
-        "no checkpoints in {}: expected folders step_<N>/{}{}", dir, kModelFile,
-        is_step_folder ? " (this looks like a single checkpoint folder: pass its parent)" : ""));
-  }
-  std::sort(found.begin(), found.end(),
-            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
-  return select_some(found, selection, dir);
-}
-
-// ---------------------------------------------------------------------------------------------
-// meta.json
-
-CheckpointMeta parse_checkpoint_meta(const std::string& text, const std::string& origin) {
-  const nlohmann::json j = parse_json_object(text, origin);
-  CheckpointMeta meta;
-  meta.json = text;
-  if (j.contains("step")) {
-    expect(j["step"].is_number_integer(), origin, "step", "an integer", j["step"]);
-    meta.step = j["step"].get<int64_t>();
-  }
-  if (j.contains("model")) {
-    expect(j["model"].is_object(), origin, "model", "an object", j["model"]);
-    meta.model_json = j["model"].dump();
-  }
-  if (j.contains("optimizer")) meta.optimizer = parse_optimizer_record(j["optimizer"], origin);
-  return meta;
-}
-
-std::string checkpoint_meta_json(const CheckpointMeta& meta) {
-  nlohmann::json j =
-      parse_json_object(meta.json.empty() ? "{}" : meta.json, "CheckpointMeta::json");
-  if (meta.step) j["step"] = *meta.step;
-  if (!meta.model_json.empty())
-    j["model"] = parse_json_object(meta.model_json, "CheckpointMeta::model_json");
-  if (meta.optimizer) {
-    const OptimizerRecord& r = *meta.optimizer;
-    nlohmann::json& opt = j["optimizer"];
-    if (!opt.is_object()) opt = nlohmann::json::object();
-    if (!r.name.empty()) opt["name"] = r.name;
-    if (!r.hyper.empty() || !r.non_numeric_hyper.empty() || opt.contains("hyper")) {
-      const nlohmann::json* raw = opt.contains("hyper") ? &opt["hyper"] : nullptr;
-      nlohmann::json hyper = hyper_json(r.hyper, raw);
-      for (const auto& [key, text] : r.non_numeric_hyper) hyper[key] = nlohmann::json::parse(text);
-      opt["hyper"] = hyper;
-    }
-    if (r.step_count) opt["step_count"] = *r.step_count;
-    if (r.muon_params) opt["muon_params"] = *r.muon_params;
-    if (!r.param_order.empty()) opt["param_order"] = r.param_order;
-    if (!r.partition.empty()) {
-      nlohmann::json partition = nlohmann::json::object();
-      for (const auto& [param, rule] : r.partition) partition[param] = rule;
-      opt["partition"] = partition;
-    }
-    if (!r.param_groups.empty()) {
-      const nlohmann::json* raw = opt.contains("param_groups") && opt["param_groups"].is_array()
-                                      ? &opt["param_groups"]
-                                      : nullptr;
-      nlohmann::json groups = nlohmann::json::array();
-      for (size_t k = 0; k < r.param_groups.size(); ++k) {
-        const auto& g = r.param_groups[k];
-        const nlohmann::json* raw_hyper =
-            raw && k < raw->size() && (*raw)[k].contains("hyper") ? &(*raw)[k]["hyper"] : nullptr;
-        groups.push_back({{"params", g.params}, {"hyper", hyper_json(g.hyper, raw_hyper)}});
-      }
-      opt["param_groups"] = groups;
-    }
-  }
-  return j.dump(2);
 }
 
 SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
@@ -434,39 +173,6 @@ std::string checkpoint_digest(const CheckpointInfo& info) {
   return fmt::format("crc32:{:08x} bytes:{}", static_cast<uint32_t>(crc), total);
 }
 
-Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
-  // The PyTorch layouts build their meta from the file's records and parse it there, once.
-  if (info.layout != CheckpointLayout::kNative) {
-    Checkpoint ckpt = load_torch_checkpoint(info);
-    if (parts == CheckpointParts::kModelOnly) {
-      ckpt.optimizer.clear();
-      ckpt.indexed_optimizer.reset();
-    }
-    return ckpt;
-  }
-  Checkpoint ckpt;
-  ckpt.step = info.step;
-  ckpt.path = info.path;
-  ckpt.model_file = file_in(info.path, kModelFile);
-  ckpt.optimizer_file = file_in(info.path, kOptimizerFile);
-  ckpt.meta_file = file_in(info.path, kMetaFile);
-  ckpt.model = SafetensorsReader(ckpt.model_file).tensors();
-  const std::string optimizer_path = ckpt.optimizer_file;
-  if (parts == CheckpointParts::kAll && fs::exists(optimizer_path)) {
-    ckpt.optimizer = SafetensorsReader(optimizer_path).tensors();
-  }
-  const std::string meta_path = ckpt.meta_file;
-  if (fs::exists(meta_path)) {
-    ckpt.meta = parse_checkpoint_meta(read_text(meta_path), meta_path);
-    if (!ckpt.meta.model_json.empty()) ckpt.model_config_file = meta_path;
-    if (ckpt.meta.step && *ckpt.meta.step != info.step) {
-      throw FormatError(fmt::format("{}: \"step\" is {} but the folder is step {}", meta_path,
-                                    *ckpt.meta.step, info.step));
-    }
-  }
-  return ckpt;
-}
-
 std::string Checkpoint::optimizer_name() const {
   return meta.optimizer ? meta.optimizer->name : "";
 }
@@ -488,7 +194,8 @@ std::string Checkpoint::meta_json() const { return checkpoint_meta_json(meta); }
 // Matching a checkpoint to a model
 
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
-                            const ParamVector& like, bool allow_extra) {
+                            const ParamVector& like, bool allow_extra,
+                            const ModelStructure* structure) {
   const std::string file = origin_of(ckpt, ckpt.model_file, kModelFile);
   if (!like.empty() && like.size() != space.size()) {
     throw InvalidArgument(fmt::format("parameters_from({}): `like` has {} tensors, the model {}",
@@ -516,19 +223,27 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
   }
 
   // nanoGPT's state_dict stores a tied head twice, under both names; equal values prove it is
-  // the same tensor, different values mean the checkpoint was trained with an untied head.
+  // the same tensor, different values mean the checkpoint was trained with an untied head. The
+  // model's structure names its tied pairs; one that names none (a TorchScript model's, whose
+  // roles come from name rules) keeps nanoGPT's.
+  const std::vector<std::pair<std::string, std::string>> nanogpt_tied = {
+      {"lm_head.weight", "transformer.wte.weight"}};
+  const auto& tied = structure && !structure->tied.empty() ? structure->tied : nanogpt_tied;
   std::vector<std::string> extra;
   for (const auto& name : file_names) {
     if (space.find(name)) continue;
-    if (name == "lm_head.weight" && space.find("transformer.wte.weight")) {
-      const auto& head = ckpt.model[in_file.at(name)].second;
-      const auto& wte = ckpt.model[in_file.at("transformer.wte.weight")].second;
-      if (at::equal(head, wte)) continue;
+    const auto pair = std::find_if(tied.begin(), tied.end(), [&](const auto& p) {
+      return p.first == name && space.find(p.second) && in_file.count(p.second);
+    });
+    if (pair != tied.end()) {
+      const auto& copy = ckpt.model[in_file.at(name)].second;
+      const auto& source = ckpt.model[in_file.at(pair->second)].second;
+      if (at::equal(copy, source)) continue;
       if (!allow_extra) {
         throw InvalidArgument(fmt::format(
-            "{}: 'lm_head.weight' differs from 'transformer.wte.weight', so the checkpoint has an "
-            "untied head but the model is tied (set \"tied\": false in the model config)",
-            file));
+            "{}: '{}' differs from '{}', so the checkpoint has an untied head but the model is "
+            "tied (set \"tied\": false in the model config)",
+            file, name, pair->second));
       }
     }
     extra.push_back(name);

@@ -13,21 +13,11 @@
 
 #include "core/strings.h"
 #include "curv/core/error.h"
+#include "io/torch_pickle.h"
 
 namespace curv {
 
-namespace {
-
-using Ref = PyValue::Ref;
-using Kind = PyValue::Kind;
-
-Ref make(Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-
-const std::map<std::string, at::ScalarType>& storage_types() {
+const std::map<std::string, at::ScalarType>& torch_storage_types() {
   static const std::map<std::string, at::ScalarType> types = {
       {"torch.FloatStorage", at::kFloat}, {"torch.DoubleStorage", at::kDouble},
       {"torch.HalfStorage", at::kHalf},   {"torch.BFloat16Storage", at::kBFloat16},
@@ -38,13 +28,17 @@ const std::map<std::string, at::ScalarType>& storage_types() {
   return types;
 }
 
-const std::vector<std::string>& callable_globals() {
+const std::vector<std::string>& torch_callable_globals() {
   static const std::vector<std::string> names = {
       "collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
       "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"};
   return names;
 }
 
+namespace {
+
+using Ref = PyValue::Ref;
+using Kind = PyValue::Kind;
 // The CRC-32 of every record of a zip archive, from its central directory, by the name below the
 // archive's top folder ("data.pkl", "data/0"). torch.save writes a CRC-32 for every record and
 // LibTorch's reader does not check it, so a flipped bit inside a tensor would load silently.
@@ -148,562 +142,40 @@ class ZipChecksums {
   std::string path_;
   std::map<std::string, uint32_t> crcs_;
 };
+[[noreturn]] void pickle_error(const std::string& path, const std::string& why) {
+  throw FormatError(fmt::format("{}: data.pkl: {}", path, why));
+}
 
-// The pickle virtual machine. Only data-building opcodes exist here; a REDUCE is accepted only on
-// an allowed global and is carried out by C++ code, so no Python-level code can run.
-class Unpickler {
- public:
-  Unpickler(const std::string& path, const std::string& data,
-            caffe2::serialize::PyTorchStreamReader* archive, const ZipChecksums* checksums,
-            bool load_tensors)
-      : path_(path),
-        data_(data),
-        archive_(archive),
-        checksums_(checksums),
-        load_tensors_(load_tensors) {}
-
-  // A pickle can make a container hold itself (L = []; L.append(L)); shared references alone
-  // would then never be released. A failed run, or a tree rejected as cyclic, empties every
-  // container it built so that all of it is freed.
-  ~Unpickler() {
-    if (!succeeded_) release_containers();
+// Record data/<key>: its bytes checked against the CRC-32 written with them and owned by the
+// returned tensor, so the checkpoint's largest part is never copied twice.
+at::Tensor read_storage(const std::string& path, caffe2::serialize::PyTorchStreamReader& archive,
+                        const ZipChecksums& checksums, const std::string& key, at::ScalarType dtype,
+                        int64_t numel, const std::string& type_name) {
+  const std::string record = "data/" + key;
+  const size_t element = c10::elementSize(dtype);
+  size_t size = 0;
+  at::DataPtr bytes;
+  try {
+    if (!archive.hasRecord(record))
+      pickle_error(path, fmt::format("storage record '{}' is missing", record));
+    std::tie(bytes, size) = archive.getRecord(record);
+  } catch (const c10::Error& e) {
+    throw FormatError(
+        fmt::format("{}: cannot read storage record '{}': {}", path, record, brief_what(e)));
   }
-
-  Ref run() {
-    while (true) {
-      if (pos_ >= data_.size()) fail("pickle ends without STOP");
-      const size_t at = pos_;
-      const uint8_t op = byte();
-      switch (op) {
-        case 0x80:
-          byte();
-          break;  // PROTO
-        case 0x95:
-          bytes(8);
-          break;     // FRAME: framing is irrelevant in memory
-        case '.': {  // STOP
-          if (stack_.size() != 1 || !marks_.empty()) fail("STOP with an unbalanced stack");
-          reject_cycles(stack_.back());
-          succeeded_ = true;
-          return stack_.back();
-        }
-        case '(':
-          marks_.push_back(stack_.size());
-          break;  // MARK
-        case '}':
-          push(make(Kind::kDict));
-          break;
-        case ']':
-          push(make(Kind::kList));
-          break;
-        case ')':
-          push(make(Kind::kTuple));
-          break;
-        case 0x8f:
-          push(make(Kind::kList));
-          break;  // EMPTY_SET, kept as a list
-        case 't':
-          push(sequence(Kind::kTuple, pop_mark()));
-          break;
-        case 'l':
-          push(sequence(Kind::kList, pop_mark()));
-          break;
-        case 0x91:
-          push(sequence(Kind::kList, pop_mark()));
-          break;  // FROZENSET
-        case 0x85:
-        case 0x86:
-        case 0x87: {  // TUPLE1..3
-          const size_t n = op - 0x84;
-          std::vector<Ref> items(n);
-          for (size_t i = n; i-- > 0;) items[i] = pop();
-          push(sequence(Kind::kTuple, std::move(items)));
-          break;
-        }
-        case 'd': {  // DICT
-          auto items = pop_mark();
-          auto dict = make(Kind::kDict);
-          set_items(*dict, items);
-          push(dict);
-          break;
-        }
-        case 'a': {  // APPEND
-          auto v = pop();
-          expect(top(), Kind::kList, "APPEND").items.push_back(v);
-          break;
-        }
-        case 'e':
-        case 0x90: {  // APPENDS, ADDITEMS
-          auto items = pop_mark();
-          auto& list = expect(top(), Kind::kList, "APPENDS");
-          list.items.insert(list.items.end(), items.begin(), items.end());
-          break;
-        }
-        case 's': {  // SETITEM
-          auto value = pop();
-          auto key = pop();
-          set_items(expect(top(), Kind::kDict, "SETITEM"), {key, value});
-          break;
-        }
-        case 'u': {  // SETITEMS
-          auto items = pop_mark();
-          set_items(expect(top(), Kind::kDict, "SETITEMS"), items);
-          break;
-        }
-        case 'J':
-          push(integer(static_cast<int32_t>(unsigned_le(4))));
-          break;  // BININT
-        case 'K':
-          push(integer(unsigned_le(1)));
-          break;  // BININT1
-        case 'M':
-          push(integer(unsigned_le(2)));
-          break;  // BININT2
-        case 0x8a:
-          push(integer(long_le(byte())));
-          break;  // LONG1
-        case 0x8b:
-          push(integer(long_le(unsigned_le(4))));
-          break;     // LONG4
-        case 'G': {  // BINFLOAT, big-endian IEEE double
-          uint64_t bits = 0;
-          for (int i = 0; i < 8; ++i) bits = (bits << 8) | byte();
-          auto v = make(Kind::kFloat);
-          std::memcpy(&v->real, &bits, sizeof bits);
-          push(v);
-          break;
-        }
-        case 'X':
-          push(text(Kind::kString, unsigned_le(4)));
-          break;  // BINUNICODE
-        case 0x8c:
-          push(text(Kind::kString, byte()));
-          break;  // SHORT_BINUNICODE
-        case 0x8d:
-          push(text(Kind::kString, unsigned_le(8)));
-          break;  // BINUNICODE8
-        case 'T':
-          push(text(Kind::kString, unsigned_le(4)));
-          break;  // BINSTRING
-        case 'U':
-          push(text(Kind::kString, byte()));
-          break;  // SHORT_BINSTRING
-        case 'B':
-          push(text(Kind::kBytes, unsigned_le(4)));
-          break;  // BINBYTES
-        case 'C':
-          push(text(Kind::kBytes, byte()));
-          break;  // SHORT_BINBYTES
-        case 0x8e:
-          push(text(Kind::kBytes, unsigned_le(8)));
-          break;  // BINBYTES8
-        case 'N':
-          push(make(Kind::kNone));
-          break;
-        case 0x88:
-        case 0x89: {  // NEWTRUE, NEWFALSE
-          auto v = make(Kind::kBool);
-          v->boolean = op == 0x88;
-          push(v);
-          break;
-        }
-        case 'c': {  // GLOBAL "module\nname\n"
-          const std::string module = line(), name = line();
-          push(global(module + "." + name));
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL
-          auto name = pop();
-          auto module = pop();
-          if (!module->is(Kind::kString) || !name->is(Kind::kString)) {
-            fail("STACK_GLOBAL needs two strings");
-          }
-          push(global(module->text + "." + name->text));
-          break;
-        }
-        case 'q':
-          memo_[unsigned_le(1)] = top();
-          break;  // BINPUT
-        case 'r':
-          memo_[unsigned_le(4)] = top();
-          break;  // LONG_BINPUT
-        case 0x94:
-          memo_[memo_.size()] = top();
-          break;  // MEMOIZE
-        case 'p':
-          memo_[text_index()] = top();
-          break;  // PUT
-        case 'h':
-          push(memo(unsigned_le(1)));
-          break;  // BINGET
-        case 'j':
-          push(memo(unsigned_le(4)));
-          break;  // LONG_BINGET
-        case 'g':
-          push(memo(text_index()));
-          break;  // GET
-        case '0':
-          pop();
-          break;  // POP
-        case '1':
-          pop_mark();
-          break;  // POP_MARK
-        case '2':
-          push(top());
-          break;  // DUP
-        case 'Q':
-          push(persistent(pop()));
-          break;     // BINPERSID
-        case 'R': {  // REDUCE
-          auto args = pop();
-          auto callable = pop();
-          push(reduce(*callable, *args));
-          break;
-        }
-        case 'b': {  // BUILD
-          auto state = pop();
-          // OrderedDict state dicts carry `_metadata` (module versions) as instance state; it
-          // has no bearing on the tensors, so it is dropped.
-          if (!top()->is(Kind::kDict)) {
-            fail(fmt::format("BUILD on a {}", top()->type_name()));
-          }
-          break;
-        }
-        default:
-          fail(fmt::format("unsupported pickle opcode 0x{:02x} at byte {}", op, at));
-      }
-    }
+  checksums.check(record, bytes.get(), size);
+  // Compared by division: a forged element count must not overflow the byte count.
+  if (static_cast<uint64_t>(numel) > size / element) {
+    pickle_error(path, fmt::format("storage record '{}' holds {} bytes, too few for its {} of {} "
+                                   "elements of {} bytes (truncated file?)",
+                                   record, size, type_name, numel, element));
   }
-
- private:
-  [[noreturn]] void fail(const std::string& why) const {
-    throw FormatError(fmt::format("{}: data.pkl: {}", path_, why));
-  }
-
-  uint8_t byte() {
-    if (pos_ >= data_.size()) fail("truncated pickle");
-    return static_cast<uint8_t>(data_[pos_++]);
-  }
-  std::string bytes(uint64_t n) {
-    if (n > data_.size() - pos_) fail("truncated pickle");
-    std::string out = data_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  uint64_t unsigned_le(int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(byte()) << (8 * i);
-    return v;
-  }
-  // Two's-complement little-endian integer of n bytes; Python ints beyond 64 bits are rejected.
-  int64_t long_le(uint64_t n) {
-    if (n == 0) return 0;
-    if (n > 8) fail(fmt::format("integer of {} bytes does not fit 64 bits", n));
-    uint64_t v = unsigned_le(static_cast<int>(n));
-    if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);
-    return static_cast<int64_t>(v);
-  }
-  std::string line() {
-    const auto end = data_.find('\n', pos_);
-    if (end == std::string::npos) fail("truncated pickle");
-    std::string out = data_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return out;
-  }
-  uint64_t text_index() {
-    const std::string t = line();
-    try {
-      return std::stoull(t);
-    } catch (const std::exception&) {
-      fail(fmt::format("memo index '{}' is not a number", t));
-    }
-  }
-
-  void push(Ref v) {
-    if (v->is(Kind::kList) || v->is(Kind::kTuple) || v->is(Kind::kDict)) containers_.push_back(v);
-    stack_.push_back(std::move(v));
-  }
-
-  // FormatError when a container holds itself, directly or further down: no checkpoint does, and
-  // such a tree could not be released. Iterative, as a pickle may nest a million levels deep.
-  void reject_cycles(const Ref& root) const {
-    enum class Color : uint8_t { kOpen, kDone };
-    std::unordered_map<const PyValue*, Color> color;
-    // (value, index of the next child to visit)
-    std::vector<std::pair<const PyValue*, size_t>> path{{root.get(), 0}};
-    color[root.get()] = Color::kOpen;
-    auto child = [](const PyValue& v, size_t i) -> const PyValue* {
-      if (i < v.items.size()) return v.items[i].get();
-      i -= v.items.size();
-      if (i / 2 < v.entries.size()) {
-        return (i % 2 == 0 ? v.entries[i / 2].first : v.entries[i / 2].second).get();
-      }
-      return nullptr;
-    };
-    while (!path.empty()) {
-      auto& [value, next] = path.back();
-      const PyValue* c = child(*value, next++);
-      if (c == nullptr) {
-        color[value] = Color::kDone;
-        path.pop_back();
-        continue;
-      }
-      if (c->items.empty() && c->entries.empty()) continue;
-      const auto it = color.find(c);
-      if (it == color.end()) {
-        color[c] = Color::kOpen;
-        path.emplace_back(c, 0);
-      } else if (it->second == Color::kOpen) {
-        fail(fmt::format("a {} contains itself ({}); no checkpoint holds a cyclic container",
-                         c->type_name(), c->brief()));
-      }
-    }
-  }
-
-  // Empties every container still alive, children moved out first and released after, so that
-  // no destructor recurses and cycles are broken.
-  void release_containers() noexcept {
-    std::vector<Ref> garbage;
-    for (const auto& weak : containers_) {
-      if (Ref v = weak.lock()) {
-        for (auto& item : v->items) garbage.push_back(std::move(item));
-        for (auto& [key, value] : v->entries) {
-          garbage.push_back(std::move(key));
-          garbage.push_back(std::move(value));
-        }
-        v->items.clear();
-        v->entries.clear();
-      }
-    }
-    stack_.clear();
-    memo_.clear();
-    storages_.clear();
-    garbage.clear();
-  }
-  Ref pop() {
-    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
-      fail("pop from an empty stack");
-    }
-    Ref v = stack_.back();
-    stack_.pop_back();
-    return v;
-  }
-  const Ref& top() const {
-    if (stack_.empty()) fail("empty stack");
-    return stack_.back();
-  }
-  std::vector<Ref> pop_mark() {
-    if (marks_.empty()) fail("no MARK");
-    const size_t mark = marks_.back();
-    marks_.pop_back();
-    std::vector<Ref> items(stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
-    stack_.resize(mark);
-    return items;
-  }
-  Ref memo(uint64_t index) const {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) fail(fmt::format("memo index {} was never stored", index));
-    return it->second;
-  }
-  PyValue& expect(const Ref& v, Kind kind, const char* op) const {
-    if (!v->is(kind)) fail(fmt::format("{} on a {}", op, v->type_name()));
-    return *v;
-  }
-
-  static Ref sequence(Kind kind, std::vector<Ref> items) {
-    auto v = make(kind);
-    v->items = std::move(items);
-    return v;
-  }
-  static Ref integer(int64_t value) {
-    auto v = make(Kind::kInt);
-    v->integer = value;
-    return v;
-  }
-  Ref text(Kind kind, uint64_t n) {
-    auto v = make(kind);
-    v->text = bytes(n);
-    return v;
-  }
-  void set_items(PyValue& dict, const std::vector<Ref>& items) const {
-    if (items.size() % 2) fail("SETITEMS with an odd number of items");
-    for (size_t i = 0; i < items.size(); i += 2) {
-      // A repeated key replaces the value in place, as a Python dict does.
-      bool replaced = false;
-      if (items[i]->is(Kind::kString) || items[i]->is(Kind::kInt)) {
-        for (auto& [k, v] : dict.entries) {
-          if (k->kind == items[i]->kind && k->text == items[i]->text &&
-              k->integer == items[i]->integer) {
-            v = items[i + 1];
-            replaced = true;
-          }
-        }
-      }
-      if (!replaced) dict.entries.emplace_back(items[i], items[i + 1]);
-    }
-  }
-
-  Ref global(const std::string& name) const {
-    const auto& callables = callable_globals();
-    if (std::find(callables.begin(), callables.end(), name) == callables.end() &&
-        !storage_types().count(name)) {
-      fail(
-          fmt::format("the pickle names the global '{}', which is not allowed (only plain data, "
-                      "tensors and state dicts are read; allowed: {})",
-                      name, join(allowed_torch_globals(), ", ")));
-    }
-    auto v = make(Kind::kGlobal);
-    v->text = name;
-    return v;
-  }
-
-  // ('storage', storage_type, key, location, numel): the tensor bytes in record data/<key>.
-  Ref persistent(const Ref& pid) {
-    if (!pid->is(Kind::kTuple) || pid->items.size() != 5 || !pid->items[0]->is(Kind::kString) ||
-        pid->items[0]->text != "storage") {
-      fail(fmt::format("persistent id {} is not ('storage', type, key, location, numel)",
-                       pid->brief()));
-    }
-    const auto& type = *pid->items[1];
-    const auto& key = *pid->items[2];
-    const auto& numel = *pid->items[4];
-    if (!type.is(Kind::kGlobal) || !storage_types().count(type.text) || !key.is(Kind::kString) ||
-        !numel.is(Kind::kInt) || numel.integer < 0) {
-      fail(fmt::format("malformed storage reference {}", pid->brief()));
-    }
-    auto cached = storages_.find(key.text);
-    if (cached != storages_.end()) return cached->second;
-    auto storage = make(Kind::kStorage);
-    storage->dtype = storage_types().at(type.text);
-    storage->shape = {numel.integer};
-    storage->text = key.text;
-    if (load_tensors_) {
-      const std::string record = "data/" + key.text;
-      const size_t element = c10::elementSize(storage->dtype);
-      size_t size = 0;
-      at::DataPtr bytes;
-      try {
-        if (!archive_->hasRecord(record))
-          fail(fmt::format("storage record '{}' is missing", record));
-        std::tie(bytes, size) = archive_->getRecord(record);
-      } catch (const c10::Error& e) {
-        throw FormatError(
-            fmt::format("{}: cannot read storage record '{}': {}", path_, record, brief_what(e)));
-      }
-      checksums_->check(record, bytes.get(), size);
-      // Compared by division: a forged element count must not overflow the byte count.
-      if (static_cast<uint64_t>(numel.integer) > size / element) {
-        fail(
-            fmt::format("storage record '{}' holds {} bytes, too few for its {} of {} elements "
-                        "of {} bytes (truncated file?)",
-                        record, size, type.text, numel.integer, element));
-      }
-      // The tensor owns the record's buffer: no second copy of a checkpoint's largest part.
-      const auto options = at::TensorOptions().dtype(storage->dtype);
-      if (numel.integer == 0) {
-        storage->tensor = at::empty({0}, options);
-      } else {
-        auto holder = std::make_shared<at::DataPtr>(std::move(bytes));
-        storage->tensor = at::from_blob(
-            holder->get(), {numel.integer}, [holder](void*) {}, options);
-      }
-    }
-    storages_.emplace(key.text, storage);
-    return storage;
-  }
-
-  std::vector<int64_t> int_tuple(const PyValue& v, const char* what) const {
-    if (!v.is(Kind::kTuple) && !v.is(Kind::kList)) {
-      fail(fmt::format("tensor {} is a {}, expected a tuple of ints", what, v.type_name()));
-    }
-    std::vector<int64_t> out;
-    for (const auto& item : v.items) {
-      if (!item->is(Kind::kInt)) fail(fmt::format("tensor {} holds a {}", what, item->type_name()));
-      out.push_back(item->integer);
-    }
-    return out;
-  }
-
-  Ref rebuild_tensor(const PyValue& args) const {
-    if (!args.is(Kind::kTuple) || args.items.size() < 4 || !args.items[0]->is(Kind::kStorage) ||
-        !args.items[1]->is(Kind::kInt)) {
-      fail(fmt::format("_rebuild_tensor_v2 with arguments {}", args.brief()));
-    }
-    const PyValue& storage = *args.items[0];
-    const int64_t offset = args.items[1]->integer;
-    const auto size = int_tuple(*args.items[2], "size");
-    const auto stride = int_tuple(*args.items[3], "stride");
-    if (size.size() != stride.size()) fail("tensor size and stride differ in length");
-    // Every element the view can reach must lie inside the storage.
-    int64_t last = offset, numel = 1;
-    bool bad = offset < 0;
-    for (size_t i = 0; i < size.size() && !bad; ++i) {
-      int64_t reach = 0;
-      bad = size[i] < 0 || stride[i] < 0 || __builtin_mul_overflow(numel, size[i], &numel) ||
-            (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &reach) ||
-                             __builtin_add_overflow(last, reach, &last)));
-    }
-    if (bad || (numel > 0 && last >= storage.shape[0])) {
-      fail(fmt::format(
-          "tensor view (offset {}, size {}, stride {}) lies outside storage '{}' of {} "
-          "elements",
-          offset, shape_string(size), shape_string(stride), storage.text, storage.shape[0]));
-    }
-    auto v = make(Kind::kTensor);
-    v->dtype = storage.dtype;
-    v->shape = size;
-    if (storage.tensor.defined()) {
-      // A view of a whole storage in order is the storage itself; anything else is copied out,
-      // so a small slice does not keep a large storage alive.
-      auto view = storage.tensor.as_strided(size, stride, offset);
-      v->tensor = offset == 0 && numel == storage.shape[0] && view.is_contiguous()
-                      ? view
-                      : view.clone(at::MemoryFormat::Contiguous);
-    }
-    return v;
-  }
-
-  Ref reduce(const PyValue& callable, const PyValue& args) const {
-    if (!callable.is(Kind::kGlobal)) fail(fmt::format("REDUCE on a {}", callable.type_name()));
-    if (!args.is(Kind::kTuple)) fail(fmt::format("REDUCE with arguments {}", args.brief()));
-    const std::string& name = callable.text;
-    if (name == "collections.OrderedDict") {
-      auto dict = make(Kind::kDict);
-      if (!args.items.empty()) {
-        const auto& pairs = *args.items[0];
-        if (!pairs.is(Kind::kList) && !pairs.is(Kind::kTuple)) fail("OrderedDict of a non-list");
-        for (const auto& pair : pairs.items) {
-          if (!pair->is(Kind::kTuple) || pair->items.size() != 2)
-            fail("OrderedDict item not a pair");
-          set_items(*dict, pair->items);
-        }
-      }
-      return dict;
-    }
-    if (name == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(args);
-    if (name == "torch._utils._rebuild_parameter" ||
-        name == "torch._utils._rebuild_parameter_with_state") {
-      if (args.items.empty() || !args.items[0]->is(Kind::kTensor)) {
-        fail(fmt::format("{} with arguments {}", name, args.brief()));
-      }
-      return args.items[0];  // a Parameter is its data; requires_grad is irrelevant here
-    }
-    fail(fmt::format("the global '{}' cannot be called", name));
-  }
-
-  std::string path_;
-  const std::string& data_;
-  caffe2::serialize::PyTorchStreamReader* archive_;
-  const ZipChecksums* checksums_;
-  bool load_tensors_;
-  size_t pos_ = 0;
-  std::vector<Ref> stack_;
-  std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Ref> memo_;
-  std::map<std::string, Ref> storages_;
-  std::vector<std::weak_ptr<PyValue>> containers_;  // every list, tuple and dict pushed
-  bool succeeded_ = false;
-};
+  const auto options = at::TensorOptions().dtype(dtype);
+  if (numel == 0) return at::empty({0}, options);
+  auto holder = std::make_shared<at::DataPtr>(std::move(bytes));
+  return at::from_blob(
+      holder->get(), {numel}, [holder](void*) {}, options);
+}
 
 std::string first_bytes(const std::string& path, size_t n) {
   std::ifstream in(path, std::ios::binary);
@@ -812,8 +284,8 @@ std::string PyValue::brief_at(int level) const {
 }
 
 std::vector<std::string> allowed_torch_globals() {
-  std::vector<std::string> out = callable_globals();
-  for (const auto& [name, type] : storage_types()) out.push_back(name);
+  std::vector<std::string> out = torch_callable_globals();
+  for (const auto& [name, type] : torch_storage_types()) out.push_back(name);
   return out;
 }
 
@@ -855,7 +327,14 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
   } catch (const c10::Error& e) {
     throw FormatError(fmt::format("{}: corrupt torch.save archive: {}", path, brief_what(e)));
   }
-  return Unpickler(path, pickle, archive.get(), checksums.get(), options.load_tensors).run();
+  if (!options.load_tensors) return unpickle(path, pickle, nullptr);
+  caffe2::serialize::PyTorchStreamReader& zip = *archive;
+  const ZipChecksums& crcs = *checksums;
+  return unpickle(path, pickle,
+                  [&](const std::string& key, at::ScalarType dtype, int64_t numel,
+                      const std::string& type_name) {
+                    return read_storage(path, zip, crcs, key, dtype, numel, type_name);
+                  });
 }
 
 }  // namespace curv

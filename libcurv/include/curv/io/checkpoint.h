@@ -1,7 +1,7 @@
 // Checkpoint directories — the native layout DIR/step_<N>/ with model.safetensors, optional
 // optimizer.safetensors and meta.json, and PyTorch's layouts (nanoGPT ckpt.pt, Hugging Face
 // checkpoint-<N>/, step_<N>.pt): listing, step selection, loading, matching to a model, saving.
-// A Hugging Face folder's config.json becomes the checkpoint's model config.
+// Layouts are a registry (curv/io/checkpoint_layout.h); listing and loading go through it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,23 +17,41 @@
 #include "curv/core/checkpoint_meta.h"
 #include "curv/core/param_space.h"
 #include "curv/core/structure.h"
+#include "curv/io/param_order.h"
 
 namespace curv {
 
-// How a run directory stores its checkpoints (docs/checkpoints.md).
-enum class CheckpointLayout {
-  kAuto,         // detected from the directory's entries
-  kNative,       // step_<N>/{model.safetensors, optimizer.safetensors, meta.json}
-  kNanoGPT,      // ckpt.pt or ckpt_<anything>.pt: {'model', 'optimizer', 'model_args', 'iter_num'}
-  kHuggingFace,  // checkpoint-<N>/{model.safetensors | pytorch_model.bin, optimizer.pt}
-  kTorchSteps,   // step_<N>.pt: a state dict, or a dict with 'model' (and 'optimizer')
+// How a run directory stores its checkpoints (docs/checkpoints.md), by the name --layout takes:
+// "auto", a built-in below, or one added with register_checkpoint_layout
+// (curv/io/checkpoint_layout.h). A name rather than an enum, so that a layout is one file.
+class CheckpointLayout {
+ public:
+  static const CheckpointLayout kAuto;         // detected from the directory's entries
+  static const CheckpointLayout kNative;       // step_<N>/model.safetensors, ...
+  static const CheckpointLayout kNanoGPT;      // ckpt.pt or ckpt_<anything>.pt
+  static const CheckpointLayout kHuggingFace;  // checkpoint-<N>/ folders of the Trainer
+  static const CheckpointLayout kTorchSteps;   // step_<N>.pt: a state dict, or a dict with 'model'
+
+  explicit CheckpointLayout(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+  bool operator==(const CheckpointLayout& other) const { return name_ == other.name_; }
+  bool operator!=(const CheckpointLayout& other) const { return name_ != other.name_; }
+
+ private:
+  std::string name_;
 };
-// "auto", "native", "nanogpt", "hf", "pt"; InvalidArgument naming the text otherwise.
+inline const CheckpointLayout CheckpointLayout::kAuto{"auto"};
+inline const CheckpointLayout CheckpointLayout::kNative{"native"};
+inline const CheckpointLayout CheckpointLayout::kNanoGPT{"nanogpt"};
+inline const CheckpointLayout CheckpointLayout::kHuggingFace{"hf"};
+inline const CheckpointLayout CheckpointLayout::kTorchSteps{"pt"};
+
+// "auto" or a registered layout's name; InvalidArgument naming the text and listing them.
 CheckpointLayout parse_checkpoint_layout(const std::string& text);
-std::string layout_name(CheckpointLayout layout);
+std::string layout_name(const CheckpointLayout& layout);
 // The layout of `dir` from its entries: native when it holds a native checkpoint, else the one
-// PyTorch layout it holds. FormatError naming `dir` when none fits, or when entries of two PyTorch
-// layouts are present (then --layout chooses).
+// other layout it holds. FormatError naming `dir` when none fits, or when entries of two layouts
+// are present (then --layout chooses).
 CheckpointLayout detect_checkpoint_layout(const std::string& dir);
 
 // One checkpoint found by list_checkpoints.
@@ -167,6 +185,10 @@ Checkpoint load_checkpoint(const CheckpointInfo& info,
 // the order file (with the closest model names); modded-nanogpt state that is sharded across
 // ranks (each rank's Muon keeps only its share) or not train_gpt_simple.py's [AdamW, Muon].
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
+                             const ParamOrderSpec& param_order,
+                             const ModelStructure* structure = nullptr);
+// The same with the rule as --param-order takes it (parse_param_order).
+void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto",
                              const ModelStructure* structure = nullptr);
 // InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, modded, trainer or
@@ -178,12 +200,14 @@ void validate_param_order(const std::string& param_order);
 // naming model.safetensors when the model and the checkpoint do not fit:
 //  - a model parameter missing from the file (with the closest names in the file);
 //  - a tensor in the file that is not a model parameter (up to 5 listed, each with the closest
-//    model names), unless `allow_extra`. Tolerated always: "lm_head.weight" when the model has no
-//    such parameter but has "transformer.wte.weight" and the file's two tensors are equal (a tied
-//    head stored twice, as nanoGPT's state_dict does);
+//    model names), unless `allow_extra`. Tolerated always: a tied parameter the model does not
+//    have when the file's copy equals its source's (a tied head stored twice, as nanoGPT's
+//    state_dict does). The tied pairs are `structure`'s (ModelStructure::tied); without one, or
+//    when it names none, nanoGPT's ("lm_head.weight" tied to "transformer.wte.weight");
 //  - a shape that differs (parameter and both shapes), or a non-floating tensor.
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
-                            const ParamVector& like, bool allow_extra = false);
+                            const ParamVector& like, bool allow_extra = false,
+                            const ModelStructure* structure = nullptr);
 
 // optimizer_state (curv/core/checkpoint_meta.h) on saved_optimizer(ckpt): the same lookups,
 // messages naming optimizer.safetensors (or the file the state came from).

@@ -1,0 +1,22 @@
+// The built-in checkpoint layouts, registered in this order (not public API).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "curv/io/checkpoint_layout.h"
+
+namespace curv {
+
+std::shared_ptr<const CheckpointLayoutReader> native_layout();       // step_<N>/ folders
+std::shared_ptr<const CheckpointLayoutReader> nanogpt_layout();      // ckpt.pt, ckpt_<X>.pt
+std::shared_ptr<const CheckpointLayoutReader> hf_layout();           // checkpoint-<N>/ folders
+std::shared_ptr<const CheckpointLayoutReader> torch_steps_layout();  // step_<N>.pt files
+
+// A non-negative decimal integer, all of `text`, as steps are written in names; nullopt otherwise
+// (18 digits at most, so it cannot overflow).
+std::optional<int64_t> step_number(const std::string& text);
+
+}  // namespace curv

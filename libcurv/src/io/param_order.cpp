@@ -1,0 +1,382 @@
+// Optimizer parameter order: the rules that name a torch optimizer's indices after the model's
+// parameters, auto's choice among them, and the resolved state written into the checkpoint.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "core/strings.h"
+#include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
+#include "io/param_order_rules.h"
+
+namespace curv {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ParamOrderName {
+  ParamOrder order;
+  const char* name;
+};
+// The rules a user may name, in the order messages list them; "file:" takes a path after it.
+constexpr ParamOrderName kParamOrders[] = {
+    {ParamOrder::kAuto, "auto"},     {ParamOrder::kModel, "model"},
+    {ParamOrder::kNdim, "ndim"},     {ParamOrder::kHidden, "hidden"},
+    {ParamOrder::kModded, "modded"}, {ParamOrder::kTrainer, "trainer"},
+    {ParamOrder::kFile, "file:"}};
+// The rules auto tries when no names were recorded, from least to most specific.
+constexpr ParamOrder kGuessed[] = {ParamOrder::kModel, ParamOrder::kNdim, ParamOrder::kHidden};
+
+InvalidArgument unknown_param_order(const std::string& text) {
+  std::vector<std::string> names = param_order_choices();
+  const std::string last = names.back();
+  names.pop_back();
+  return InvalidArgument(
+      fmt::format("--param-order '{}': expected {} or {}", text, join(names, ", "), last));
+}
+
+std::string count_problem(const OrderInput& in, size_t expected, const char* what) {
+  return fmt::format("the optimizer has {} parameters, {} {}", in.indices.size(), what, expected);
+}
+
+std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& space,
+                         const std::vector<int64_t>& indices, const std::vector<size_t>& params) {
+  for (size_t k = 0; k < indices.size(); ++k) {
+    auto it = ix.state.find(indices[k]);
+    if (it == ix.state.end()) continue;
+    const auto& p = space[params[k]];
+    for (const auto& [key, t] : it->second) {
+      if (t.sizes().vec() != p.shape) {
+        // modded-nanogpt's merged state: the key in the file is that of one of the two optimizers.
+        const std::string where =
+            !ix.modded ? fmt::format("state[{}]", indices[k])
+            : indices[k] < ix.muon_offset
+                ? fmt::format("[0] (AdamW) state[{}]", indices[k])
+                : fmt::format("[1] (Muon) state[{}]", indices[k] - ix.muon_offset);
+        const std::string slot = ix.modded && key == "momentum_buffer" ? "momentum" : key;
+        return fmt::format("{}.{} has shape {}, but parameter '{}' has shape {}", where, slot,
+                           shape_string(t.sizes().vec()), p.name, shape_string(p.shape));
+      }
+    }
+  }
+  return "";
+}
+
+std::string regex_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::vector<std::string> read_order_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument(fmt::format("--param-order file '{}' cannot be opened", path));
+  std::vector<std::string> names;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty()) names.push_back(line);
+  }
+  return names;
+}
+
+ParamMapping by_model_order(const OrderInput& in) {
+  ParamMapping m{param_order_name(ParamOrder::kModel), {}, ""};
+  if (in.indices.size() != in.space.size()) {
+    m.problem = count_problem(in, in.space.size(), "the model");
+    return m;
+  }
+  for (size_t i = 0; i < in.indices.size(); ++i) m.of_index.push_back(i);
+  return m;
+}
+
+// Muon's split: the matrices it orthogonalises by default, then the rest, in any groups.
+ParamMapping by_hidden_first(const OrderInput& in) {
+  ParamMapping m{param_order_name(ParamOrder::kHidden), {}, ""};
+  if (in.indices.size() != in.space.size()) {
+    m.problem = count_problem(in, in.space.size(), "the model");
+    return m;
+  }
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    if (is_hidden_matrix(in.space[i])) m.of_index.push_back(i);
+  }
+  // The orthogonalised matrices fill whole groups.
+  size_t boundary = 0;
+  bool aligned = m.of_index.empty();
+  for (const auto& g : in.ix.groups) {
+    boundary += g.params.size();
+    aligned = aligned || boundary == m.of_index.size();
+  }
+  if (!aligned) {
+    m.problem = fmt::format(
+        "its groups hold {} parameters, which do not start with the "
+        "model's {} hidden matrices",
+        group_sizes(in.ix), m.of_index.size());
+    m.of_index.clear();
+    return m;
+  }
+  for (size_t i = 0; i < in.space.size(); ++i) {
+    if (!is_hidden_matrix(in.space[i])) m.of_index.push_back(i);
+  }
+  return m;
+}
+
+ParamMapping by_ndim_groups(const OrderInput& in) {
+  return two_groups(
+      in, ParamOrder::kNdim, [&](size_t i) { return in.space[i].shape.size() >= 2; },
+      [](size_t matrices, size_t rest) {
+        return fmt::format("the model has {} with ndim >= 2 and {} others", matrices, rest);
+      });
+}
+
+// Names in index order: those the optimizer recorded (`order_file` empty) or an order file's.
+ParamMapping by_listed_names(const OrderInput& in, const std::string& order_file) {
+  const bool recorded = order_file.empty();
+  ParamMapping m{recorded ? param_order_name(ParamOrder::kNames) : "file:" + order_file, {}, ""};
+  const std::string path = recorded ? in.ix.origin + " param_names" : order_file;
+  std::vector<std::string> names;
+  if (recorded) {
+    for (const auto& g : in.ix.groups) names.insert(names.end(), g.names.begin(), g.names.end());
+  } else {
+    names = read_order_file(path);
+  }
+  if (names.size() != in.indices.size()) {
+    throw InvalidArgument(
+        fmt::format("{}: --param-order file '{}' lists {} names for the "
+                    "optimizer's {} parameters",
+                    in.ix.origin, path, names.size(), in.indices.size()));
+  }
+  const auto model_names = in.space.names();
+  for (const auto& name : names) {
+    auto index = in.space.find(name);
+    if (!index) {
+      throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
+                                        recorded ? "" : "--param-order file ", path, name,
+                                        did_you_mean(name, model_names)));
+    }
+    m.of_index.push_back(*index);
+  }
+  return m;
+}
+
+// One rule's mapping, its problem including any state tensor whose shape does not fit.
+ParamMapping map_by(const OrderInput& in, ParamOrder order, const std::string& order_file = "") {
+  ParamMapping m;
+  switch (order) {
+    case ParamOrder::kModel:
+      m = by_model_order(in);
+      break;
+    case ParamOrder::kNdim:
+      m = by_ndim_groups(in);
+      break;
+    case ParamOrder::kHidden:
+      m = by_hidden_first(in);
+      break;
+    case ParamOrder::kModded:
+      m = by_modded_groups(in);
+      break;
+    case ParamOrder::kTrainer:
+      m = by_trainer_groups(in);
+      break;
+    case ParamOrder::kFile:
+      m = by_listed_names(in, order_file);
+      break;
+    case ParamOrder::kNames:
+      m = by_listed_names(in, "");
+      break;
+    case ParamOrder::kAuto:
+      throw unknown_param_order("auto");  // resolved by choose_auto
+  }
+  if (!m.problem.empty()) return m;
+  std::vector<size_t> params(m.of_index.begin(), m.of_index.end());
+  m.problem = check_shapes(in.ix, in.space, in.indices, params);
+  return m;
+}
+
+// auto without recorded names: the rules whose group sizes and state shapes fit; an error when
+// none does, or when several do and name the parameters differently.
+ParamMapping choose_guessed(const OrderInput& in) {
+  std::vector<ParamMapping> fits, misfits;
+  for (ParamOrder order : kGuessed) {
+    auto m = map_by(in, order);
+    (m.problem.empty() ? fits : misfits).push_back(std::move(m));
+  }
+  if (fits.empty()) {
+    std::vector<std::string> why;
+    for (const auto& m : misfits) why.push_back(m.rule + ": " + m.problem);
+    throw InvalidArgument(fmt::format(
+        "{}: optimizer state does not fit the model's parameters in any known order ({}); it "
+        "is for a different model, or pass --param-order file:PATH listing the names in "
+        "optimizer order",
+        in.ix.origin, join(why, "; ")));
+  }
+  // Rules that fit but map some index differently leave the names undecided, unless there is
+  // no state at all (then only the group hyper-parameters depend on the order).
+  std::vector<std::string> disagreeing = {fits[0].rule};
+  for (size_t i = 1; i < fits.size(); ++i) {
+    if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
+  }
+  if (disagreeing.size() > 1 && !in.ix.state.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
+        "rules {}, which name the parameters differently; pass --param-order with one of them "
+        "or file:PATH",
+        in.ix.origin, join(disagreeing, ", ")));
+  }
+  // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
+  return fits.back();
+}
+
+ParamMapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec) {
+  if (spec.order != ParamOrder::kAuto) {
+    ParamMapping m = map_by(in, spec.order, spec.path);
+    if (!m.problem.empty()) {
+      throw InvalidArgument(fmt::format("{}: --param-order {} does not fit the model: {}",
+                                        in.ix.origin, spec.text(), m.problem));
+    }
+    return m;
+  }
+  // The writing program's own order, where no other can name the state (modded-nanogpt's).
+  const auto& writer = in.ix.writer_rule;
+  if (writer && writer->required) {
+    ParamMapping m = map_by(in, writer->order);
+    if (!m.problem.empty()) {
+      throw InvalidArgument(
+          fmt::format("{}: optimizer state does not fit the model as {} orders it "
+                      "(--param-order {}): {}",
+                      in.ix.origin, writer->writer, param_order_name(writer->order), m.problem));
+    }
+    return m;
+  }
+  const auto& groups = in.ix.groups;
+  const bool names_recorded =
+      !groups.empty() && std::all_of(groups.begin(), groups.end(), [](const auto& g) {
+        return g.names.size() == g.params.size() && !g.params.empty();
+      });
+  if (!names_recorded) {
+    // The writing program's grouping, when it fits (a Trainer's optimizer.pt).
+    if (writer) {
+      ParamMapping m = map_by(in, writer->order);
+      if (m.problem.empty()) return m;
+    }
+    return choose_guessed(in);
+  }
+  // The optimizer saved its parameters' names: no order needs to be guessed.
+  ParamMapping m = map_by(in, ParamOrder::kNames);
+  if (!m.problem.empty()) {
+    throw InvalidArgument(
+        fmt::format("{}: optimizer state does not fit the model: {}", in.ix.origin, m.problem));
+  }
+  return m;
+}
+
+// Names the state tensors and records the groups, the rule and Muon's partition in the meta.
+void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& chosen) {
+  const auto& ix = in.ix;
+  const auto& space = in.space;
+  NamedTensors named;
+  std::map<int64_t, size_t> param_of;
+  for (size_t k = 0; k < in.indices.size(); ++k) param_of[in.indices[k]] = chosen.of_index[k];
+  for (const auto& [index, tensors] : ix.state) {
+    const std::string& name = space[param_of.at(index)].name;
+    for (const auto& [key, t] : tensors) named.emplace_back(name + "." + key, t);
+  }
+  if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
+  OptimizerRecord& record = *ckpt.meta.optimizer;
+  record.param_groups.clear();
+  // MuonWithAuxAdam's groups say which parameters it orthogonalises: exactly those names.
+  std::vector<std::string> orthogonalised;
+  size_t k = 0;
+  for (const auto& g : ix.groups) {
+    OptimizerParamGroup group;
+    for (const auto& [key, value] : g.hyper.items())
+      group.hyper.emplace_back(key, value.get<double>());
+    for (size_t i = 0; i < g.params.size(); ++i, ++k) {
+      const std::string& name = space[chosen.of_index[k]].name;
+      group.params.push_back(name);
+      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(name));
+    }
+    record.param_groups.push_back(std::move(group));
+  }
+  record.param_order = chosen.rule;
+  if (!orthogonalised.empty()) record.muon_params = "^(" + join(orthogonalised, "|") + ")$";
+  ckpt.optimizer = std::move(named);
+  ckpt.indexed_optimizer.reset();
+}
+
+}  // namespace
+
+std::string param_order_name(ParamOrder order) {
+  if (order == ParamOrder::kNames) return "names";
+  for (const auto& entry : kParamOrders) {
+    if (entry.order == order) return entry.name;
+  }
+  return "?";
+}
+
+std::vector<std::string> param_order_choices() {
+  std::vector<std::string> names;
+  for (const auto& entry : kParamOrders) {
+    names.push_back(entry.order == ParamOrder::kFile ? "file:PATH" : entry.name);
+  }
+  return names;
+}
+
+std::string ParamOrderSpec::text() const {
+  return order == ParamOrder::kFile ? param_order_name(order) + path : param_order_name(order);
+}
+
+ParamOrderSpec parse_param_order(const std::string& text) {
+  for (const auto& entry : kParamOrders) {
+    if (entry.order == ParamOrder::kFile && text.rfind(entry.name, 0) == 0) {
+      return {entry.order, text.substr(std::string(entry.name).size())};
+    }
+    if (text == entry.name) return {entry.order, ""};
+  }
+  throw unknown_param_order(text);
+}
+
+std::string group_sizes(const IndexedOptimizerState& ix) {
+  std::vector<std::string> sizes;
+  for (const auto& g : ix.groups) sizes.push_back(std::to_string(g.params.size()));
+  return join(sizes, " + ");
+}
+
+void validate_param_order(const std::string& param_order) {
+  const ParamOrderSpec spec = parse_param_order(param_order);
+  if (spec.order == ParamOrder::kFile && !fs::is_regular_file(spec.path)) {
+    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order));
+  }
+}
+
+void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
+                             const ParamOrderSpec& param_order, const ModelStructure* structure) {
+  if (param_order.order == ParamOrder::kFile && !fs::is_regular_file(param_order.path)) {
+    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order.text()));
+  }
+  if (!ckpt.indexed_optimizer) return;
+  if (!ckpt.indexed_optimizer->problem.empty()) {
+    throw InvalidArgument(ckpt.indexed_optimizer->problem);
+  }
+  OrderInput in{*ckpt.indexed_optimizer, space, {}, structure};
+  for (const auto& g : in.ix.groups) {
+    in.indices.insert(in.indices.end(), g.params.begin(), g.params.end());
+  }
+  apply_mapping(ckpt, in, choose_mapping(in, param_order));
+}
+
+void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
+                             const std::string& param_order, const ModelStructure* structure) {
+  validate_param_order(param_order);
+  resolve_optimizer_state(ckpt, space, parse_param_order(param_order), structure);
+}
+
+}  // namespace curv
