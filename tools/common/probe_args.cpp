@@ -8,6 +8,7 @@
 
 #include "curv/core/error.h"
 #include "curv/io/checkpoint.h"
+#include "curv/io/checkpoint_layout.h"
 
 namespace curv::tools {
 
@@ -15,9 +16,11 @@ void CheckpointArgs::add_to(CLI::App& app) {
   app.add_option("checkpoints", runs,
                  "Checkpoint directories, one run each (step_<N>/, nanoGPT ckpt*.pt, Hugging Face "
                  "checkpoint-<N>/ or step_<N>.pt; see --layout)");
-  app.add_option("--layout", layout, "Checkpoint layout: auto (detected), native, nanogpt, hf, pt")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "native", "nanogpt", "hf", "pt"}));
+  // The registered layouts (a program's own included); parse_checkpoint_layout names a wrong one.
+  std::string names;
+  for (const auto& name : checkpoint_layout_names()) names += ", " + name;
+  app.add_option("--layout", layout, "Checkpoint layout: auto (detected)" + names)
+      ->capture_default_str();
   app.add_option("--param-order", param_order,
                  "Order of a torch optimizer's parameter indices: auto, model, ndim (nanoGPT: "
                  "matrices first), hidden (Muon: hidden matrices first), modded (modded-nanogpt's "
