@@ -7,11 +7,13 @@ switch, catch). Comments, strings and character literals are blanked first, so b
 them do not count.
 
 Run: python3 function_length_check.py REPO_ROOT
+     python3 function_length_check.py --self-test   (the check on a tree made to fail it)
 """
 
 import pathlib
 import re
 import sys
+import tempfile
 
 MAX_FUNCTION_LINES = 120
 MAX_FILE_LINES = 600
@@ -48,8 +50,32 @@ def long_functions(path: pathlib.Path):
                     yield start, length
 
 
-def main() -> int:
-    root = pathlib.Path(sys.argv[1])
+def self_test() -> int:
+    """A function one line too long and a file one line too long are both reported, and a
+    function of exactly the limit, a long comment and braces in strings are not."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = pathlib.Path(folder)
+        source = root / "libcurv" / "src" / "core" / "sizes.cpp"
+        source.parent.mkdir(parents=True)
+        body = lambda name, n: [f"int {name}(int x) {{"] + ["  ++x;"] * (n - 3) + [
+            "  return x;", "}"]
+        lines = body("long_function", MAX_FUNCTION_LINES + 1)
+        lines += body("fits", MAX_FUNCTION_LINES)
+        lines += ["const char* braces = \"{{{\";", "/*"] + ["{"] * 20 + ["*/"]
+        lines += ["// padding"] * (MAX_FILE_LINES + 1 - len(lines))
+        source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        report = check(root)
+    expected = [f"libcurv/src/core/sizes.cpp:1: function of {MAX_FUNCTION_LINES + 1} lines "
+                f"(at most {MAX_FUNCTION_LINES})",
+                f"libcurv/src/core/sizes.cpp: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})"]
+    if report != expected:
+        print("self-test failed: expected", expected, "got", report)
+        return 1
+    print("self-test: the check reports a function and a file one line over their limits")
+    return 0
+
+
+def check(root: pathlib.Path):
     failures = []
     for folder in ("libcurv", "tools", "bench", "examples", "fuzz"):
         for path in sorted((root / folder).rglob("*")):
@@ -63,6 +89,13 @@ def main() -> int:
                 count = len(path.read_text(encoding="utf-8").split("\n")) - 1
                 if count > MAX_FILE_LINES:
                     failures.append(f"{name}: {count} lines (at most {MAX_FILE_LINES})")
+    return failures
+
+
+def main() -> int:
+    if sys.argv[1] == "--self-test":
+        return self_test()
+    failures = check(pathlib.Path(sys.argv[1]))
     for failure in failures:
         print(failure)
     if failures:
