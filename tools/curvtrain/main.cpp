@@ -81,7 +81,7 @@ struct InTrainingProbeArgs {
   void to_options(TrainingRunOptions& options) const {
     options.probe_every = every;
     options.probe_output = output;
-    options.probe_on = on;
+    options.probe_on = parse_probe_on(on);
     options.run_name = run_name;
   }
 };

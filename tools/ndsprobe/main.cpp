@@ -7,6 +7,7 @@
 #include "cli_common.h"
 #include "curv/analysis/direction_registry.h"
 #include "curv/analysis/probe_run.h"
+#include "curv/analysis/summary.h"
 #include "curv/core/runtime.h"
 #include "curv/io/h5_file.h"
 #include "probe_args.h"

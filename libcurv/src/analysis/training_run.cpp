@@ -202,11 +202,27 @@ void TrainingRunOptions::validate() const {
   if (probe_every > 0 && probe_output.empty()) {
     throw InvalidArgument("--probe-every needs --probe-output FILE.h5");
   }
-  if (probe_on != "train" && probe_on != "probe" && probe_on != "both") {
-    throw InvalidOption(fmt::format("{{0}} = '{}': expected train, probe or both",
-                                    InvalidOption::literal(probe_on)),
-                        {{"TrainingRunOptions.probe_on", ""}});
+}
+
+ProbeOn parse_probe_on(const std::string& text) {
+  if (text == "train") return ProbeOn::kTrain;
+  if (text == "probe") return ProbeOn::kProbe;
+  if (text == "both") return ProbeOn::kBoth;
+  throw InvalidOption(
+      fmt::format("{{0}} = '{}': expected train, probe or both", InvalidOption::literal(text)),
+      {{"TrainingRunOptions.probe_on", ""}});
+}
+
+std::string to_string(ProbeOn on) {
+  switch (on) {
+    case ProbeOn::kTrain:
+      return "train";
+    case ProbeOn::kProbe:
+      return "probe";
+    case ProbeOn::kBoth:
+      return "both";
   }
+  return "?";
 }
 
 std::string TrainingRunResult::brief() const {
@@ -214,6 +230,72 @@ std::string TrainingRunResult::brief() const {
       "{}, step {} of {}: train loss {:.4f}, validation loss {:.4f} (head {:.4f}, tail {:.4f})",
       optimizer, step, total_steps, train_loss, validation.loss, validation.head, validation.tail);
 }
+
+namespace {
+
+// The in-training probe and the report it writes (both null unless o.probe_every > 0).
+struct TrainingProbe {
+  std::unique_ptr<ProbeReport> report;
+  std::unique_ptr<InTrainingProbe> probe;
+};
+
+TrainingProbe make_training_probe(const TrainingRunOptions& o, const Objective& model,
+                                  const Optimizer& optimizer, const TrainingData& data,
+                                  Communicator& comm) {
+  TrainingProbe out;
+  if (o.probe_every <= 0) return out;
+  const int world = comm.world_size();
+  Provenance p = o.provenance;
+  p.model = model.describe();
+  p.seed = 0;
+  const std::optional<ProbeSet> fixed_probe = o.probe_on == ProbeOn::kTrain
+                                                  ? std::nullopt
+                                                  : std::optional<ProbeSet>(ProbeSet({data.probe}));
+  // The file's identity: which data the audits ran on.
+  p.probe_hash = o.probe_on == ProbeOn::kTrain   ? "training-batch"
+                 : o.probe_on == ProbeOn::kProbe ? fixed_probe->hash()
+                                                 : "training-batch+" + fixed_probe->hash();
+  p.blocks = "layer";
+  p.hvp_method = "exact";
+  p.world_size = world;
+  p.distributed_backend = comm.backend();
+  out.report = std::make_unique<ProbeReport>(o.probe_output, p, /*resume=*/true,
+                                             o.communicator ? o.communicator : single_process());
+  const std::string run = o.run_name.empty() ? o.optimizer.name : o.run_name;
+  out.report->set_run_attribute(run, "optimizer", optimizer.meta_json());
+  out.report->set_run_attribute(run, "data", data.meta_json);
+  InTrainingProbeOptions po;
+  po.every = o.probe_every;
+  po.on_training_batch = o.probe_on != ProbeOn::kProbe;
+  po.communicator = o.communicator;
+  out.probe = std::make_unique<InTrainingProbe>(
+      *out.report, run,
+      BlockPartition::by_rule(model.space(), model.structure(), BlockRule::kLayer), po,
+      fixed_probe);
+  return out;
+}
+
+// Loads the last checkpoint of `out` into the model and the optimizer; returns its step.
+int64_t resume_from_last_checkpoint(const std::string& out, Objective& model,
+                                    Optimizer& optimizer) {
+  auto listing = list_checkpoints(out, {}, CheckpointLayout::kNative);  // its own saves
+  Checkpoint last = load_checkpoint(listing.back());
+  load_parameters(model, parameters_from(last, model.space(), model.parameters()));
+  optimizer.load_state(last.optimizer, last.step_count().value_or(last.step),
+                       last.path + "/optimizer.safetensors");
+  std::fprintf(stderr, "curvtrain: resuming from %s\n", last.path.c_str());
+  return last.step;
+}
+
+// The other ranks hold the same parameters: rank 0 evaluates for all (NaN elsewhere).
+Evaluation root_evaluation(Communicator& comm, Objective& model, const TrainingData& data) {
+  Evaluation e;
+  if (comm.is_root()) return evaluate(model, data.validation, data.buckets);
+  e.loss = e.head = e.tail = std::nan("");
+  return e;
+}
+
+}  // namespace
 
 TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallback& progress) {
   o.validate();
@@ -236,16 +318,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     if (!data.token_counts.empty()) write_token_counts(o.out + "/token_counts.json", data);
   });
 
-  int64_t start = 0;
-  if (o.resume) {
-    auto listing = list_checkpoints(o.out, {}, CheckpointLayout::kNative);  // its own saves
-    Checkpoint last = load_checkpoint(listing.back());
-    load_parameters(*model, parameters_from(last, model->space(), model->parameters()));
-    optimizer->load_state(last.optimizer, last.step_count().value_or(last.step),
-                          last.path + "/optimizer.safetensors");
-    start = last.step;
-    std::fprintf(stderr, "curvtrain: resuming from %s\n", last.path.c_str());
-  }
+  const int64_t start = o.resume ? resume_from_last_checkpoint(o.out, *model, *optimizer) : 0;
 
   const nlohmann::json data_meta = nlohmann::json::parse(data.meta_json);
   auto meta_for = [&](int64_t step) {
@@ -279,36 +352,8 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
     });
   };
 
-  std::unique_ptr<ProbeReport> report;
-  std::unique_ptr<InTrainingProbe> probe;
-  if (o.probe_every > 0) {
-    Provenance p = o.provenance;
-    p.model = model->describe();
-    p.seed = 0;
-    const std::optional<ProbeSet> fixed_probe =
-        o.probe_on == "train" ? std::nullopt : std::optional<ProbeSet>(ProbeSet({data.probe}));
-    // The file's identity: which data the audits ran on.
-    p.probe_hash = o.probe_on == "train"   ? "training-batch"
-                   : o.probe_on == "probe" ? fixed_probe->hash()
-                                           : "training-batch+" + fixed_probe->hash();
-    p.blocks = "layer";
-    p.hvp_method = "exact";
-    p.world_size = world;
-    p.distributed_backend = comm.backend();
-    report = std::make_unique<ProbeReport>(o.probe_output, p, /*resume=*/true,
-                                           o.communicator ? o.communicator : single_process());
-    const std::string run = o.run_name.empty() ? o.optimizer.name : o.run_name;
-    report->set_run_attribute(run, "optimizer", optimizer->meta_json());
-    report->set_run_attribute(run, "data", data.meta_json);
-    InTrainingProbeOptions po;
-    po.every = o.probe_every;
-    po.on_training_batch = o.probe_on != "probe";
-    po.communicator = o.communicator;
-    probe = std::make_unique<InTrainingProbe>(
-        *report, run,
-        BlockPartition::by_rule(model->space(), model->structure(), BlockRule::kLayer), po,
-        fixed_probe);
-  }
+  const TrainingProbe training_probe = make_training_probe(o, *model, *optimizer, data, comm);
+  InTrainingProbe* probe = training_probe.probe.get();
 
   const std::string log_path = o.out + "/log.csv";
   std::ofstream log;
@@ -369,12 +414,7 @@ TrainingRunResult run_training(const TrainingRunOptions& o, const ProgressCallba
   result.step = stop;
   result.total_steps = steps;
   result.train_loss = running;
-  // The other ranks hold the same parameters: rank 0 evaluates for all.
-  if (comm.is_root()) {
-    result.validation = evaluate(*model, data.validation, data.buckets);
-  } else {
-    result.validation.loss = result.validation.head = result.validation.tail = std::nan("");
-  }
+  result.validation = root_evaluation(comm, *model, data);
   return result;
 }
 

@@ -1,8 +1,9 @@
 // The probe loop behind ndsprobe, as a library call: for every run, every selected checkpoint
-// and every direction, the Taylor audit (with within-block breakdown and eigenspace overlap),
-// plus the Hessian spectrum once per checkpoint, each unit committed to a ProbeReport so that a
-// killed run resumes where it stopped (commit_if_due: the commits' share of the run time stays
-// small however large the file grows). Custom drivers run the same loop on their own engine.
+// and every direction, the unit analyses the options switch on (unit_analysis.h: the Taylor
+// audit, token buckets, within-block breakdown, eigenspace overlap; the Hessian spectrum once per
+// checkpoint), each unit committed to a ProbeReport so that a killed run resumes where it stopped
+// (commit_if_due: the commits' share of the run time stays small however large the file grows).
+// Custom drivers run the same loop on their own engine.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@ namespace curv {
 
 class Direction;
 class Table;
+class UnitAnalysis;
 
 // What is computed once per checkpoint besides the directions (docs/cli.md, "Spectrum").
 struct CheckpointSpectrumOptions {
@@ -77,6 +79,9 @@ struct ProbeRunOptions {
   TokenBucketOptions token_buckets;
   std::vector<NdsPairSpec> comparisons;  // written to /comparisons after the loop
   uint64_t seed = 0;                     // seeds random directions and every estimator
+  // Analyses registered with register_unit_analysis to run beside the built-ins, by name
+  // (curv/analysis/unit_analysis.h); the built-ins follow the options above.
+  std::vector<std::string> analyses;
 
   void validate() const;  // InvalidArgument naming the field and value
 };
@@ -121,13 +126,18 @@ class ProbeRun {
                           ProbeReport& report, const ProgressCallback& progress = {});
 
  private:
-  void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
-                        CurvatureEngine& engine, const BlockPartition& blocks, ProbeReport& report,
-                        const ProgressCallback& progress, size_t& done, ProbeRunSummary& summary);
+  struct Pass;
+  struct CheckpointState;
+  size_t units_per_checkpoint() const;  // directions and per-checkpoint analyses
+  void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass);
+  void load_checkpoint_state(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass,
+                             CheckpointState& state) const;
+  void probe_unit(const ProbeRunSource& run, const CheckpointInfo& info, size_t k,
+                  CheckpointState& state, Pass& pass);
 
   ProbeRunOptions options_;
-  std::unique_ptr<TokenBuckets> token_buckets_;  // built by execute() when enabled
   std::vector<std::unique_ptr<Direction>> directions_;
+  std::vector<std::unique_ptr<UnitAnalysis>> analyses_;  // in the order they run
   std::vector<ProbeRunSource> runs_;
 };
 
@@ -170,10 +180,5 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
 // The paired comparisons of a results file, from the units' per-batch terms: one row per pair and
 // step where both units have results (columns in docs/hdf5-schema.md, "/comparisons").
 Table paired_comparisons(const std::string& path, const std::vector<NdsPairSpec>& pairs);
-
-// Per (run, direction) of a results file: checkpoints, mean NDS, ρ_within, predicted and realized
-// change of the whole model over the checkpoints, with standard errors over probe batches from
-// each unit's per-batch terms: the text table ndsprobe prints.
-std::string summarize_probe_file(const std::string& path);
 
 }  // namespace curv

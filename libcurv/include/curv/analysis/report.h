@@ -9,14 +9,56 @@
 #include <string>
 #include <vector>
 
+#include "curv/analysis/output_table.h"
+
 namespace curv {
 
 struct TaylorResult;
-struct WithinReport;
 struct BucketResult;
-class H5Writer;
-class Table;
+struct UnitKey;
+struct WithinReport;
 class Communicator;
+
+// Why a unit has no numbers (its status attribute and /status row). A unit audited along a zero
+// direction has numbers and the status of its audit instead (AuditStatus::kZeroDirection).
+enum class UnitStatus {
+  kUnavailable,  // the direction cannot be computed here (a delta at a run's last checkpoint)
+  kFailed,       // the computation failed (programs that record failures and go on)
+};
+std::string to_string(UnitStatus status);  // "unavailable" | "failed"
+
+// One group of the results file that an analysis writes into: a unit's, a checkpoint's, or the
+// root. Names are relative to the group; tables follow their declared layout.
+class ReportGroup {
+ public:
+  ReportGroup(H5Writer& writer, std::string path) : writer_(&writer), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+  ReportGroup child(const std::string& name) const { return {*writer_, join(name)}; }
+  bool exists() const;
+  // Empties the group (or creates it empty), its attributes included.
+  void clear() const;
+  template <typename Row>
+  void table(const TableLayout<Row>& layout, const std::vector<Row>& rows) const {
+    table(layout.spec().name, layout.table(rows));
+  }
+  void table(const std::string& name, const Table& table) const;
+  void dataset(const std::string& name, std::vector<double> data,
+               std::vector<uint64_t> dims = {}) const;
+  void dataset(const std::string& name, std::vector<int64_t> data) const;
+  template <typename T>
+  void attribute(const std::string& name, T value) const {
+    writer_->attribute(path_, name, std::move(value));
+  }
+  template <typename Row>
+  void attributes(const TableLayout<Row>& layout, const Row& row) const {
+    layout.write_attributes(*writer_, path_, row);
+  }
+
+ private:
+  std::string join(const std::string& name) const;  // a name starting with '/' is absolute
+  H5Writer* writer_;
+  std::string path_;
+};
 
 // Root attributes that identify a results file. Resuming requires the identifying ones (model,
 // dtype, probe_hash, blocks, seed) to match the file's.
@@ -71,15 +113,20 @@ class ProbeReport {
   // The digest recorded for a checkpoint by add_checkpoint or in the resumed file; "" if none.
   std::string checkpoint_digest(const std::string& run, int64_t step) const;
   void set_run_attribute(const std::string& run, const std::string& key, const std::string& value);
+  // A unit's Taylor audit: its attributes, blocks, batches, coupling and multipliers, replacing
+  // whatever the unit held, and its rows of /taylor. The unit's other analyses write after it.
   void add_taylor(const std::string& run, int64_t step, const std::string& direction,
-                  const TaylorResult& taylor, const WithinReport* within = nullptr);
+                  const TaylorResult& taylor);
+  // The within-block breakdown of a unit already added with add_taylor: its `within` group.
+  void add_within(const std::string& run, int64_t step, const std::string& direction,
+                  const WithinReport& within);
   // Token-bucket audits of a unit already added with add_taylor: its `token_buckets` table and
   // rows of the long table /token_buckets.
   void add_token_buckets(const std::string& run, int64_t step, const std::string& direction,
                          const std::vector<BucketResult>& buckets);
-  // A unit that produced no numbers, and why ("unavailable", "failed").
+  // A unit that produced no numbers, and why.
   void add_status(const std::string& run, int64_t step, const std::string& direction,
-                  const std::string& status, const std::string& message);
+                  UnitStatus status, const std::string& message);
   // Rewrites the file atomically with everything added so far.
   void commit();
   // Commits unless the time since the last commit is short next to that commit's own cost: the
@@ -96,8 +143,10 @@ class ProbeReport {
 
   const Table& taylor_table() const;
   const Table& status_table() const;
-  // Access for other result kinds (spectra) that live beside the Taylor results.
-  H5Writer& writer();
+  // Where the analyses write: a unit's group (after add_taylor), a checkpoint's, the root.
+  ReportGroup unit_group(const std::string& run, int64_t step, const std::string& direction);
+  ReportGroup checkpoint_group(const std::string& run, int64_t step);
+  ReportGroup root();
 
  private:
   // Loads the existing results at `source` (rank 0's file, or a copy of it) and checks that
@@ -106,8 +155,7 @@ class ProbeReport {
   std::string status_of(const std::string& run, int64_t step, const std::string& direction) const;
   void drop_status(const std::string& run, int64_t step, const std::string& direction);
   // The unit group's status and message attributes and its row of /status.
-  void record_status(const std::string& group, const std::string& run, int64_t step,
-                     const std::string& direction, const std::string& status,
+  void record_status(const std::string& group, const UnitKey& key, const std::string& status,
                      const std::string& message);
 
   std::string path_;

@@ -172,6 +172,14 @@ class ScaledOperator : public LinearOperator {
   Eigen::VectorXd scratch_;
 };
 
+// How the Adam-preconditioned sharpness of a checkpoint came out (the status of its results).
+enum class PrecondStatus {
+  kConverged,     // the top eigenpair met the tolerance
+  kNotConverged,  // the HVP budget ran out first: the best Ritz pair found
+  kUnavailable,   // no usable Adam state (adam_preconditioner says why)
+};
+std::string to_string(PrecondStatus status);  // "converged" | "not_converged" | "unavailable"
+
 // Adam's preconditioner P = sqrt(v̂) + ε with v̂ = exp_avg_sq / (1 − β₂ᵗ), read from a checkpoint.
 struct AdamPreconditioner {
   Eigen::VectorXd inverse_sqrt;  // P^-1/2, flat in the ParamSpace's order

@@ -21,6 +21,16 @@
 
 namespace curv {
 
+// What the in-training probe audits each update on.
+enum class ProbeOn {
+  kTrain,  // the update's own training batch (direction "update")
+  kProbe,  // the written probe set (direction "update.probe")
+  kBoth,
+};
+// "train" | "probe" | "both"; InvalidOption naming TrainingRunOptions.probe_on otherwise.
+ProbeOn parse_probe_on(const std::string& text);
+std::string to_string(ProbeOn on);
+
 struct TrainingDataOptions {
   std::string source = "zipf";  // "zipf" (Zipf-PCFG) or a file of uint16 tokens (nanoGPT .bin)
   double zipf_s = 1.0;          // Zipf exponent of the training data (0 = balanced)
@@ -76,7 +86,7 @@ struct TrainingRunOptions {
   // the training batch ("train"), the written probe set ("probe") or both.
   int64_t probe_every = 0;
   std::string probe_output;
-  std::string probe_on = "train";
+  ProbeOn probe_on = ProbeOn::kTrain;
   std::string run_name;   // in the probe output; default: the optimizer's name
   bool resume = false;    // continue from the last checkpoint in `out`, exactly
   int64_t stop_at = 0;    // stop after this step (the schedule still spans total_steps); 0 = end
