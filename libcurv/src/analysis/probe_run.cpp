@@ -264,9 +264,26 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   }
   CheckpointState state;
   load_checkpoint_state(run, info, pass, state);
+  // The gradient pass (with its kept graphs) only when a number reported here uses it: not at a
+  // checkpoint whose every pending direction is unavailable (the delta at a run's last
+  // checkpoint) and with no checkpoint analysis left, where the loss alone is one forward.
+  bool gradient_used = false;
+  for (const auto& a : analyses_) {
+    gradient_used =
+        gradient_used || (a->per_checkpoint() && !a->checkpoint_done(report, run.name, info.step));
+  }
+  for (const auto& d : directions_) {
+    gradient_used = gradient_used || (!report.done(run.name, info.step, d->name()) &&
+                                      d->unavailable(state.context).empty());
+  }
   const int64_t gradient_peak =
       as_unit(fmt::format("{} step {}", run.name, info.step), report.path(), engine.device(), [&] {
-        report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()), digest);
+        if (gradient_used) {
+          report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()),
+                                digest);
+        } else {
+          report.add_checkpoint(run.name, info.step, engine.forward_loss(), std::nullopt, digest);
+        }
       });
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
   CheckpointContext context{engine,    pass.blocks, report,       run.name,

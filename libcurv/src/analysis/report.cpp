@@ -283,13 +283,13 @@ void ProbeReport::drop_status(const std::string& run, int64_t step, const std::s
 }
 
 void ProbeReport::add_checkpoint(const std::string& run, int64_t step, double loss,
-                                 double grad_norm, const std::string& digest) {
+                                 std::optional<double> grad_norm, const std::string& digest) {
   check_name("run", run);
   const std::string g = step_group(run, step);
   writer_->group(g);
   writer_->attribute(g, "step", step);
   writer_->attribute(g, "loss", loss);
-  writer_->attribute(g, "grad_norm", grad_norm);
+  if (grad_norm) writer_->attribute(g, "grad_norm", *grad_norm);
   if (!digest.empty()) {
     writer_->attribute(g, "checkpoint_digest", digest);
     digests_[g] = digest;

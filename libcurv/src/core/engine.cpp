@@ -221,6 +221,8 @@ const char* CurvatureEngine::pass_name(Pass pass) {
   switch (pass) {
     case Pass::kFirstOrder:
       return "loss and gradient";
+    case Pass::kLoss:
+      return "loss";
     case Pass::kHvp:
       return "Hessian-vector product";
     case Pass::kGradientAtOffset:

@@ -78,6 +78,21 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
   return loss;
 }
 
+double CurvatureEngine::forward_loss() {
+  if (state_->have_first_order) return state_->loss;
+  Stopwatch timer(counters_.seconds);
+  double loss = 0.0;
+  for_each_batch(Pass::kLoss, [&](size_t b, double w) { loss += w * batch_loss_value(b); });
+  sum_over_ranks(&loss, 1);
+  if (options_.check_finite && !std::isfinite(loss)) {
+    throw NumericalError(
+        fmt::format("loss of {} is {} (hint: check the checkpoint and the probe "
+                    "batches for NaN, or token ids out of range)",
+                    objective_.describe(), loss));
+  }
+  return loss;
+}
+
 double CurvatureEngine::batch_loss_value(size_t b) {
   c10::NoGradGuard no_grad;
   double value = 0.0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,10 +107,11 @@ class ProbeReport {
   // True when results (or a recorded status) for this unit are already in the file.
   bool done(const std::string& run, int64_t step, const std::string& direction) const;
 
-  // Checkpoint-level values: loss and gradient norm at θ_t, and the checkpoint's content digest
-  // (io's checkpoint_digest; "" for none); attributes of /runs/<run>/step_<N>.
-  void add_checkpoint(const std::string& run, int64_t step, double loss, double grad_norm,
-                      const std::string& digest = "");
+  // Checkpoint-level values: loss and gradient norm at θ_t (none when nothing reported at the
+  // checkpoint needed the gradient), and the checkpoint's content digest (io's
+  // checkpoint_digest; "" for none); attributes of /runs/<run>/step_<N>.
+  void add_checkpoint(const std::string& run, int64_t step, double loss,
+                      std::optional<double> grad_norm, const std::string& digest = "");
   // The digest recorded for a checkpoint by add_checkpoint or in the resumed file; "" if none.
   std::string checkpoint_digest(const std::string& run, int64_t step) const;
   void set_run_attribute(const std::string& run, const std::string& key, const std::string& value);

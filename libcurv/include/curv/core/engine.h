@@ -109,6 +109,9 @@ class CurvatureEngine {
 
   double loss();                  // L(θ), cached until the parameters change
   const ParamVector& gradient();  // ∇L(θ), cached likewise
+  // L(θ) without the gradient: the cached loss when the gradient pass has run, else one forward
+  // per batch with no graph (for a number that needs the loss alone; nothing is cached).
+  double forward_loss();
   // L_b(θ) of every probe batch (L = Σ_b w_b L_b), cached with the loss.
   const std::vector<double>& batch_losses();
   // L(θ + u) on the same probe set; θ is restored exactly. With `batch_losses`, also L_b(θ + u).
@@ -154,7 +157,7 @@ class CurvatureEngine {
  private:
   struct State;
   // What a pass over the probe set computes, for error messages.
-  enum class Pass { kFirstOrder, kHvp, kGradientAtOffset, kLossAt, kGaussNewton };
+  enum class Pass { kFirstOrder, kLoss, kHvp, kGradientAtOffset, kLossAt, kGaussNewton };
   static const char* pass_name(Pass pass);
   // The one loop over the probe batches that every operation runs: body(b, w_b) does batch b's
   // work (w_b = N_b / N) for this rank's batches; a failure inside the model becomes one
