@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "curv/core/engine.h"
@@ -243,6 +244,132 @@ TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition&
   return r;
 }
 
+// Builds the BatchObserver of one HVP: g_b·u_l over the blocks the vector reaches, and
+// u_lᵀ(H_b v)_l into `dots` (when given).
+using ObserverFactory = std::function<BatchObserver(const std::vector<size_t>&, Eigen::MatrixXd*)>;
+
+// Full coupling: H u_m for each block m, the matrix C_lm = u_lᵀ(H u_m)_l and its per-batch
+// diagonal; returns H u, their sum by linearity, so the totals cost nothing extra.
+ParamVector full_coupling(CurvatureEngine& engine, const ParamVector& u,
+                          const BlockPartition& blocks, const ObserverFactory& observe,
+                          TaylorResult& r) {
+  const size_t L = blocks.size();
+  const size_t B = r.batches.loss.size();
+  const ParamVector& g = engine.gradient();
+  TaylorBatches& t = r.batches;
+  ParamVector hu;  // H u
+
+  // H u_m for each block; by linearity their sum is H u, so the totals cost nothing extra.
+  r.coupling = Eigen::MatrixXd::Zero(L, L);
+  t.block_curvature.setZero();
+  // Per batch: u_lᵀ (H_b u_m)_l; the rows of other ranks' batches stay zero.
+  Eigen::MatrixXd column_m = Eigen::MatrixXd::Zero(B, L);
+  for (size_t m = 0; m < L; ++m) {
+    if (r.blocks[m].sq_norm == 0.0) continue;
+    // Only block m's gradients start the second backward (u is zero elsewhere).
+    ParamVector h_m = engine.hvp(u, blocks[m].params, observe({m}, &column_m));
+    t.block_row_sum += column_m;
+    t.block_curvature.col(static_cast<Eigen::Index>(m)) =
+        column_m.col(static_cast<Eigen::Index>(m));
+    for (size_t l = 0; l < L; ++l) r.coupling(l, m) = dot(u, h_m, blocks[l].params);
+    if (hu.empty()) {
+      hu = std::move(h_m);
+    } else {
+      axpy(1.0, h_m, hu);
+    }
+  }
+  if (hu.empty()) hu = zeros_like(g);
+  for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
+  return hu;
+}
+
+// Randomized coupling: each block's diagonal curvature C_ll from sign-flipped combinations.
+void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
+                         const BlockPartition& blocks, const TaylorOptions& options,
+                         const ObserverFactory& observe, TaylorResult& r) {
+  const size_t L = blocks.size();
+  const size_t B = r.batches.loss.size();
+  TaylorBatches& t = r.batches;
+
+  // With independent signs s_l and w = Σ s_l u_l: s_l u_lᵀ(Hw)_l = Σ_m s_l s_m C_lm, whose
+  // expectation is C_ll; the cross terms average out at rate 1/sqrt(K).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  const int64_t K = options.coupling_samples;
+  Eigen::MatrixXd samples(L, K);
+  t.block_curvature.setZero();
+  Eigen::MatrixXd sample_dots = Eigen::MatrixXd::Zero(B, L);
+  for (int64_t k = 0; k < K; ++k) {
+    auto signs = at::randint(0, 2, {static_cast<int64_t>(L)}, gen, at::kLong) * 2 - 1;
+    ParamVector w = zeros_like(u);
+    for (size_t l = 0; l < L; ++l) {
+      const double s = static_cast<double>(signs[l].item<int64_t>());
+      for (size_t p : blocks[l].params) w[p] = u[p].detach() * s;
+    }
+    ParamVector hw = engine.hvp(w, observe({}, &sample_dots));
+    for (size_t l = 0; l < L; ++l) {
+      const double s = static_cast<double>(signs[l].item<int64_t>());
+      samples(l, k) = s * dot(u, hw, blocks[l].params);
+      // The same estimator per batch, averaged over the samples: its weighted mean over the
+      // batches is the probe set's estimate.
+      t.block_curvature.col(static_cast<Eigen::Index>(l)) +=
+          (s / static_cast<double>(K)) * sample_dots.col(static_cast<Eigen::Index>(l));
+    }
+  }
+  for (size_t l = 0; l < L; ++l) {
+    const double mean = samples.row(l).mean();
+    const double var = (samples.row(l).array() - mean).square().sum() / (K - 1);
+    r.blocks[l].curvature = mean;
+    r.blocks[l].curvature_sign_stderr = std::sqrt(var / K);
+  }
+}
+
+// From H u and the coupling: uᵀHu, the prediction, NDS, η*, the block and within/cross
+// splits, and the per-batch tables summed over the ranks.
+void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const ParamVector& hu,
+            const BlockPartition& blocks, const TaylorOptions& options, TaylorResult& r) {
+  const size_t L = blocks.size();
+  const size_t B = r.batches.loss.size();
+  TaylorBatches& t = r.batches;
+  r.curvature = dot(u, hu);
+  r.predicted = r.first_order + 0.5 * r.curvature;
+  r.nds = r.curvature / u_sq;
+  r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;
+  double within = 0.0;
+  for (size_t l = 0; l < L; ++l) {
+    auto& b = r.blocks[l];
+    b.row_sum = dot(u, hu, blocks[l].params);
+    b.nds = b.sq_norm > 0.0 ? b.curvature / b.sq_norm : kNaN;
+    within += b.curvature;
+  }
+  r.s_within = within / u_sq;
+  if (options.coupling == CouplingMode::kFull) {
+    // From the off-diagonal entries themselves, not as a difference, so S_within + S_cross = NDS
+    // is a check on the numbers rather than true by construction.
+    r.s_cross = (r.coupling.sum() - r.coupling.trace()) / u_sq;
+  } else {
+    r.s_cross = r.nds - r.s_within;
+  }
+  r.rho_within = r.s_within / r.nds;
+
+  // Each rank's observers saw only its own batches (the other rows are zero): the per-batch
+  // tables are the sums over the ranks.
+  for (Eigen::MatrixXd* table : {&t.block_first_order, &t.block_curvature, &t.block_row_sum}) {
+    engine.sum_over_ranks(table->data(), static_cast<size_t>(table->size()));
+  }
+  t.first_order.assign(B, 0.0);
+  t.curvature.assign(B, 0.0);
+  t.ggn.assign(B, kNaN);
+  t.block_ggn =
+      Eigen::MatrixXd::Constant(static_cast<Eigen::Index>(B), static_cast<Eigen::Index>(L), kNaN);
+  t.within.assign(B, kNaN);
+  for (size_t b = 0; b < B; ++b) {
+    const auto i = static_cast<Eigen::Index>(b);
+    t.first_order[b] = t.block_first_order.row(i).sum();
+    t.curvature[b] = t.block_row_sum.row(i).sum();
+    if (options.coupling != CouplingMode::kNone) t.within[b] = t.block_curvature.row(i).sum();
+  }
+}
+
 }  // namespace
 
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
@@ -302,104 +429,13 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     b.curvature = kNaN;
   }
 
-  ParamVector hu;  // H u
-  if (options.coupling == CouplingMode::kFull) {
-    // H u_m for each block; by linearity their sum is H u, so the totals cost nothing extra.
-    r.coupling = Eigen::MatrixXd::Zero(L, L);
-    t.block_curvature.setZero();
-    // Per batch: u_lᵀ (H_b u_m)_l; the rows of other ranks' batches stay zero.
-    Eigen::MatrixXd column_m = Eigen::MatrixXd::Zero(B, L);
-    for (size_t m = 0; m < L; ++m) {
-      if (r.blocks[m].sq_norm == 0.0) continue;
-      // Only block m's gradients start the second backward (u is zero elsewhere).
-      ParamVector h_m = engine.hvp(u, blocks[m].params, observe({m}, &column_m));
-      t.block_row_sum += column_m;
-      t.block_curvature.col(static_cast<Eigen::Index>(m)) =
-          column_m.col(static_cast<Eigen::Index>(m));
-      for (size_t l = 0; l < L; ++l) r.coupling(l, m) = dot(u, h_m, blocks[l].params);
-      if (hu.empty()) {
-        hu = std::move(h_m);
-      } else {
-        axpy(1.0, h_m, hu);
-      }
-    }
-    if (hu.empty()) hu = zeros_like(g);
-    for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
-  } else {
-    hu = engine.hvp(u, observe(every_block, &t.block_row_sum));
-  }
+  ParamVector hu = options.coupling == CouplingMode::kFull
+                       ? full_coupling(engine, u, blocks, observe, r)
+                       : engine.hvp(u, observe(every_block, &t.block_row_sum));
   if (options.coupling == CouplingMode::kRandomized) {
-    // With independent signs s_l and w = Σ s_l u_l: s_l u_lᵀ(Hw)_l = Σ_m s_l s_m C_lm, whose
-    // expectation is C_ll; the cross terms average out at rate 1/sqrt(K).
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
-    const int64_t K = options.coupling_samples;
-    Eigen::MatrixXd samples(L, K);
-    t.block_curvature.setZero();
-    Eigen::MatrixXd sample_dots = Eigen::MatrixXd::Zero(B, L);
-    for (int64_t k = 0; k < K; ++k) {
-      auto signs = at::randint(0, 2, {static_cast<int64_t>(L)}, gen, at::kLong) * 2 - 1;
-      ParamVector w = zeros_like(u);
-      for (size_t l = 0; l < L; ++l) {
-        const double s = static_cast<double>(signs[l].item<int64_t>());
-        for (size_t p : blocks[l].params) w[p] = u[p].detach() * s;
-      }
-      ParamVector hw = engine.hvp(w, observe({}, &sample_dots));
-      for (size_t l = 0; l < L; ++l) {
-        const double s = static_cast<double>(signs[l].item<int64_t>());
-        samples(l, k) = s * dot(u, hw, blocks[l].params);
-        // The same estimator per batch, averaged over the samples: its weighted mean over the
-        // batches is the probe set's estimate.
-        t.block_curvature.col(static_cast<Eigen::Index>(l)) +=
-            (s / static_cast<double>(K)) * sample_dots.col(static_cast<Eigen::Index>(l));
-      }
-    }
-    for (size_t l = 0; l < L; ++l) {
-      const double mean = samples.row(l).mean();
-      const double var = (samples.row(l).array() - mean).square().sum() / (K - 1);
-      r.blocks[l].curvature = mean;
-      r.blocks[l].curvature_sign_stderr = std::sqrt(var / K);
-    }
+    randomized_coupling(engine, u, blocks, options, observe, r);
   }
-
-  r.curvature = dot(u, hu);
-  r.predicted = r.first_order + 0.5 * r.curvature;
-  r.nds = r.curvature / u_sq;
-  r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;
-  double within = 0.0;
-  for (size_t l = 0; l < L; ++l) {
-    auto& b = r.blocks[l];
-    b.row_sum = dot(u, hu, blocks[l].params);
-    b.nds = b.sq_norm > 0.0 ? b.curvature / b.sq_norm : kNaN;
-    within += b.curvature;
-  }
-  r.s_within = within / u_sq;
-  if (options.coupling == CouplingMode::kFull) {
-    // From the off-diagonal entries themselves, not as a difference, so S_within + S_cross = NDS
-    // is a check on the numbers rather than true by construction.
-    r.s_cross = (r.coupling.sum() - r.coupling.trace()) / u_sq;
-  } else {
-    r.s_cross = r.nds - r.s_within;
-  }
-  r.rho_within = r.s_within / r.nds;
-
-  // Each rank's observers saw only its own batches (the other rows are zero): the per-batch
-  // tables are the sums over the ranks.
-  for (Eigen::MatrixXd* table : {&t.block_first_order, &t.block_curvature, &t.block_row_sum}) {
-    engine.sum_over_ranks(table->data(), static_cast<size_t>(table->size()));
-  }
-  t.first_order.assign(B, 0.0);
-  t.curvature.assign(B, 0.0);
-  t.ggn.assign(B, kNaN);
-  t.block_ggn =
-      Eigen::MatrixXd::Constant(static_cast<Eigen::Index>(B), static_cast<Eigen::Index>(L), kNaN);
-  t.within.assign(B, kNaN);
-  for (size_t b = 0; b < B; ++b) {
-    const auto i = static_cast<Eigen::Index>(b);
-    t.first_order[b] = t.block_first_order.row(i).sum();
-    t.curvature[b] = t.block_row_sum.row(i).sum();
-    if (options.coupling != CouplingMode::kNone) t.within[b] = t.block_curvature.row(i).sum();
-  }
-
+  totals(engine, u, u_sq, hu, blocks, options, r);
   r.realized = kNaN;
   t.realized.assign(B, kNaN);
   std::vector<double> at_step;
