@@ -34,6 +34,12 @@ int64_t hvps_to(const std::vector<double>& history, double exact, double tol) {
   return first;
 }
 
+// The larger relative error of a result's largest and smallest eigenvalue against the reference.
+double ends_error(const curv::EigenResult& r, double lmax, double lmin) {
+  return std::max(std::abs(r.largest[0].value - lmax) / std::abs(lmax),
+                  std::abs(r.smallest[0].value - lmin) / std::abs(lmin));
+}
+
 std::string count(int64_t n) { return n < 0 ? "not reached" : std::to_string(n); }
 
 // The eigenvalue rows of one seed: Lanczos with each stopping rule, Spectra, power iteration
@@ -49,8 +55,7 @@ void eigen_rows(curv::HessianOperator& h, int seed, double lmax, double lmin, do
   for (auto bound : {curv::ErrorBound::kGap, curv::ErrorBound::kResidual}) {
     lo.bound = bound;
     const curv::EigenResult l = curv::extreme_eigenpairs(h, lo);
-    const double l_err = std::max(std::abs(l.largest[0].value - lmax) / std::abs(lmax),
-                                  std::abs(l.smallest[0].value - lmin) / std::abs(lmin));
+    const double l_err = ends_error(l, lmax, lmin);
     std::printf(
         "| %d | lanczos (both ends, tol 1e-6, %s bound) | %s | %s | %lld (+%lld residual "
         "checks) | %.10g, %.10g | %.2e | %.1f |\n",
@@ -66,8 +71,7 @@ void eigen_rows(curv::HessianOperator& h, int seed, double lmax, double lmin, do
   so.method = curv::EigenMethod::kSpectra;
   so.check_residuals = false;
   const curv::EigenResult s = curv::extreme_eigenpairs(h, so);
-  const double s_err = std::max(std::abs(s.largest[0].value - lmax) / std::abs(lmax),
-                                std::abs(s.smallest[0].value - lmin) / std::abs(lmin));
+  const double s_err = ends_error(s, lmax, lmin);
   std::printf(
       "| %d | spectra (restarted, ncv 20, tol 1e-6) | — | — | %lld (%s) | %.10g, %.10g | "
       "%.2e | %.1f |\n",
