@@ -6,6 +6,8 @@
 //   hvp_bench --device cuda [--shape gpt2]           the same on a GPU: times after the device
 //       finished, memory as the allocator's peak of tensor bytes above what the model holds
 //   hvp_bench --op hvp_reused --dtype float32        one measurement, one JSON line
+//   (ops: loss, gradient, hvp_first, hvp_reused, lanczos_step: one step of the Lanczos solver
+//   with its vectors on the model's device, per step of 10 after the graph is kept; hvp_fd)
 //   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
 //       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
 //       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens
@@ -29,7 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "curv/analysis/spectrum.h"
 #include "curv/core/engine.h"
+#include "curv/core/linear_operator.h"
 #include "curv/core/runtime.h"
 #include "curv/models/fused_ops.h"
 #include "curv/models/models.h"
@@ -53,6 +57,8 @@ void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+constexpr int kLanczosSteps = 10;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -148,6 +154,24 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
       engine->hvp(v);
       finish(device);
       times.push_back(seconds_since(start));
+    } else if (op == "lanczos_step") {
+      // One Lanczos step: an HVP through HessianOperator plus the recurrence and the full
+      // reorthogonalisation on the device, per step of a 10-step run that cannot converge.
+      static curv::CurvatureEngine* engine = nullptr;
+      if (!engine) {
+        engine = new curv::CurvatureEngine(*model, probe, options);
+        engine->hvp(v);
+      }
+      curv::HessianOperator h(*engine);
+      curv::EigenOptions lanczos;
+      lanczos.max_hvps = kLanczosSteps;
+      lanczos.tol = 1e-15;
+      lanczos.check_residuals = false;
+      lanczos.keep_vectors = false;
+      auto start = std::chrono::steady_clock::now();
+      curv::extreme_eigenpairs(h, lanczos);
+      finish(device);
+      times.push_back(seconds_since(start) / kLanczosSteps);
     } else if (op == "hvp_fd") {
       options.reuse_graph = false;
       curv::CurvatureEngine engine(*model, probe, options);
@@ -337,14 +361,16 @@ void operations_table(const char* program, const Args& a) {
   for (const std::string d : {"float32", "float64"}) {
     if (a.dtype_given && d != a.dtype) continue;
     std::map<std::string, std::pair<double, double>> results;
-    for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
+    for (const char* o :
+         {"loss", "gradient", "hvp_first", "hvp_reused", "lanczos_step", "hvp_fd"}) {
       auto run = [&](int memory, const char* key) {
         return child(program, a, fmt::format("--op {} --dtype {} --memory {}", o, d, memory), key);
       };
       results[o] = {run(0, "\"seconds\": "), run(1, "\"peak_extra_mib\": ")};
     }
     const auto grad = results["gradient"];
-    for (const char* o : {"loss", "gradient", "hvp_first", "hvp_reused", "hvp_fd"}) {
+    for (const char* o :
+         {"loss", "gradient", "hvp_first", "hvp_reused", "lanczos_step", "hvp_fd"}) {
       const auto r = results[o];
       std::printf("| %s | %s | %.1f | %.2f | %.1f | %.2f |\n", d.c_str(), o, r.first * 1e3,
                   r.first / grad.first, r.second, grad.second > 0 ? r.second / grad.second : 0.0);

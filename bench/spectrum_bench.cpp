@@ -3,6 +3,8 @@
 // ≤ 1e-10·|λ|); every other run is judged against them. Prints a Markdown report on stdout.
 //
 //   spectrum_bench [--threads 1] [--dtype float64] [--seeds 3] [--reference-hvps 200]
+//                  [--device cpu]   (cuda: the model, the probe batches and every solver vector
+//                  on the GPU)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   curv::reexec_for_blas_kernels(argv);  // the kernels the tools run
   int threads = 1, seeds = 3;
   int64_t reference_hvps = 200;
-  std::string dtype_name = "float64";
+  std::string dtype_name = "float64", device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads"))
       threads = std::atoi(argv[i + 1]);
@@ -140,6 +142,8 @@ int main(int argc, char** argv) {
       seeds = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--dtype"))
       dtype_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--device"))
+      device = argv[i + 1];
     else if (!std::strcmp(argv[i], "--reference-hvps"))
       reference_hvps = std::atoll(argv[i + 1]);
     else {
@@ -150,12 +154,13 @@ int main(int argc, char** argv) {
   curv::init_runtime(curv::RuntimeOptions{threads});
   const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
   const auto config = curv_bench::reference_config();
-  auto model = curv::make_model(config, curv::ModelInit{0, dtype});
+  auto model = curv::make_model(config, curv::ModelInit{0, dtype, device});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  curv::CurvatureEngine engine(*model, curv_bench::reference_probe(config, gen));
+  curv::CurvatureEngine engine(
+      *model, curv_bench::reference_probe(config, gen).to(dtype, c10::Device(device)));
   curv::HessianOperator h(engine);
-  std::printf("%s; %s, %lld parameters, %d thread(s)\n\n", curv::runtime_summary().c_str(),
-              dtype_name.c_str(), static_cast<long long>(h.rows()), threads);
+  std::printf("%s; %s on %s, %lld parameters, %d thread(s)\n\n", curv::runtime_summary().c_str(),
+              dtype_name.c_str(), device.c_str(), static_cast<long long>(h.rows()), threads);
 
   // Reference: both ends from one long Lanczos run.
   curv::EigenOptions ref_options;

@@ -8,8 +8,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "curv/analysis/spectrum.h"
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
 #include "curv/core/runtime.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
@@ -76,6 +78,50 @@ TEST_CASE("the engine on CUDA equals the CPU in float64", "[.cuda]") {
     CHECK(error_against_cpu(on_gpu.gradient(), on_cpu.gradient()) <= 1e-12);
     CHECK(error_against_cpu(on_gpu.hvp(on(v, on_gpu.device())), on_cpu.hvp(v)) <= 1e-12);
   }
+}
+
+TEST_CASE("eigenpairs, traces and densities on CUDA vectors equal the CPU's in float64",
+          "[.cuda]") {
+  require_cuda();
+  const ModelConfig config = tiny_gpt_config();
+  auto cpu = make_model(config, ModelInit{4, at::kDouble, "cpu"});
+  auto gpu = make_model(config, ModelInit{4, at::kDouble, kDevice});
+  const ProbeSet probe = gpt_probe(2, 12, 4, 5, 4);
+  CurvatureEngine on_cpu(*cpu, probe);
+  CurvatureEngine on_gpu(*gpu, probe);
+  HessianOperator h_cpu(on_cpu), h_gpu(on_gpu);
+  REQUIRE(h_gpu.device().is_cuda());
+  EigenOptions eig;
+  eig.top = 2;
+  eig.bottom = 1;
+  eig.tol = 1e-8;
+  const EigenResult want = extreme_eigenpairs(h_cpu, eig);
+  for (KrylovBasis basis : {KrylovBasis::kDevice, KrylovBasis::kHost}) {
+    INFO("basis " << to_string(basis));
+    eig.basis = basis;
+    const EigenResult got = extreme_eigenpairs(h_gpu, eig);
+    REQUIRE(got.largest.size() == 2);
+    CHECK(got.hvps == want.hvps);
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK(std::abs(got.largest[i].value - want.largest[i].value) <=
+            1e-10 * std::abs(want.largest[0].value));
+      CHECK(got.largest[i].vector.device().is_cuda());
+    }
+    CHECK(std::abs(got.smallest[0].value - want.smallest[0].value) <=
+          1e-10 * std::abs(want.largest[0].value));
+  }
+  TraceOptions trace;
+  trace.matvecs = 12;
+  for (TraceMethod method : {TraceMethod::kHutchinson, TraceMethod::kHutchPlusPlus}) {
+    trace.method = method;
+    const TraceResult a = estimate_trace(h_cpu, trace), b = estimate_trace(h_gpu, trace);
+    CHECK(std::abs(a.estimate - b.estimate) <= 1e-10 * std::abs(a.estimate));
+  }
+  DensityOptions density;
+  density.runs = 2;
+  density.steps = 8;
+  const DensityResult a = spectral_density(h_cpu, density), b = spectral_density(h_gpu, density);
+  CHECK(std::abs(a.trace - b.trace) <= 1e-10 * std::abs(a.trace));
 }
 
 TEST_CASE("the memory budget on CUDA reads the allocator's statistics", "[.cuda]") {

@@ -65,10 +65,11 @@ void check_pairs(LinearOperator& op, const EigenResult& r, const Eigen::VectorXd
     CHECK(r.smallest[i].residual <= 1e3 * tol * scale);
   }
   // Measured residuals are real: recompute one from the vector.
-  if (!r.largest.empty() && r.largest[0].vector.size() == op.rows()) {
-    Eigen::VectorXd v = r.largest[0].vector.normalized(), hv(op.rows());
-    op.apply(v.data(), hv.data());
-    CHECK((hv - r.largest[0].value * v).norm() ==
+  if (!r.largest.empty() && r.largest[0].vector.defined()) {
+    REQUIRE(r.largest[0].vector.numel() == op.rows());
+    const at::Tensor v = r.largest[0].vector / r.largest[0].vector.norm();
+    const at::Tensor hv = op.apply(v);
+    CHECK((hv - r.largest[0].value * v).norm().item<double>() ==
           Approx(r.largest[0].residual).margin(1e-12 * scale));
   }
 }
@@ -106,7 +107,7 @@ TEST_CASE(
     check_pairs(op, r, sorted(values), 1e-9);
     CHECK(r.largest[0].value - r.largest[1].value == Approx(1e-3).epsilon(1e-5));
     // Ritz vectors of different eigenvalues are orthogonal.
-    CHECK(std::abs(r.largest[0].vector.dot(r.largest[1].vector)) < 1e-6);
+    CHECK(std::abs(at::dot(r.largest[0].vector, r.largest[1].vector).item<double>()) < 1e-6);
   }
   // The gap bound stops earlier and, as checked above, still meets the tolerance.
   INFO("Lanczos HVPs: gap bound " << hvps_gap << ", residual bound " << hvps_residual);
@@ -218,6 +219,88 @@ TEST_CASE("Hutch++ beats Hutchinson at equal matvecs on a low-rank-plus-noise op
   INFO("mean |error| Hutchinson " << err_hutchinson << " Hutch++ " << err_hutchpp);
   CHECK(err_hutchpp < 0.1 * err_hutchinson);
   CHECK(se_hutchpp < 0.1 * se_hutchinson);
+}
+
+namespace {
+
+// The scalar SplitMix64 sequence, written out here as the reference for the vectors that the
+// solvers generate on the operator's device.
+uint64_t splitmix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+TEST_CASE("random probes follow the scalar SplitMix64 sequence: Rademacher and Gaussian",
+          "[spectrum]") {
+  const Eigen::VectorXd values = (Eigen::VectorXd(7) << 3, -1, 0.5, 2, 7, -4, 1).finished();
+  DenseOperator op = rotated(values, 17);
+  const Eigen::MatrixXd& a = op.matrix();
+  const uint64_t seed = 0xfeedbeefcafe1234ULL;
+  // Hutchinson with two samples: the mean of zᵀAz over the first two Rademacher vectors.
+  uint64_t state = seed;
+  double sum = 0.0;
+  for (int sample = 0; sample < 2; ++sample) {
+    Eigen::VectorXd z(7);
+    for (int i = 0; i < 7; ++i) z[i] = (splitmix(state) >> 63) ? 1.0 : -1.0;
+    sum += z.dot(a * z);
+  }
+  TraceOptions trace;
+  trace.method = TraceMethod::kHutchinson;
+  trace.matvecs = 2;
+  trace.seed = seed;
+  CHECK(estimate_trace(op, trace).estimate == Approx(sum / 2).epsilon(1e-14));
+  // Power iteration's first Rayleigh quotient is gᵀAg / gᵀg for the seed's Box–Muller vector.
+  state = seed;
+  Eigen::VectorXd g(7);
+  for (int i = 0; i < 7; ++i) {
+    auto uniform = [&] { return (static_cast<double>(splitmix(state) >> 11) + 0.5) * 0x1.0p-53; };
+    const double radius = std::sqrt(-2.0 * std::log(uniform()));
+    g[i] = radius * std::cos(2.0 * M_PI * uniform());
+  }
+  EigenOptions power;
+  power.method = EigenMethod::kPower;
+  power.max_hvps = 2;
+  power.seed = seed;
+  power.check_residuals = false;
+  const EigenResult r = extreme_eigenpairs(op, power);
+  REQUIRE(!r.largest_history.empty());
+  CHECK(r.largest_history[0] == Approx(g.dot(a * g) / g.squaredNorm()).epsilon(1e-13));
+}
+
+TEST_CASE("a Lanczos basis kept on the host gives the same numbers as one on the device",
+          "[spectrum]") {
+  const Eigen::VectorXd values =
+      (Eigen::VectorXd(9) << 5, 4.5, -2, 1, 0.3, 0.2, -0.1, 3, 2).finished();
+  DenseOperator op = rotated(values, 19);
+  EigenOptions eig;
+  eig.top = 2;
+  eig.bottom = 1;
+  const EigenResult device = extreme_eigenpairs(op, eig);
+  eig.basis = KrylovBasis::kHost;
+  const EigenResult host = extreme_eigenpairs(op, eig);
+  CHECK(host.hvps == device.hvps);
+  CHECK(host.largest[0].value == device.largest[0].value);
+  CHECK(host.smallest[0].value == device.smallest[0].value);
+  DensityOptions density;
+  density.runs = 2;
+  density.steps = 5;
+  const DensityResult d_device = spectral_density(op, density);
+  density.basis = KrylovBasis::kHost;
+  CHECK(spectral_density(op, density).nodes == d_device.nodes);
+  CHECK(parse_krylov_basis("host") == KrylovBasis::kHost);
+  CHECK_THROWS_WITH(parse_krylov_basis("disk"), Catch::Matchers::Contains("device or host"));
+}
+
+TEST_CASE("an operator refuses a vector of another length, dtype or device", "[spectrum]") {
+  DenseOperator op(Eigen::MatrixXd::Identity(3, 3));
+  CHECK(op.apply(at::ones({3}, at::kDouble)).sum().item<double>() == 3.0);
+  CHECK_THROWS_WITH(op.apply(at::ones({4}, at::kDouble)), Catch::Matchers::Contains("3 entries"));
+  CHECK_THROWS_WITH(op.apply(at::ones({3}, at::kFloat)), Catch::Matchers::Contains("Float"));
+  CHECK(op.num_applies() == 1);
 }
 
 TEST_CASE("SLQ recovers the moments of a known spectrum", "[spectrum]") {
@@ -349,7 +432,7 @@ TEST_CASE("overlap of a direction with an eigenspace and with the gradient", "[s
   u[1][1] = 4.0;  // ‖u‖² = 25
   ParamVector g = {at::zeros({2, 3}, at::kDouble), at::zeros({4}, at::kDouble)};
   g[0][0][0] = -1.0;
-  Eigen::VectorXd e0 = Eigen::VectorXd::Zero(space.numel()), e1 = e0;
+  at::Tensor e0 = at::zeros({space.numel()}, at::kDouble), e1 = e0.clone();
   e0[0] = 1.0;  // along u's first component
   e1[7] = 1.0;  // along b[1]
   Overlap o = direction_overlap(u, {e0}, g);

@@ -34,6 +34,10 @@ void CheckpointArgs::add_to(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--allow-extra", allow_extra,
                "Ignore checkpoint tensors that are not model parameters");
+  app.add_flag("--no-prefetch", no_prefetch,
+               "Read each checkpoint when its turn comes instead of reading the next one in the "
+               "background while the current one computes (holds up to two more checkpoints "
+               "in host memory)");
 }
 
 void CheckpointArgs::to_options(ProbeRunOptions& options) const {
@@ -42,6 +46,7 @@ void CheckpointArgs::to_options(ProbeRunOptions& options) const {
   options.param_order = param_order;
   options.steps = StepSelection::parse(steps, stride);
   options.allow_extra = allow_extra;
+  options.prefetch = !no_prefetch;
 }
 
 void ProbeDataArgs::add_to(CLI::App& app) {
@@ -236,6 +241,12 @@ void SpectrumArgs::add_to(CLI::App& app) {
   app.add_option("--eig-max-hvps", eig_max_hvps, "HVP budget of each eigen-solve")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  app.add_option("--krylov-basis", krylov_basis,
+                 "Where the Lanczos basis of --spectrum and --density lives: device (the model's; "
+                 "no transfer per HVP) or host (pinned host memory on a GPU: device memory for a "
+                 "few vectors only, two vector transfers per HVP)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"device", "host"}));
   app.add_flag("--spectrum-blocks", spectrum_blocks,
                "Also eigenvalues and traces of each block's H_ll (blocks as --blocks)");
   app.add_option("--trace", trace, "Trace of H per checkpoint: none, hutchinson, hutchpp")
@@ -284,6 +295,7 @@ CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
   o.eigen.bound = parse_error_bound(eig_bound);
   o.eigen.max_hvps = eig_max_hvps;
   o.eigen.seed = seed;
+  o.eigen.basis = parse_krylov_basis(krylov_basis);
   if (o.trace) o.trace_options.method = parse_trace_method(trace);
   o.trace_options.matvecs = trace_hvps;
   o.trace_options.seed = seed;
@@ -292,6 +304,7 @@ CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
   o.density_options.sigma = density_sigma;
   o.density_options.grid = density_grid;
   o.density_options.seed = seed;
+  o.density_options.basis = o.eigen.basis;
   return o;
 }
 

@@ -20,6 +20,7 @@ struct CheckpointArgs {
   std::string steps;
   int64_t stride = 1;
   bool allow_extra = false;
+  bool no_prefetch = false;
 
   void add_to(CLI::App& app);
   void to_options(ProbeRunOptions& options) const;
@@ -86,6 +87,7 @@ struct SpectrumArgs {
   double eig_tol = 1e-6;
   std::string eig_bound = "gap";
   std::string eig_method = "lanczos";
+  std::string krylov_basis = "device";
   int64_t eig_max_hvps = 300;
   bool spectrum_blocks = false;
   std::string trace = "none";

@@ -24,21 +24,16 @@ std::string to_string(PrecondStatus status) {
   return "unknown";
 }
 
-ScaledOperator::ScaledOperator(LinearOperator& inner, Eigen::VectorXd d)
-    : inner_(inner), d_(std::move(d)), scratch_(inner.rows()) {
-  if (d_.size() != inner_.rows()) {
+ScaledOperator::ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d) : inner_(inner) {
+  if (d.size() != inner_.rows()) {
     throw InvalidArgument(fmt::format("ScaledOperator: scaling has {} entries, operator {} rows",
-                                      d_.size(), inner_.rows()));
+                                      d.size(), inner_.rows()));
   }
+  d_ = at::from_blob(const_cast<double*>(d.data()), {d.size()}, at::kDouble)
+           .to(inner_.device(), false, /*copy=*/true);
 }
 
-void ScaledOperator::apply(const double* x, double* y) {
-  scratch_ = d_.cwiseProduct(Eigen::Map<const Eigen::VectorXd>(x, d_.size()));
-  inner_.apply(scratch_.data(), y);
-  Eigen::Map<Eigen::VectorXd> out(y, d_.size());
-  out = out.cwiseProduct(d_);
-  ++applies_;
-}
+at::Tensor ScaledOperator::product(const at::Tensor& x) { return inner_.apply(x * d_).mul_(d_); }
 
 double AdamPreconditioner::edge_of_stability() const {
   return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr);
@@ -90,28 +85,26 @@ std::string adam_preconditioner(const SavedOptimizer& saved, const ParamSpace& s
   return "";
 }
 
-Overlap direction_overlap(const ParamVector& u, const std::vector<Eigen::VectorXd>& eigenvectors,
+Overlap direction_overlap(const ParamVector& u, const std::vector<at::Tensor>& eigenvectors,
                           const ParamVector& gradient) {
-  int64_t n = 0;
-  for (const auto& t : u) n += t.numel();
-  Eigen::VectorXd flat_u(n), flat_g(n);
-  to_flat(u, flat_u.data());
-  to_flat(gradient, flat_g.data());
+  const at::Tensor flat_u = flat_float64(u), flat_g = flat_float64(gradient);
+  const int64_t n = flat_u.numel();
+  auto dot = [](const at::Tensor& a, const at::Tensor& b) { return at::dot(a, b).item<double>(); };
   Overlap out;
-  const double uu = flat_u.squaredNorm();
+  const double uu = dot(flat_u, flat_u);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const auto& v : eigenvectors) {
-    if (v.size() != n) {
+    if (v.dim() != 1 || v.numel() != n) {
       throw InvalidArgument(
-          fmt::format("direction_overlap: eigenvector of length {}, direction {}", v.size(), n));
+          fmt::format("direction_overlap: eigenvector of length {}, direction {}", v.numel(), n));
     }
-    const double c = v.dot(flat_u);
+    const double c = dot(v.to(flat_u.device(), at::kDouble), flat_u);
     out.per_vector.push_back(uu > 0 ? c * c / uu : nan);
   }
   out.eigenspace_share =
       uu > 0 ? std::accumulate(out.per_vector.begin(), out.per_vector.end(), 0.0) : nan;
-  const double gg = flat_g.squaredNorm();
-  out.gradient_cosine = uu > 0 && gg > 0 ? flat_g.dot(flat_u) / std::sqrt(uu * gg) : nan;
+  const double gg = dot(flat_g, flat_g);
+  out.gradient_cosine = uu > 0 && gg > 0 ? dot(flat_g, flat_u) / std::sqrt(uu * gg) : nan;
   return out;
 }
 

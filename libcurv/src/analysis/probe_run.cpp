@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "analysis/checkpoint_reader.h"
 #include "curv/analysis/direction_registry.h"
 #include "curv/analysis/unit_analysis.h"
 #include "curv/core/directions.h"
@@ -183,6 +184,7 @@ struct ProbeRun::Pass {
   const ProgressCallback& progress;
   ProbeRunSummary summary;
   size_t done = 0;  // units finished or skipped, for progress
+  CheckpointReader reader;
 
   void advance(const std::string& label) {
     report_progress(progress, report, ++done, summary.units, label);
@@ -205,14 +207,19 @@ struct ProbeRun::CheckpointState {
 
 ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition& blocks,
                                   ProbeReport& report, const ProgressCallback& progress) {
-  Pass pass{engine, blocks, report, progress, {}, 0};
+  const bool prefetch =
+      options_.prefetch && !(engine.device().is_cpu() && engine.options().max_memory > 0);
+  Pass pass{engine, blocks, report, progress, {}, 0, CheckpointReader(prefetch)};
   pass.summary.units = units();
   for (const auto& a : analyses_) a->begin_run(engine, report);
   try {
     for (const auto& run : runs_) {
       report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
       report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
-      for (const auto& info : run.chosen) probe_checkpoint(run, info, pass);
+      for (size_t c = 0; c < run.chosen.size(); ++c) {
+        probe_checkpoint(run, run.chosen[c],
+                         c + 1 < run.chosen.size() ? &run.chosen[c + 1] : nullptr, pass);
+      }
     }
   } catch (...) {
     // Keeps the finished units of a run that fails. Not with several ranks: the failure may be
@@ -231,15 +238,83 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
   for (const auto& a : analyses_) wrote = a->end_run(report) || wrote;
   if (wrote) report.commit();
   pass.summary.counters = engine.counters();
+  pass.summary.checkpoints_read_ahead = pass.reader.reads_saved();
   return pass.summary;
 }
 
-void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass) {
+struct ProbeRun::CheckpointNeeds {
+  bool units_pending = false;  // a direction's unit is not in the report yet
+  bool all_done = false;       // nor is anything else left to do here
+  bool state = false;          // a pending unit or analysis reads the optimizer state
+  bool next = false;           // a pending direction reads the next checkpoint (the delta)
+  size_t last_state_reader = 0;
+
+  CheckpointParts parts() const {
+    return state ? CheckpointParts::kAll : CheckpointParts::kModelOnly;
+  }
+};
+
+ProbeRun::CheckpointNeeds ProbeRun::needs_of(const ProbeRunSource& run, const CheckpointInfo& info,
+                                             ProbeReport& report) const {
+  CheckpointNeeds n;
+  n.last_state_reader = directions_.size();
+  for (size_t k = 0; k < directions_.size(); ++k) {
+    if (report.done(run.name, info.step, directions_[k]->name())) continue;
+    n.units_pending = true;
+    if (directions_[k]->reads_saved_state()) {
+      n.state = true;
+      n.last_state_reader = k;
+    }
+    n.next = n.next || directions_[k]->reads_next_checkpoint();
+  }
+  // Adam-type state is twice the parameters: read only when something here uses it.
+  for (const auto& a : analyses_) n.state = n.state || a->reads_saved_state();
+  n.all_done = !n.units_pending;
+  for (const auto& a : analyses_) {
+    if (a->per_checkpoint())
+      n.all_done = n.all_done && a->checkpoint_done(report, run.name, info.step);
+  }
+  return n;
+}
+
+namespace {
+
+// The checkpoint after `info` in its run, where the delta goes; nullptr for the last.
+const CheckpointInfo* successor(const ProbeRunSource& run, const CheckpointInfo& info) {
+  for (size_t k = 0; k + 1 < run.all.size(); ++k) {
+    if (run.all[k].step == info.step) return &run.all[k + 1];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void ProbeRun::read_ahead(const ProbeRunSource& run, const CheckpointInfo* next, Pass& pass) const {
+  CheckpointReader& reader = pass.reader;
+  if (!reader.prefetching()) return;
+  std::set<std::string> wanted;
+  if (next != nullptr) {
+    const CheckpointNeeds n = needs_of(run, *next, pass.report);
+    if (!n.all_done) {
+      reader.prefetch(*next, n.parts(), /*with_digest=*/true);
+      wanted.insert(next->path);
+      const CheckpointInfo* after = n.next ? successor(run, *next) : nullptr;
+      if (after != nullptr) {
+        reader.prefetch(*after, CheckpointParts::kModelOnly, /*with_digest=*/false);
+        wanted.insert(after->path);
+      }
+    }
+  }
+  reader.retain(wanted);
+}
+
+void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
+                                const CheckpointInfo* next, Pass& pass) {
   ProbeReport& report = pass.report;
   CurvatureEngine& engine = pass.engine;
   // Results already in the file belong to the checkpoint as it was then: a checkpoint that
   // changed since (overwritten, re-saved by a resumed training run) is refused by name.
-  const std::string digest = checkpoint_digest(info);
+  const std::string digest = pass.reader.digest(info);
   const std::string recorded = report.checkpoint_digest(run.name, info.step);
   if (!recorded.empty() && recorded != digest) {
     throw InvalidArgument(fmt::format(
@@ -247,15 +322,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         "written (then {}, now {}); write to a new file, or drop --resume to start over",
         report.path(), info.path, run.name, info.step, recorded, digest));
   }
-  bool units_pending = false;
-  for (const auto& d : directions_) {
-    units_pending = units_pending || !report.done(run.name, info.step, d->name());
-  }
-  bool all_done = !units_pending;
-  for (const auto& a : analyses_) {
-    if (a->per_checkpoint()) all_done = all_done && a->checkpoint_done(report, run.name, info.step);
-  }
-  if (all_done) {
+  const CheckpointNeeds needs = needs_of(run, info, report);
+  if (needs.all_done) {
     pass.done += units_per_checkpoint();
     pass.summary.skipped += units_per_checkpoint();
     report_progress(pass.progress, report, pass.done, pass.summary.units,
@@ -264,6 +332,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   }
   CheckpointState state;
   load_checkpoint_state(run, info, pass, state);
+  read_ahead(run, next, pass);
   // The gradient pass (with its kept graphs) only when a number reported here uses it: not at a
   // checkpoint whose every pending direction is unavailable (the delta at a run's last
   // checkpoint) and with no checkpoint analysis left, where the loss alone is one forward.
@@ -286,8 +355,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         }
       });
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
-  CheckpointContext context{engine,    pass.blocks, report,       run.name,
-                            info.step, state.saved, units_pending};
+  CheckpointContext context{engine,      pass.blocks,        report, run.name, info.step,
+                            state.saved, needs.units_pending};
   for (const auto& a : analyses_) {
     if (!a->per_checkpoint()) {
       a->begin_checkpoint(context);
@@ -313,21 +382,10 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   const auto& o = options_;
   CurvatureEngine& engine = pass.engine;
   const ParamSpace& space = engine.space();
-  // Adam-type state is twice the parameters: read it only when something here uses it.
-  // The last direction that reads it releases it. Likewise the next checkpoint.
-  bool needs_state = false, needs_next = false;
-  for (const auto& a : analyses_) needs_state = needs_state || a->reads_saved_state();
-  state.last_state_reader = directions_.size();
-  for (size_t k = 0; k < directions_.size(); ++k) {
-    if (pass.report.done(run.name, info.step, directions_[k]->name())) continue;
-    if (directions_[k]->reads_saved_state()) {
-      needs_state = true;
-      state.last_state_reader = k;
-    }
-    needs_next = needs_next || directions_[k]->reads_next_checkpoint();
-  }
-  state.ckpt =
-      load_checkpoint(info, needs_state ? CheckpointParts::kAll : CheckpointParts::kModelOnly);
+  // The last direction that reads the optimizer state releases it.
+  const CheckpointNeeds needs = needs_of(run, info, pass.report);
+  state.last_state_reader = needs.last_state_reader;
+  state.ckpt = pass.reader.load(info, needs.parts());
   const ModelStructure structure = engine.objective().structure();
   resolve_optimizer_state(state.ckpt, space, o.param_order, &structure);
   state.saved = saved_optimizer(state.ckpt);
@@ -344,14 +402,14 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   // θ is the engine's own parameters (views, no copy): nothing here writes to them, and the
   // engine's excursions to θ + u restore them exactly.
   context.theta = detached(like);
-  // The delta goes to the next saved checkpoint, whatever the selection's stride.
-  for (size_t k = 0; needs_next && k + 1 < run.all.size(); ++k) {
-    if (run.all[k].step == info.step) {
-      // Only its parameters: the successor's optimizer state plays no part here.
-      Checkpoint next = load_checkpoint(run.all[k + 1], CheckpointParts::kModelOnly);
-      context.theta_next = parameters_from(next, space, like, o.allow_extra, &structure);
-      break;
-    }
+  // The delta goes to the next saved checkpoint, whatever the selection's stride. Only its
+  // parameters: the successor's optimizer state plays no part here. Its tensors are kept for its
+  // own turn.
+  const CheckpointInfo* after = needs.next ? successor(run, info) : nullptr;
+  if (after != nullptr) {
+    Checkpoint next = pass.reader.load(*after, CheckpointParts::kModelOnly);
+    context.theta_next = parameters_from(next, space, like, o.allow_extra, &structure);
+    pass.reader.keep(*after, CheckpointParts::kModelOnly, std::move(next));
   }
 }
 

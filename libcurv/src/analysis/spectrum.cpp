@@ -1,13 +1,15 @@
 #include "curv/analysis/spectrum.h"
 
+#include <ATen/ATen.h>
 #include <Spectra/SymEigsSolver.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <Eigen/Eigenvalues>
-#include <Eigen/QR>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -25,41 +27,75 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Random vectors from SplitMix64, so a seed gives the same probes with every standard library.
+// Random vectors from SplitMix64, so a seed gives the same probes with every standard library and
+// on every device. The generator is counter-based (output k is a function of seed + k·γ), so a
+// vector is made where it is used, on the operator's device, entry by entry equal to the scalar
+// sequence: Rademacher signs exactly, Gaussians (Box–Muller) to the rounding of log and cos.
 class Random {
  public:
   explicit Random(uint64_t seed) : state_(seed) {}
-  double rademacher() { return (splitmix64(state_) >> 63) ? 1.0 : -1.0; }
-  double uniform_open() {  // in (0, 1)
-    return (static_cast<double>(splitmix64(state_) >> 11) + 0.5) * 0x1.0p-53;
+  at::Tensor rademacher(int64_t n, const at::TensorOptions& options) {
+    at::Tensor out = at::empty({n}, options);
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t count = std::min(kChunk, n - begin);
+      // The top bit set gives +1, clear −1.
+      out.narrow(0, begin, count).copy_(next(count, options).lt(0).to(at::kDouble).mul_(2).sub_(1));
+    }
+    return out;
   }
-  double gaussian() {  // Box–Muller
-    const double r = std::sqrt(-2.0 * std::log(uniform_open()));
-    return r * std::cos(2.0 * M_PI * uniform_open());
-  }
-  Eigen::VectorXd rademacher(int64_t n) {
-    Eigen::VectorXd v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = rademacher();
-    return v;
-  }
-  Eigen::VectorXd gaussian(int64_t n) {
-    Eigen::VectorXd v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = gaussian();
-    return v;
+  at::Tensor gaussian(int64_t n, const at::TensorOptions& options) {
+    at::Tensor out = at::empty({n}, options);
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t count = std::min(kChunk, n - begin);
+      // Uniforms in (0, 1) from the top 53 bits; two per value, the radius's first.
+      const at::Tensor u = shift_right(next(2 * count, options), 11)
+                               .to(at::kDouble)
+                               .add_(0.5)
+                               .mul_(0x1.0p-53)
+                               .view({count, 2});
+      const at::Tensor radius = u.select(1, 0).log().mul_(-2.0).sqrt_();
+      out.narrow(0, begin, count).copy_(radius.mul_(u.select(1, 1).mul(2.0 * M_PI).cos_()));
+    }
+    return out;
   }
 
  private:
+  static constexpr int64_t kChunk = int64_t{1} << 22;  // bounds the generator's scratch memory
+  static constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
+
+  static int64_t bits(uint64_t value) {
+    int64_t out;
+    std::memcpy(&out, &value, sizeof out);
+    return out;
+  }
+  // Logical (unsigned) right shift of int64 bit patterns.
+  static at::Tensor shift_right(const at::Tensor& z, int k) {
+    return z.__rshift__(k).bitwise_and_(bits((~uint64_t{0}) >> k));
+  }
+  // The next `count` outputs of splitmix64 as int64 bit patterns: int64 products and sums wrap
+  // as the uint64 ones do.
+  at::Tensor next(int64_t count, const at::TensorOptions& options) {
+    at::Tensor z =
+        at::arange(1, count + 1, options.dtype(at::kLong)).mul_(bits(kGamma)).add_(bits(state_));
+    state_ += static_cast<uint64_t>(count) * kGamma;
+    z = z.bitwise_xor(shift_right(z, 30)).mul_(bits(0xbf58476d1ce4e5b9ULL));
+    z = z.bitwise_xor(shift_right(z, 27)).mul_(bits(0x94d049bb133111ebULL));
+    return z.bitwise_xor(shift_right(z, 31));
+  }
+
   uint64_t state_;
 };
 
-Eigen::VectorXd apply(LinearOperator& op, const Eigen::VectorXd& x) {
-  Eigen::VectorXd y(op.rows());
-  op.apply(x.data(), y.data());
-  if (!y.allFinite()) {
+double dot_value(const at::Tensor& a, const at::Tensor& b) { return at::dot(a, b).item<double>(); }
+double norm_value(const at::Tensor& a) { return a.norm().item<double>(); }
+
+at::Tensor apply(LinearOperator& op, const at::Tensor& x) {
+  at::Tensor y = op.apply(x);
+  if (!at::isfinite(y).all().item<bool>()) {
     throw NumericalError(
         fmt::format("operator product holds NaN or Inf (input norm {:.6g}): is the loss twice "
                     "differentiable at these parameters?",
-                    x.norm()));
+                    norm_value(x)));
   }
   return y;
 }
@@ -67,38 +103,54 @@ Eigen::VectorXd apply(LinearOperator& op, const Eigen::VectorXd& x) {
 // Lanczos tridiagonalisation with full reorthogonalisation (two Gram–Schmidt passes, which keep
 // the basis orthonormal to working precision, so no spurious copies of converged Ritz values
 // appear). T has diagonal alpha and off-diagonal beta[0..m-2]; beta[m-1] couples to the next,
-// not yet formed vector and gives the residual estimates.
+// not yet formed vector and gives the residual estimates. The basis and the recurrence live on
+// the operator's device, or on the host when the basis is spilled there.
 struct Krylov {
-  std::vector<Eigen::VectorXd> q;
+  std::vector<at::Tensor> q;
   std::vector<double> alpha, beta;
   bool invariant = false;  // the Krylov space is invariant: its Ritz pairs are exact
 };
 
+at::TensorOptions basis_options(const LinearOperator& op, KrylovBasis where) {
+  at::TensorOptions o = vector_options(op);
+  if (where == KrylovBasis::kDevice) return o;
+  return o.device(c10::kCPU).pinned_memory(op.device().is_cuda());
+}
+
+// A copy of `x` with `options` (device and pinning), or `x` itself when it already has them.
+at::Tensor moved(const at::Tensor& x, const at::TensorOptions& options) {
+  if (x.device() == options.device() && x.is_pinned() == options.pinned_memory()) return x;
+  return at::empty(x.sizes(), options).copy_(x);
+}
+
 // Runs until `max_steps` steps, an invariant subspace, or `stop(krylov)` returns true after a step.
 template <class Stop>
-void lanczos(LinearOperator& op, Eigen::VectorXd start, int64_t max_steps, Krylov& k, Stop stop) {
+void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, KrylovBasis where,
+             Krylov& k, Stop stop) {
   const int64_t n = op.rows();
+  const at::TensorOptions basis = basis_options(op, where), device = vector_options(op);
   max_steps = std::min(max_steps, n);
-  const double start_norm = start.norm();
+  const double start_norm = norm_value(start);
   if (!(start_norm > 0)) throw InvalidArgument("Lanczos: start vector is zero");
-  k.q.push_back(start / start_norm);
+  k.q.push_back(moved(start / start_norm, basis));
   double scale = 0.0;  // largest |α| or β seen: what "negligibly small β" is relative to
   for (int64_t j = 0; j < max_steps; ++j) {
-    Eigen::VectorXd w = apply(op, k.q[j]);
-    const double a = k.q[j].dot(w);
-    w -= a * k.q[j];
-    if (j > 0) w -= k.beta[j - 1] * k.q[j - 1];
+    at::Tensor w = moved(apply(op, moved(k.q[j], device)), basis);
+    const double a = dot_value(k.q[j], w);
+    w.sub_(k.q[j], a);
+    if (j > 0) w.sub_(k.q[j - 1], k.beta[j - 1]);
     for (int pass = 0; pass < 2; ++pass) {
-      for (const auto& q : k.q) w -= q.dot(w) * q;
+      // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
+      for (const auto& q : k.q) w.addcmul_(q, at::dot(q, w), -1);
     }
-    const double b = w.norm();
+    const double b = norm_value(w);
     k.alpha.push_back(a);
     k.beta.push_back(b);
     scale = std::max({scale, std::abs(a), b});
     // A full-dimensional Krylov space is invariant too; its last β is rounding noise.
     k.invariant = b <= 1e-12 * scale || j + 1 == n;
     if (stop(k) || k.invariant) return;
-    if (j + 1 < max_steps) k.q.push_back(w / b);
+    if (j + 1 < max_steps) k.q.push_back(w.div_(b));
   }
 }
 
@@ -138,10 +190,11 @@ bool ritz_converged(double theta, double bound, double tol, double scale) {
 
 void measure_residuals(LinearOperator& op, std::vector<RitzPair>& pairs, EigenResult& result) {
   for (auto& p : pairs) {
-    const double norm = p.vector.norm();
-    if (!(norm > 0)) continue;
-    Eigen::VectorXd v = p.vector / norm;
-    p.residual = (apply(op, v) - p.value * v).norm();
+    if (!p.vector.defined()) continue;
+    const double length = norm_value(p.vector);
+    if (!(length > 0)) continue;
+    const at::Tensor v = p.vector / length;
+    p.residual = norm_value(apply(op, v).sub_(v, p.value));
     ++result.residual_hvps;
   }
 }
@@ -153,7 +206,7 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
   Random rng(o.seed);
   Krylov k;
   bool converged = false;
-  lanczos(op, rng.gaussian(n), o.max_hvps, k, [&](const Krylov& kr) {
+  lanczos(op, rng.gaussian(n, vector_options(op)), o.max_hvps, o.basis, k, [&](const Krylov& kr) {
     const int64_t m = static_cast<int64_t>(kr.alpha.size());
     auto eig = tridiagonal_eigen(kr, true);
     const Eigen::VectorXd& theta = eig.eigenvalues();
@@ -204,8 +257,9 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
     p.residual = lanczos_residual(k, s, i);
     p.error_bound = error_bound(theta, i, p.residual, o.bound);
     if (o.keep_vectors || o.check_residuals) {
-      p.vector = Eigen::VectorXd::Zero(n);
-      for (int64_t l = 0; l < m; ++l) p.vector += s(l, i) * k.q[l];
+      at::Tensor v = at::zeros({n}, k.q[0].options());
+      for (int64_t l = 0; l < m; ++l) v.add_(k.q[l], s(l, i));
+      p.vector = moved(v, vector_options(op));
     }
     return p;
   };
@@ -219,7 +273,7 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
   const int64_t n = op.rows();
   SpectraOperator adapter(op);
   Random rng(o.seed);
-  const Eigen::VectorXd start = rng.gaussian(n);
+  const at::Tensor start = rng.gaussian(n, at::TensorOptions().dtype(at::kDouble));
   const int64_t before = op.num_applies();
   bool all_converged = true;
   bool numerical_issue = false;
@@ -239,7 +293,7 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
     const int64_t maxit =
         std::max<int64_t>(1, (budget - ncv) / std::max<int64_t>(ncv - nev, 1) + 1);
     Spectra::SymEigsSolver<SpectraOperator> solver(adapter, nev, ncv);
-    solver.init(start.data());
+    solver.init(start.data_ptr<double>());
     const Eigen::Index nconv = solver.compute(rule, maxit, o.tol, rule);
     result.iterations += solver.num_iterations();
     if (solver.info() != Spectra::CompInfo::Successful) {
@@ -254,7 +308,9 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
     for (Eigen::Index i = 0; i < values.size(); ++i) {
       RitzPair p;
       p.value = values[i];
-      p.vector = vectors.col(i);
+      const Eigen::VectorXd column = vectors.col(i);
+      p.vector = at::from_blob(const_cast<double*>(column.data()), {n}, at::kDouble)
+                     .to(op.device(), false, /*copy=*/true);
       p.residual = std::numeric_limits<double>::quiet_NaN();  // Spectra does not expose it
       p.error_bound = std::numeric_limits<double>::quiet_NaN();
       out.push_back(std::move(p));
@@ -276,25 +332,25 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
   EigenResult result;
   const int64_t n = op.rows();
   Random rng(o.seed);
-  std::vector<Eigen::VectorXd> found;
+  std::vector<at::Tensor> found;
   bool converged = true;
   int64_t spent = 0;
   for (int64_t pair = 0; pair < std::min(o.top, n); ++pair) {
-    Eigen::VectorXd v = rng.gaussian(n);
-    v /= v.norm();
+    at::Tensor v = rng.gaussian(n, vector_options(op));
+    v.div_(norm_value(v));
     double value = std::numeric_limits<double>::quiet_NaN();
     bool stopped = false;
     while (spent < o.max_hvps) {
       // Deflation as PyHessian does it: project out the pairs already found, every iteration.
-      for (const auto& f : found) v -= f.dot(v) * f;
-      v /= v.norm();
-      Eigen::VectorXd hv = apply(op, v);
+      for (const auto& f : found) v.sub_(f, dot_value(f, v));
+      v.div_(norm_value(v));
+      at::Tensor hv = apply(op, v);
       ++spent;
       ++result.iterations;
-      const double rayleigh = v.dot(hv);
+      const double rayleigh = dot_value(v, hv);
       if (pair == 0) result.largest_history.push_back(rayleigh);
-      const double hv_norm = hv.norm();
-      if (hv_norm > 0) v = hv / hv_norm;
+      const double hv_norm = norm_value(hv);
+      if (hv_norm > 0) v = hv.div_(hv_norm);
       if (std::isfinite(value) && std::abs(value - rayleigh) / (std::abs(value) + 1e-6) < o.tol) {
         value = rayleigh;
         stopped = true;
@@ -335,6 +391,16 @@ double mean_of(const std::vector<double>& x) {
 }
 
 }  // namespace
+
+KrylovBasis parse_krylov_basis(const std::string& text) {
+  if (text == "device") return KrylovBasis::kDevice;
+  if (text == "host") return KrylovBasis::kHost;
+  throw InvalidArgument(fmt::format("Krylov basis '{}': expected device or host", text));
+}
+
+std::string to_string(KrylovBasis basis) {
+  return basis == KrylovBasis::kDevice ? "device" : "host";
+}
 
 EigenMethod parse_eigen_method(const std::string& text) {
   if (text == "lanczos") return EigenMethod::kLanczos;
@@ -439,7 +505,7 @@ EigenResult extreme_eigenpairs(LinearOperator& op, const EigenOptions& options) 
   }
   if (!options.keep_vectors) {
     for (auto* pairs : {&result.largest, &result.smallest, &result.dominant})
-      for (auto& p : *pairs) p.vector = Eigen::VectorXd();
+      for (auto& p : *pairs) p.vector = at::Tensor();
   }
   result.seconds = seconds_since(start);
   return result;
@@ -479,8 +545,8 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
   double exact_part = 0.0;
   if (options.method == TraceMethod::kHutchinson) {
     for (int64_t i = 0; i < options.matvecs; ++i) {
-      const Eigen::VectorXd z = rng.rademacher(n);
-      samples.push_back(z.dot(apply(op, z)));
+      const at::Tensor z = rng.rademacher(n, vector_options(op));
+      samples.push_back(dot_value(z, apply(op, z)));
     }
     result.matvecs = options.matvecs;
   } else {
@@ -488,19 +554,20 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
     // quadratic form, the remaining m − 2k for Hutchinson on (I − QQᵀ)A(I − QQᵀ).
     const int64_t k = std::min(options.matvecs / 3, n);
     const int64_t r = options.matvecs - 2 * k;
-    Eigen::MatrixXd y(n, k);
-    for (int64_t j = 0; j < k; ++j) y.col(j) = apply(op, rng.rademacher(n));
-    Eigen::HouseholderQR<Eigen::MatrixXd> qr(y);
-    const Eigen::MatrixXd q = qr.householderQ() * Eigen::MatrixXd::Identity(n, k);
-    y.resize(0, 0);
+    const at::TensorOptions options = vector_options(op);
+    at::Tensor y = at::empty({n, k}, options);
+    for (int64_t j = 0; j < k; ++j) y.select(1, j).copy_(apply(op, rng.rademacher(n, options)));
+    // Q: an orthonormal basis of range(Y), n × k (Householder QR; column signs do not matter).
+    const at::Tensor q = std::get<0>(at::linalg_qr(y));
+    y = at::Tensor();
     for (int64_t j = 0; j < k; ++j) {
-      const Eigen::VectorXd qj = q.col(j);
-      exact_part += qj.dot(apply(op, qj));
+      const at::Tensor qj = q.select(1, j).contiguous();
+      exact_part += dot_value(qj, apply(op, qj));
     }
     for (int64_t i = 0; i < r; ++i) {
-      Eigen::VectorXd g = rng.rademacher(n);
-      g -= q * (q.transpose() * g);
-      samples.push_back(g.dot(apply(op, g)));
+      at::Tensor g = rng.rademacher(n, options);
+      g.sub_(at::mv(q, at::mv(q.t(), g)));
+      samples.push_back(dot_value(g, apply(op, g)));
     }
     result.sketch_rank = k;
     result.matvecs = 2 * k + r;
@@ -553,7 +620,8 @@ DensityResult spectral_density(LinearOperator& op, const DensityOptions& options
   const int64_t before = op.num_applies();
   for (int64_t r = 0; r < result.runs; ++r) {
     Krylov k;
-    lanczos(op, rng.rademacher(n), result.steps, k, [](const Krylov&) { return false; });
+    lanczos(op, rng.rademacher(n, vector_options(op)), result.steps, options.basis, k,
+            [](const Krylov&) { return false; });
     auto eig = tridiagonal_eigen(k, true);
     const int64_t m = eig.eigenvalues().size();
     double trace = 0.0;

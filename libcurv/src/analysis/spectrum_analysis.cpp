@@ -51,6 +51,7 @@ void write_eigen(const ReportGroup& spectrum, CurvatureEngine& engine, const Blo
   eigen.attribute("tol", options.tol);
   eigen.attribute("bound", to_string(options.bound));
   eigen.attribute("max_hvps", options.max_hvps);
+  eigen.attribute("krylov_basis", to_string(options.basis));
   eigen.attribute("residuals", "measured: one extra HVP per pair");
   eigen.attribute("messages", messages);
 }
@@ -91,6 +92,7 @@ void write_density(const ReportGroup& spectrum, CurvatureEngine& engine,
   density.attribute("trace", d.trace);
   density.attribute("trace_standard_error", d.trace_standard_error);
   density.attribute("hvps", d.hvps);
+  density.attribute("krylov_basis", to_string(o.density_options.basis));
 }
 
 void write_precond(const ReportGroup& spectrum, CurvatureEngine& engine,
@@ -179,7 +181,7 @@ class SpectrumAnalysis : public UnitAnalysis {
 
  private:
   CheckpointSpectrumOptions o_;
-  std::vector<Eigen::VectorXd> top_vectors_;  // of the current checkpoint, for overlap
+  std::vector<at::Tensor> top_vectors_;  // of the current checkpoint, for overlap
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <numeric>
@@ -11,6 +12,32 @@
 #include "curv/core/error.h"
 
 namespace curv {
+
+at::Tensor LinearOperator::apply(const at::Tensor& x) {
+  if (x.dim() != 1 || x.size(0) != rows() || x.scalar_type() != at::kDouble ||
+      x.device() != device()) {
+    throw InvalidArgument(fmt::format(
+        "LinearOperator::apply: x is a {} tensor of shape [{}] on {}; the operator takes a "
+        "float64 vector of {} entries on {}",
+        c10::toString(x.scalar_type()), fmt::join(x.sizes(), ", "), x.device().str(), rows(),
+        device().str()));
+  }
+  at::Tensor y = product(x);
+  ++applies_;
+  return y;
+}
+
+void LinearOperator::apply_host(const double* x, double* y) {
+  const int64_t n = rows();
+  const at::Tensor in =
+      at::from_blob(const_cast<double*>(x), {n}, at::kDouble).to(device(), false, /*copy=*/true);
+  const at::Tensor out = apply(in).to(at::kCPU).contiguous();
+  std::copy_n(out.data_ptr<double>(), n, y);
+}
+
+at::TensorOptions vector_options(const LinearOperator& op) {
+  return at::TensorOptions().dtype(at::kDouble).device(op.device());
+}
 
 HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> params)
     : engine_(engine), params_(std::move(params)) {
@@ -28,24 +55,25 @@ HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> pa
   }
 }
 
-void HessianOperator::apply(const double* x, double* y) {
+c10::Device HessianOperator::device() const { return engine_.device(); }
+
+at::Tensor HessianOperator::product(const at::Tensor& x) {
   const auto& space = engine_.space();
   const ParamVector& like = engine_.gradient();
   ParamVector v = zeros_like(like);
   int64_t offset = 0;
   for (size_t i : params_) {
-    auto chunk = at::from_blob(const_cast<double*>(x) + offset, space[i].shape, at::kDouble);
-    v[i] = chunk.to(like[i].device(), like[i].scalar_type(), false, /*copy=*/true);
+    // A copy in the parameters' dtype, on the device x is on already.
+    v[i] = x.narrow(0, offset, space[i].numel)
+               .view(space[i].shape)
+               .to(like[i].scalar_type(), false, /*copy=*/true);
     offset += space[i].numel;
   }
   ParamVector hv = engine_.hvp(v);
-  offset = 0;
-  for (size_t i : params_) {
-    auto flat = hv[i].detach().to(at::kCPU, at::kDouble).contiguous();
-    std::copy_n(flat.data_ptr<double>(), flat.numel(), y + offset);
-    offset += space[i].numel;
-  }
-  ++applies_;
+  std::vector<at::Tensor> parts;
+  parts.reserve(params_.size());
+  for (size_t i : params_) parts.push_back(hv[i].detach().reshape(-1).to(at::kDouble));
+  return at::cat(parts);
 }
 
 DenseOperator::DenseOperator(Eigen::MatrixXd matrix) : matrix_(std::move(matrix)) {
@@ -55,10 +83,12 @@ DenseOperator::DenseOperator(Eigen::MatrixXd matrix) : matrix_(std::move(matrix)
   }
 }
 
-void DenseOperator::apply(const double* x, double* y) {
-  Eigen::Map<Eigen::VectorXd>(y, matrix_.rows()) =
-      matrix_ * Eigen::Map<const Eigen::VectorXd>(x, matrix_.cols());
-  ++applies_;
+at::Tensor DenseOperator::product(const at::Tensor& x) {
+  const at::Tensor in = x.contiguous();
+  at::Tensor y = at::empty({matrix_.rows()}, at::kDouble);
+  Eigen::Map<Eigen::VectorXd>(y.data_ptr<double>(), matrix_.rows()) =
+      matrix_ * Eigen::Map<const Eigen::VectorXd>(in.data_ptr<double>(), matrix_.cols());
+  return y;
 }
 
 Eigen::MatrixXd to_dense(LinearOperator& op) {
@@ -67,7 +97,7 @@ Eigen::MatrixXd to_dense(LinearOperator& op) {
   Eigen::VectorXd e = Eigen::VectorXd::Zero(n);
   for (int64_t j = 0; j < n; ++j) {
     e[j] = 1.0;
-    op.apply(e.data(), out.col(j).data());
+    op.apply_host(e.data(), out.col(j).data());
     e[j] = 0.0;
   }
   return out;

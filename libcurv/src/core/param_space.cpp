@@ -151,6 +151,19 @@ bool all_finite(const ParamVector& x) {
   return true;
 }
 
+at::Tensor flat_float64(const ParamVector& x) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!x[i].defined()) {
+      throw InvalidArgument(fmt::format("flat_float64: tensor {} of {} is undefined", i, x.size()));
+    }
+    parts.push_back(x[i].detach().reshape(-1).to(at::kDouble));
+  }
+  if (parts.empty()) return at::empty({0}, at::kDouble);
+  return at::cat(parts);
+}
+
 void to_flat(const ParamVector& x, double* out) {
   int64_t offset = 0;
   for (const auto& t : x) {

@@ -82,6 +82,11 @@ struct ProbeRunOptions {
   // Analyses registered with register_unit_analysis to run beside the built-ins, by name
   // (curv/analysis/unit_analysis.h); the built-ins follow the options above.
   std::vector<std::string> analyses;
+  // Read the checkpoints the next turn of the loop needs on background threads while the current
+  // one's units compute, and keep the delta's successor read for its own turn: each file read
+  // once, its reading hidden behind the HVPs, for up to two more checkpoints in host memory.
+  // Off on the CPU when the engine has a memory bound (EngineOptions::max_memory).
+  bool prefetch = true;
 
   void validate() const;  // InvalidArgument naming the field and value
 };
@@ -102,6 +107,9 @@ struct ProbeRunSummary {
   // The most bytes the device's tensors held in any unit (a checkpoint's gradient pass counted);
   // -1 where the device keeps no statistics (the CPU).
   int64_t peak_memory = -1;
+  // Checkpoint loads served by a read made ahead (ProbeRunOptions::prefetch): in the background,
+  // or kept from the delta's read of its successor.
+  int64_t checkpoints_read_ahead = 0;
   EngineCounters counters;
 };
 
@@ -128,10 +136,17 @@ class ProbeRun {
  private:
   struct Pass;
   struct CheckpointState;
+  struct CheckpointNeeds;
   size_t units_per_checkpoint() const;  // directions and per-checkpoint analyses
-  void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass);
+  // What is left to do at a checkpoint, and which of its files that needs.
+  CheckpointNeeds needs_of(const ProbeRunSource& run, const CheckpointInfo& info,
+                           ProbeReport& report) const;
+  // `next`: the checkpoint probed after this one, read ahead (nullptr: none).
+  void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
+                        const CheckpointInfo* next, Pass& pass);
   void load_checkpoint_state(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass,
                              CheckpointState& state) const;
+  void read_ahead(const ProbeRunSource& run, const CheckpointInfo* next, Pass& pass) const;
   void probe_unit(const ProbeRunSource& run, const CheckpointInfo& info, size_t k,
                   CheckpointState& state, Pass& pass);
 

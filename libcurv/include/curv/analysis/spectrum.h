@@ -3,6 +3,8 @@
 // stochastic Lanczos quadrature, and the overlap of update directions with the top eigenspace.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <Eigen/Core>
 #include <cstdint>
 #include <string>
@@ -40,6 +42,19 @@ enum class ErrorBound {
 ErrorBound parse_error_bound(const std::string& text);  // "residual" | "gap"
 std::string to_string(ErrorBound bound);
 
+// Where a Lanczos basis (EigenMethod::kLanczos, and each run of the spectral density) is kept.
+enum class KrylovBasis {
+  // On the operator's device: nothing crosses to the host per step; each step adds rows()
+  // doubles of device memory (1 GB per step at 124M parameters).
+  kDevice,
+  // Spilled to host memory (pinned when the operator is on CUDA): each step copies its product
+  // to the host, where the recurrence and the reorthogonalisation run, and the next basis vector
+  // back; the device holds a few vectors only.
+  kHost,
+};
+KrylovBasis parse_krylov_basis(const std::string& text);  // "device" | "host"
+std::string to_string(KrylovBasis basis);
+
 struct EigenOptions {
   int64_t top = 1;     // largest (algebraic) eigenvalues wanted; power: largest |λ| wanted
   int64_t bottom = 0;  // smallest (algebraic) eigenvalues wanted; Lanczos methods only
@@ -57,7 +72,8 @@ struct EigenOptions {
   // One extra HVP per returned pair to measure ‖Hv − θv‖ directly instead of trusting the
   // Lanczos relation's estimate |β_m s_m| (which rounding in the HVPs can make optimistic).
   bool check_residuals = true;
-  bool keep_vectors = true;  // return the eigenvectors (rows() doubles each)
+  bool keep_vectors = true;  // return the eigenvectors (rows() doubles each, on op.device())
+  KrylovBasis basis = KrylovBasis::kDevice;  // Lanczos only
 
   void validate() const;  // InvalidArgument naming the field and its value
 };
@@ -66,7 +82,8 @@ struct RitzPair {
   double value = 0.0;
   double residual = 0.0;  // ‖Hv − θv‖ with ‖v‖ = 1 (measured, or the Lanczos estimate)
   double error_bound = 0.0;  // Lanczos: the bound on |θ − λ| that the stopping rule used; else NaN
-  Eigen::VectorXd vector;  // empty unless EigenOptions::keep_vectors
+  // 1-D float64 on the operator's device; undefined unless EigenOptions::keep_vectors.
+  at::Tensor vector;
 };
 
 // How an eigen-solve ended, as Spectra's CompInfo reports it: not converging is a status with
@@ -136,6 +153,7 @@ struct DensityOptions {
   double sigma = 0.0;
   int64_t grid = 1024;  // points of the smoothed curve, ≥ 2
   uint64_t seed = 0;
+  KrylovBasis basis = KrylovBasis::kDevice;
   void validate() const;
 };
 
@@ -159,17 +177,20 @@ struct DensityResult {
 DensityResult spectral_density(LinearOperator& op, const DensityOptions& options);
 
 // y = D A D x for a diagonal D = diag(d): A in coordinates scaled by d. With d = P^-1/2 for
-// Adam's preconditioner P, its top eigenvalue is the preconditioned sharpness.
+// Adam's preconditioner P, its top eigenvalue is the preconditioned sharpness. d is copied to
+// the inner operator's device once.
 class ScaledOperator : public LinearOperator {
  public:
-  ScaledOperator(LinearOperator& inner, Eigen::VectorXd d);
+  ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d);
   int64_t rows() const override { return inner_.rows(); }
-  void apply(const double* x, double* y) override;
+  c10::Device device() const override { return inner_.device(); }
+
+ protected:
+  at::Tensor product(const at::Tensor& x) override;
 
  private:
   LinearOperator& inner_;
-  Eigen::VectorXd d_;
-  Eigen::VectorXd scratch_;
+  at::Tensor d_;
 };
 
 // How the Adam-preconditioned sharpness of a checkpoint came out (the status of its results).
@@ -205,8 +226,9 @@ struct Overlap {
   double gradient_cosine = 0.0;    // gᵀu / (‖g‖‖u‖)
 };
 
-// NaN entries when ‖u‖ = 0 (or ‖g‖ = 0 for the cosine): a zero direction has no share.
-Overlap direction_overlap(const ParamVector& u, const std::vector<Eigen::VectorXd>& eigenvectors,
+// NaN entries when ‖u‖ = 0 (or ‖g‖ = 0 for the cosine): a zero direction has no share. The
+// eigenvectors are flat float64 vectors (RitzPair::vector) on the device of u and the gradient.
+Overlap direction_overlap(const ParamVector& u, const std::vector<at::Tensor>& eigenvectors,
                           const ParamVector& gradient);
 
 }  // namespace curv

@@ -1,7 +1,11 @@
-// LinearOperator: a symmetric matrix known only through y = A x on float64 buffers. The Hessian
-// (whole, or restricted to a set of parameters) and dense test matrices share this interface; the
-// eigen-solvers and trace estimators take nothing else.
+// LinearOperator: a symmetric matrix known only through y = A x. Vectors are 1-D float64 tensors
+// on the operator's device (the parameters' device for the Hessian), so the eigen-solvers and
+// trace estimators, which take nothing else, move no vector between host and device per product.
+// Dense test matrices share the interface on the CPU.
 #pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <Eigen/Core>
 #include <cstdint>
@@ -15,23 +19,40 @@ class LinearOperator {
  public:
   virtual ~LinearOperator() = default;
   virtual int64_t rows() const = 0;
-  // y = A x; x and y hold rows() doubles and do not alias.
-  virtual void apply(const double* x, double* y) = 0;
+  // Where the vectors of apply() live.
+  virtual c10::Device device() const { return c10::Device(c10::kCPU); }
+  // y = A x for a 1-D float64 tensor x of rows() entries on device(); y is a new tensor alike.
+  // An x of another shape, dtype or device is an InvalidArgument.
+  at::Tensor apply(const at::Tensor& x);
+  // The same on host buffers of rows() doubles that do not alias: one copy of x to device() and
+  // one of y back. For solvers that work on host memory (Spectra) and for to_dense.
+  void apply_host(const double* x, double* y);
   int64_t num_applies() const { return applies_; }
 
  protected:
+  // A x, for an x that apply() has checked.
+  virtual at::Tensor product(const at::Tensor& x) = 0;
+
+ private:
   int64_t applies_ = 0;
 };
 
+// Options of a vector of `op`: float64 on op.device().
+at::TensorOptions vector_options(const LinearOperator& op);
+
 // The Hessian of the engine's objective at its current parameters. With `params` given, the
 // operator is the principal sub-matrix H_SS for those parameters (coordinates concatenated in
-// the order given): x is zero outside S and y is read on S only.
+// the order given): x is zero outside S and y is read on S only. Vectors live on the engine's
+// device; each product converts x to the parameters' dtype there.
 class HessianOperator : public LinearOperator {
  public:
   explicit HessianOperator(CurvatureEngine& engine, std::vector<size_t> params = {});
   int64_t rows() const override { return rows_; }
-  void apply(const double* x, double* y) override;
+  c10::Device device() const override;
   const std::vector<size_t>& params() const { return params_; }
+
+ protected:
+  at::Tensor product(const at::Tensor& x) override;
 
  private:
   CurvatureEngine& engine_;
@@ -39,12 +60,15 @@ class HessianOperator : public LinearOperator {
   int64_t rows_ = 0;
 };
 
+// A dense symmetric matrix on the CPU (tests, small reference problems).
 class DenseOperator : public LinearOperator {
  public:
   explicit DenseOperator(Eigen::MatrixXd matrix);
   int64_t rows() const override { return matrix_.rows(); }
-  void apply(const double* x, double* y) override;
   const Eigen::MatrixXd& matrix() const { return matrix_; }
+
+ protected:
+  at::Tensor product(const at::Tensor& x) override;
 
  private:
   Eigen::MatrixXd matrix_;

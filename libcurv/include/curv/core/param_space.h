@@ -61,6 +61,10 @@ ParamVector detached(const ParamVector& x);
 ParamVector masked(const ParamVector& x, const std::vector<size_t>& indices);
 bool all_finite(const ParamVector& x);
 
+// The entries of x concatenated in order into one float64 tensor on x's device (an undefined
+// tensor has none: x must be complete).
+at::Tensor flat_float64(const ParamVector& x);
+
 // Conversion to and from one contiguous float64 buffer of length space.numel(), as Spectra and
 // Eigen expect. `like` supplies dtype and device of the tensors created by from_flat.
 void to_flat(const ParamVector& x, double* out);

@@ -15,7 +15,7 @@ class SpectraOperator {
   Eigen::Index rows() const { return op_->rows(); }
   Eigen::Index cols() const { return op_->rows(); }
   // Spectra calls this const; the operator's counters still advance.
-  void perform_op(const Scalar* x_in, Scalar* y_out) const { op_->apply(x_in, y_out); }
+  void perform_op(const Scalar* x_in, Scalar* y_out) const { op_->apply_host(x_in, y_out); }
 
  private:
   LinearOperator* op_;
