@@ -4,9 +4,9 @@
 # CUDA against the CPU in float64, the device memory budget, a real CUDA out-of-memory), then
 # GPT-2 small's audit side by side: a 124M-parameter built-in GPT (12 x 768, vocabulary 50304,
 # context 256), 64 probe sequences of 256 tokens in 16 batches of 4, --directions delta
-# --coupling none, float32, by ndsprobe as it is, by ndsprobe within an 8 GiB device budget
-# (--max-memory 8G --micro-batch 2), and by plain PyTorch (bench/python/plain_torch_audit.py,
-# explicit attention), each twice.
+# --coupling none, float32, by ndsprobe as it is (twice, then once with --no-prefetch), by
+# ndsprobe within an 8 GiB device budget (--max-memory 8G --micro-batch 2) and by plain PyTorch
+# (bench/python/plain_torch_audit.py, explicit attention), each twice.
 #
 # usage: bench/gpu_check.sh BUILD_DIR [WORK_DIR]    PYTHON: a python3 with a CUDA torch
 set -uo pipefail
@@ -51,6 +51,9 @@ for i in 1 2; do
   timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" -o "$work/ndsprobe_$i.h5" 2>&1 |
     grep -E "wall|wrote|^run |delta|rror"
 done
+echo "== ndsprobe --no-prefetch (each checkpoint read at its turn)"
+timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --no-prefetch -o "$work/no_prefetch.h5" 2>&1 |
+  grep -E "wall|wrote|^run |delta|rror"
 for i in 1 2; do
   echo "== ndsprobe --max-memory 8G --micro-batch 2, run $i"
   timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --max-memory 8G --micro-batch 2 \

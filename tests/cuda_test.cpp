@@ -12,6 +12,7 @@
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
+#include "curv/core/precision.h"
 #include "curv/core/runtime.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
@@ -122,6 +123,19 @@ TEST_CASE("eigenpairs, traces and densities on CUDA vectors equal the CPU's in f
   density.steps = 8;
   const DensityResult a = spectral_density(h_cpu, density), b = spectral_density(h_gpu, density);
   CHECK(std::abs(a.trace - b.trace) <= 1e-10 * std::abs(a.trace));
+}
+
+TEST_CASE("TF32 matrix products on CUDA: a measured, small error against full float32", "[.cuda]") {
+  require_cuda();
+  auto gpu = make_model(tiny_gpt_config(), ModelInit{4, at::kFloat, kDevice});
+  CurvatureEngine engine(*gpu, gpt_probe(2, 12, 4, 5, 4));
+  const PrecisionError e = matmul_precision_error(engine, MatmulPrecision::kHigh);
+  INFO("loss " << e.loss << " gradient " << e.gradient << " hvp " << e.hvp << " curvature "
+               << e.curvature);
+  CHECK(e.loss < 1e-2);
+  CHECK(e.gradient < 5e-2);
+  CHECK(e.hvp < 5e-2);
+  CHECK(matmul_precision() == MatmulPrecision::kHighest);
 }
 
 TEST_CASE("the memory budget on CUDA reads the allocator's statistics", "[.cuda]") {

@@ -10,6 +10,7 @@
 #include "curv/analysis/probe_run.h"
 #include "curv/analysis/report.h"
 #include "curv/core/error.h"
+#include "curv/core/precision.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
@@ -65,9 +66,9 @@ TEST_CASE("reading checkpoints ahead gives the same file and reads each checkpoi
   const ProbeJobResult ahead = run_probe_job(fixture.job(true, "ahead.h5"));
   const ProbeJobResult direct = run_probe_job(fixture.job(false, "direct.h5"));
   // Without reading ahead, each checkpoint's own load and the delta's read of its successor:
-  // 3 + 2 reads. Ahead, only step 0 and its successor are read at their turn.
+  // 3 + 2 reads at their turn. Ahead, every one of those loads is served by a read made before.
   CHECK(direct.summary.checkpoints_read_ahead == 0);
-  CHECK(ahead.summary.checkpoints_read_ahead == 3);
+  CHECK(ahead.summary.checkpoints_read_ahead == 5);
   H5Reader a(ahead.output), d(direct.output);
   for (const std::string unit : {"step_0/delta", "step_10/delta", "step_0/gradient",
                                  "step_10/gradient", "step_20/gradient"}) {
@@ -105,4 +106,31 @@ TEST_CASE("a checkpoint that fails to read ahead fails at its turn, the units be
   }
   CHECK_THAT(ahead_error, Catch::Matchers::Contains(broken));
   CHECK(ahead_error == direct_error);
+}
+
+TEST_CASE("reduced matmul precision is recorded with the errors it brings on a probe batch",
+          "[ndsprobe][precision]") {
+  CHECK(parse_matmul_precision("high") == MatmulPrecision::kHigh);
+  CHECK_THROWS_WITH(parse_matmul_precision("tf32"), Catch::Matchers::Contains("highest, high"));
+  {
+    const ScopedMatmulPrecision scope(MatmulPrecision::kMedium);
+    CHECK(matmul_precision() == MatmulPrecision::kMedium);
+  }
+  CHECK(matmul_precision() == MatmulPrecision::kHighest);
+
+  ThreeCheckpointRun fixture;
+  ProbeJob job = fixture.job(true, "high.h5");
+  job.run.matmul_precision = MatmulPrecision::kHigh;
+  run_probe_job(job);
+  CHECK(matmul_precision() == MatmulPrecision::kHighest);  // restored after the run
+  H5Reader h5(job.output);
+  CHECK(h5.attribute_string("/", "matmul_precision") == "high");
+  CHECK(h5.attribute_string("/runs/run/step_0", "matmul_precision") == "high");
+  for (const std::string what : {"loss", "gradient", "hvp", "curvature"}) {
+    INFO(what);
+    const double e = h5.attribute_double("/runs/run/step_0", "matmul_precision_" + what + "_error");
+    // float64 parameters: TF32 never applies, the two precisions give the same numbers.
+    CHECK(e == 0.0);
+  }
+  CHECK_FALSE(h5.has_attribute("/runs/run/step_10", "matmul_precision_hvp_error"));
 }

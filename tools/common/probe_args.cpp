@@ -342,6 +342,13 @@ void EngineArgs::add_to(CLI::App& app) {
                  "0 = whole batches")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--matmul-precision", matmul_precision,
+                 "Float32 matrix products as torch.set_float32_matmul_precision: highest, high "
+                 "(TF32 on CUDA) or medium (also bfloat16); below highest, each run's first "
+                 "checkpoint records the relative error it brings to a batch's loss, gradient "
+                 "and HVP")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& flag) {

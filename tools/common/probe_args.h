@@ -119,6 +119,7 @@ struct EngineArgs {
   std::string max_memory = "0";   // bytes, or with a K, M, G or T suffix (powers of 1024)
   int64_t micro_batch = 0;        // examples per slice of a probe batch; 0 = whole batches
   bool recompute_graphs = false;  // EngineOptions::reuse_graph = false
+  std::string matmul_precision = "highest";  // ProbeRunOptions::matmul_precision
 
   void add_to(CLI::App& app);
   EngineOptions to_options() const;

@@ -41,6 +41,7 @@ ProbeJob to_job(const Args& a, int argc, char** argv) {
   job.data = a.data.to_source(a.runtime.seed);
   job.blocks = a.audit.block_options();
   job.engine = a.engine.to_options();
+  job.run.matmul_precision = parse_matmul_precision(a.engine.matmul_precision);
   job.engine.communicator = a.runtime.communicator();
   job.output = a.output;
   job.resume = a.resume;

@@ -74,6 +74,11 @@ void CheckpointReader::prefetch(const CheckpointInfo& info, CheckpointParts part
   }
 }
 
+void CheckpointReader::set_prefetch(bool on) {
+  prefetch_ = on;
+  if (!on) retain({});
+}
+
 void CheckpointReader::retain(const std::set<std::string>& paths) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (paths.count(it->first)) {

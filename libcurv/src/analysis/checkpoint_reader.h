@@ -38,6 +38,8 @@ class CheckpointReader {
   // Drops what is held or read for checkpoints other than `paths`.
   void retain(const std::set<std::string>& paths);
 
+  // Switches reading ahead on or off; off drops whatever is held.
+  void set_prefetch(bool on);
   bool prefetching() const { return prefetch_; }
   int64_t background_reads() const { return background_reads_; }  // tensor reads started
   int64_t reads_saved() const { return reads_saved_; }  // loads served without a read then

@@ -160,6 +160,11 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
     }
   }
   analyses_ = make_unit_analyses(options_);
+  reader_ = std::make_unique<CheckpointReader>(options_.prefetch);
+}
+
+void ProbeRun::keep_checkpoint(const CheckpointInfo& info, Checkpoint ckpt) {
+  reader_->keep(info, CheckpointParts::kModelOnly, std::move(ckpt));
 }
 
 ProbeRun::~ProbeRun() = default;
@@ -184,7 +189,8 @@ struct ProbeRun::Pass {
   const ProgressCallback& progress;
   ProbeRunSummary summary;
   size_t done = 0;  // units finished or skipped, for progress
-  CheckpointReader reader;
+  CheckpointReader& reader;
+  std::set<std::string> precision_measured;  // runs whose reduced precision's error is written
 
   void advance(const std::string& label) {
     report_progress(progress, report, ++done, summary.units, label);
@@ -209,13 +215,18 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
                                   ProbeReport& report, const ProgressCallback& progress) {
   const bool prefetch =
       options_.prefetch && !(engine.device().is_cpu() && engine.options().max_memory > 0);
-  Pass pass{engine, blocks, report, progress, {}, 0, CheckpointReader(prefetch)};
+  reader_->set_prefetch(prefetch);
+  const ScopedMatmulPrecision precision(options_.matmul_precision);
+  Pass pass{engine, blocks, report, progress, {}, 0, *reader_, {}};
   pass.summary.units = units();
   for (const auto& a : analyses_) a->begin_run(engine, report);
   try {
     for (const auto& run : runs_) {
       report.set_run_attribute(run.name, "path", fs::absolute(run.dir).string());
       report.set_run_attribute(run.name, "layout", layout_name(run.all.front().layout));
+      // The first checkpoint's digest and tensors (and its successor's) on threads of their own,
+      // so that the digest's pass over the files runs beside the reads.
+      read_ahead(run, run.chosen.empty() ? nullptr : &run.chosen.front(), pass);
       for (size_t c = 0; c < run.chosen.size(); ++c) {
         probe_checkpoint(run, run.chosen[c],
                          c + 1 < run.chosen.size() ? &run.chosen[c + 1] : nullptr, pass);
@@ -355,6 +366,16 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
         }
       });
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
+  if (options_.matmul_precision != MatmulPrecision::kHighest &&
+      pass.precision_measured.insert(run.name).second) {
+    const PrecisionError e = matmul_precision_error(engine, options_.matmul_precision);
+    const ReportGroup group = report.checkpoint_group(run.name, info.step);
+    group.attribute("matmul_precision", to_string(options_.matmul_precision));
+    group.attribute("matmul_precision_loss_error", e.loss);
+    group.attribute("matmul_precision_gradient_error", e.gradient);
+    group.attribute("matmul_precision_hvp_error", e.hvp);
+    group.attribute("matmul_precision_curvature_error", e.curvature);
+  }
   CheckpointContext context{engine,      pass.blocks,        report, run.name, info.step,
                             state.saved, needs.units_pending};
   for (const auto& a : analyses_) {
@@ -492,18 +513,24 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
     raise_if_any_rank_failed(comm, failure);
   }
 
-  // The first checkpoint only names the model; its tensors go before the run starts (at GPT-2
-  // small's size they are 0.5 GB that every unit would otherwise carry).
+  // The first checkpoint names the model; its tensors go to the run, which reads it no more
+  // (without prefetch they go before the run starts: at GPT-2 small's size 0.5 GB that every
+  // unit would otherwise carry). Every parameter comes from a checkpoint (parameters_from
+  // refuses a missing one), so the model's own are not drawn.
   LoadedModel model = [&] {
-    const Checkpoint first =
-        load_checkpoint(run.runs().front().chosen.front(), CheckpointParts::kModelOnly);
+    const CheckpointInfo& info = run.runs().front().chosen.front();
+    Checkpoint first = load_checkpoint(info, CheckpointParts::kModelOnly);
     StoredWeights weights;
     weights.elements = 0;
     for (const auto& entry : first.model) weights.elements += entry.second.numel();
     weights.origin = first.model_file;
-    return load_model(job.model, first.model_config_json(),
-                      first.model_config_file.empty() ? first.meta_file : first.model_config_file,
-                      weights);
+    ModelSource source = job.model;
+    source.init.draw = false;
+    LoadedModel loaded = load_model(
+        source, first.model_config_json(),
+        first.model_config_file.empty() ? first.meta_file : first.model_config_file, weights);
+    run.keep_checkpoint(info, std::move(first));
+    return loaded;
   }();
   Objective& objective = *model.objective;
   ProbeSet probe = job.data.load();
@@ -517,6 +544,7 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   provenance.probe_hash = probe.hash();
   provenance.blocks = job.blocks.describe();
   provenance.hvp_method = job.engine.hvp_method == HvpMethod::kExact ? "exact" : "fd";
+  provenance.extra["matmul_precision"] = to_string(job.run.matmul_precision);
   provenance.extra["probe_data"] = job.data.path;
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
   provenance.extra["block_names"] = fmt::format("{}", fmt::join(blocks.names(), ","));

@@ -23,10 +23,13 @@ class Gpt : public FunctionalModel {
     auto opts = at::TensorOptions().dtype(at::kDouble);
     // Draw in float64 on the CPU from one generator, so the same seed gives the same model in
     // every dtype and on every device.
+    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
     auto normal = [&](std::vector<int64_t> shape, double std) {
+      if (!init.draw) return at::empty(shape, unset);
       return at::normal(0.0, std, shape, gen, opts).to(c10::Device(init.device), init.dtype);
     };
     auto filled = [&](std::vector<int64_t> shape, double value) {
+      if (!init.draw) return at::empty(shape, unset);
       return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
     };
     const int64_t C = c.n_embd;

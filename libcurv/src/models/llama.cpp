@@ -25,10 +25,13 @@ class Llama : public FunctionalModel {
     auto opts = at::TensorOptions().dtype(at::kDouble);
     // Drawn in float64 on the CPU from one generator (the same model in every dtype and on every
     // device), as HF's _init_weights: normal(0, 0.02) weights, zero biases, unit norm gains.
+    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
     auto normal = [&](std::vector<int64_t> shape) {
+      if (!init.draw) return at::empty(shape, unset);
       return at::normal(0.0, 0.02, shape, gen, opts).to(c10::Device(init.device), init.dtype);
     };
     auto filled = [&](std::vector<int64_t> shape, double value) {
+      if (!init.draw) return at::empty(shape, unset);
       return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
     };
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;

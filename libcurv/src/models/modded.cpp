@@ -28,7 +28,9 @@ class Modded : public FunctionalModel {
     auto to_model = [&](const at::Tensor& t) { return t.to(c10::Device(init.device), init.dtype); };
     // The script's own initialisation: "proj" weights zero, the embedding normal(0, 1), other
     // weights normal(0, 0.33^0.5 / sqrt(fan_in)), biases zero, gains one.
+    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
     auto weight = [&](const std::string& name, int64_t out, int64_t in) {
+      if (!init.draw) return at::empty({out, in}, unset);
       if (name.find("proj") != std::string::npos) return to_model(at::zeros({out, in}, opts));
       return to_model(at::normal(0.0, std::sqrt(0.33 / in), {out, in}, gen, opts));
     };
@@ -50,8 +52,10 @@ class Modded : public FunctionalModel {
     };
     // named_parameters order: embed, blocks (attn q, k, v, proj; mlp fc, proj; norm1, norm2),
     // proj, norm1, norm2.
-    embed_ = add_param("embed.weight", to_model(at::normal(0.0, 1.0, {V, C}, gen, opts)),
-                       ParamRole::kTokenEmbedding);
+    embed_ = add_param(
+        "embed.weight",
+        init.draw ? to_model(at::normal(0.0, 1.0, {V, C}, gen, opts)) : at::empty({V, C}, unset),
+        ParamRole::kTokenEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string b = fmt::format("blocks.{}.", l);
       layer_index = l;

@@ -19,6 +19,7 @@
 #include "curv/analysis/within.h"
 #include "curv/core/blocks.h"
 #include "curv/core/engine.h"
+#include "curv/core/precision.h"
 #include "curv/core/progress.h"
 #include "curv/io/checkpoint.h"
 #include "curv/io/probe_data.h"
@@ -26,6 +27,7 @@
 
 namespace curv {
 
+class CheckpointReader;
 class Direction;
 class Table;
 class UnitAnalysis;
@@ -87,6 +89,9 @@ struct ProbeRunOptions {
   // once, its reading hidden behind the HVPs, for up to two more checkpoints in host memory.
   // Off on the CPU when the engine has a memory bound (EngineOptions::max_memory).
   bool prefetch = true;
+  // Float32 matrix products during execute() (curv/core/precision.h). Below kHighest, each run's
+  // first probed checkpoint records matmul_precision_error's relative errors as its attributes.
+  MatmulPrecision matmul_precision = MatmulPrecision::kHighest;
 
   void validate() const;  // InvalidArgument naming the field and value
 };
@@ -133,6 +138,11 @@ class ProbeRun {
   ProbeRunSummary execute(CurvatureEngine& engine, const BlockPartition& blocks,
                           ProbeReport& report, const ProgressCallback& progress = {});
 
+  // Hands over a checkpoint the caller has read already with CheckpointParts::kModelOnly (as
+  // run_probe_job reads the first to build the model), so that execute() reads it no more. A
+  // no-op without ProbeRunOptions::prefetch.
+  void keep_checkpoint(const CheckpointInfo& info, Checkpoint ckpt);
+
  private:
   struct Pass;
   struct CheckpointState;
@@ -154,6 +164,7 @@ class ProbeRun {
   std::vector<std::unique_ptr<Direction>> directions_;
   std::vector<std::unique_ptr<UnitAnalysis>> analyses_;  // in the order they run
   std::vector<ProbeRunSource> runs_;
+  std::unique_ptr<CheckpointReader> reader_;
 };
 
 // Blocks by rule ("layer", "tensor", "whole") or, when `groups` is not empty, by NAME=REGEX

@@ -183,6 +183,10 @@ struct ModelInit {
   uint64_t seed = 0;
   at::ScalarType dtype = at::ScalarType::Float;
   std::string device = "cpu";
+  // false: the transformers (gpt, llama, modded) leave their parameters unset (allocated on the
+  // device, not drawn) for a caller that overwrites every one, as from a checkpoint. Drawing
+  // GPT-2 small's 124M values on the CPU takes seconds.
+  bool draw = true;
 };
 
 // The model of config.arch() from the registry, drawn from `init.seed`. The built-in GPT has

@@ -1,0 +1,184 @@
+// The Krylov machinery that the eigen-solvers, the trace estimators and the spectral density share:
+// random probes generated on the operator's device, the checked product, and Lanczos with full
+// reorthogonalisation on device vectors (or a basis spilled to the host).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "curv/analysis/spectrum.h"
+#include "curv/core/error.h"
+
+namespace curv::krylov {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Random vectors from SplitMix64, so a seed gives the same probes with every standard library and
+// on every device. The generator is counter-based (output k is a function of seed + k·γ), so a
+// vector is made where it is used, on the operator's device, entry by entry equal to the scalar
+// sequence: Rademacher signs exactly, Gaussians (Box–Muller) to the rounding of log and cos.
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed) {}
+  at::Tensor rademacher(int64_t n, const at::TensorOptions& options) {
+    at::Tensor out = at::empty({n}, options);
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t count = std::min(kChunk, n - begin);
+      // The top bit set gives +1, clear −1.
+      out.narrow(0, begin, count).copy_(next(count, options).lt(0).to(at::kDouble).mul_(2).sub_(1));
+    }
+    return out;
+  }
+  at::Tensor gaussian(int64_t n, const at::TensorOptions& options) {
+    at::Tensor out = at::empty({n}, options);
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t count = std::min(kChunk, n - begin);
+      // Uniforms in (0, 1) from the top 53 bits; two per value, the radius's first.
+      const at::Tensor u = shift_right(next(2 * count, options), 11)
+                               .to(at::kDouble)
+                               .add_(0.5)
+                               .mul_(0x1.0p-53)
+                               .view({count, 2});
+      const at::Tensor radius = u.select(1, 0).log().mul_(-2.0).sqrt_();
+      out.narrow(0, begin, count).copy_(radius.mul_(u.select(1, 1).mul(2.0 * M_PI).cos_()));
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int64_t kChunk = int64_t{1} << 22;  // bounds the generator's scratch memory
+  static constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
+
+  static int64_t bits(uint64_t value) {
+    int64_t out;
+    std::memcpy(&out, &value, sizeof out);
+    return out;
+  }
+  // Logical (unsigned) right shift of int64 bit patterns.
+  static at::Tensor shift_right(const at::Tensor& z, int k) {
+    return z.__rshift__(k).bitwise_and_(bits((~uint64_t{0}) >> k));
+  }
+  // The next `count` outputs of splitmix64 as int64 bit patterns: int64 products and sums wrap
+  // as the uint64 ones do.
+  at::Tensor next(int64_t count, const at::TensorOptions& options) {
+    at::Tensor z =
+        at::arange(1, count + 1, options.dtype(at::kLong)).mul_(bits(kGamma)).add_(bits(state_));
+    state_ += static_cast<uint64_t>(count) * kGamma;
+    z = z.bitwise_xor(shift_right(z, 30)).mul_(bits(0xbf58476d1ce4e5b9ULL));
+    z = z.bitwise_xor(shift_right(z, 27)).mul_(bits(0x94d049bb133111ebULL));
+    return z.bitwise_xor(shift_right(z, 31));
+  }
+
+  uint64_t state_;
+};
+
+inline double dot_value(const at::Tensor& a, const at::Tensor& b) {
+  return at::dot(a, b).item<double>();
+}
+inline double norm_value(const at::Tensor& a) { return a.norm().item<double>(); }
+
+inline at::Tensor apply(LinearOperator& op, const at::Tensor& x) {
+  at::Tensor y = op.apply(x);
+  if (!at::isfinite(y).all().item<bool>()) {
+    throw NumericalError(
+        fmt::format("operator product holds NaN or Inf (input norm {:.6g}): is the loss twice "
+                    "differentiable at these parameters?",
+                    norm_value(x)));
+  }
+  return y;
+}
+
+// Lanczos tridiagonalisation with full reorthogonalisation (two Gram–Schmidt passes, which keep
+// the basis orthonormal to working precision, so no spurious copies of converged Ritz values
+// appear). T has diagonal alpha and off-diagonal beta[0..m-2]; beta[m-1] couples to the next,
+// not yet formed vector and gives the residual estimates. The basis and the recurrence live on
+// the operator's device, or on the host when the basis is spilled there.
+struct Krylov {
+  std::vector<at::Tensor> q;
+  std::vector<double> alpha, beta;
+  bool invariant = false;  // the Krylov space is invariant: its Ritz pairs are exact
+};
+
+inline at::TensorOptions basis_options(const LinearOperator& op, KrylovBasis where) {
+  at::TensorOptions o = vector_options(op);
+  if (where == KrylovBasis::kDevice) return o;
+  return o.device(c10::kCPU).pinned_memory(op.device().is_cuda());
+}
+
+// A copy of `x` with `options` (device and pinning), or `x` itself when it already has them.
+inline at::Tensor moved(const at::Tensor& x, const at::TensorOptions& options) {
+  if (x.device() == options.device() && x.is_pinned() == options.pinned_memory()) return x;
+  return at::empty(x.sizes(), options).copy_(x);
+}
+
+// Runs until `max_steps` steps, an invariant subspace, or `stop(krylov)` returns true after a step.
+template <class Stop>
+void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, KrylovBasis where,
+             Krylov& k, Stop stop) {
+  const int64_t n = op.rows();
+  const at::TensorOptions basis = basis_options(op, where), device = vector_options(op);
+  max_steps = std::min(max_steps, n);
+  const double start_norm = norm_value(start);
+  if (!(start_norm > 0)) throw InvalidArgument("Lanczos: start vector is zero");
+  k.q.push_back(moved(start / start_norm, basis));
+  double scale = 0.0;  // largest |α| or β seen: what "negligibly small β" is relative to
+  for (int64_t j = 0; j < max_steps; ++j) {
+    at::Tensor w = moved(apply(op, moved(k.q[j], device)), basis);
+    const double a = dot_value(k.q[j], w);
+    w.sub_(k.q[j], a);
+    if (j > 0) w.sub_(k.q[j - 1], k.beta[j - 1]);
+    for (int pass = 0; pass < 2; ++pass) {
+      // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
+      for (const auto& q : k.q) w.addcmul_(q, at::dot(q, w), -1);
+    }
+    const double b = norm_value(w);
+    k.alpha.push_back(a);
+    k.beta.push_back(b);
+    scale = std::max({scale, std::abs(a), b});
+    // A full-dimensional Krylov space is invariant too; its last β is rounding noise.
+    k.invariant = b <= 1e-12 * scale || j + 1 == n;
+    if (stop(k) || k.invariant) return;
+    if (j + 1 < max_steps) k.q.push_back(w.div_(b));
+  }
+}
+
+// Eigen-decomposition of the current tridiagonal T_m (ascending eigenvalues).
+inline Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> tridiagonal_eigen(const Krylov& k,
+                                                                        bool vectors) {
+  const int64_t m = static_cast<int64_t>(k.alpha.size());
+  Eigen::VectorXd diag = Eigen::Map<const Eigen::VectorXd>(k.alpha.data(), m);
+  Eigen::VectorXd sub =
+      m > 1 ? Eigen::VectorXd(Eigen::Map<const Eigen::VectorXd>(k.beta.data(), m - 1))
+            : Eigen::VectorXd();
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig;
+  eig.computeFromTridiagonal(diag, sub,
+                             vectors ? Eigen::ComputeEigenvectors : Eigen::EigenvaluesOnly);
+  return eig;
+}
+
+inline double sample_std(const std::vector<double>& x) {
+  if (x.size() < 2) return std::numeric_limits<double>::quiet_NaN();
+  const double mean = std::accumulate(x.begin(), x.end(), 0.0) / x.size();
+  double ss = 0.0;
+  for (double v : x) ss += (v - mean) * (v - mean);
+  return std::sqrt(ss / (x.size() - 1));
+}
+
+inline double mean_of(const std::vector<double>& x) {
+  return std::accumulate(x.begin(), x.end(), 0.0) / static_cast<double>(x.size());
+}
+
+}  // namespace curv::krylov
