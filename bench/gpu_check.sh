@@ -4,7 +4,8 @@
 # CUDA against the CPU in float64, the device memory budget, a real CUDA out-of-memory), then
 # GPT-2 small's audit side by side: a 124M-parameter built-in GPT (12 x 768, vocabulary 50304,
 # context 256), 64 probe sequences of 256 tokens in 16 batches of 4, --directions delta
-# --coupling none, float32, by ndsprobe as it is (twice, then once with --no-prefetch), by
+# --coupling none, float32, by ndsprobe as it is (twice, then once with --no-prefetch and once
+# with TF32 products, --matmul-precision high), by
 # ndsprobe within an 8 GiB device budget (--max-memory 8G --micro-batch 2) and by plain PyTorch
 # (bench/python/plain_torch_audit.py, explicit attention), each twice.
 #
@@ -54,6 +55,18 @@ done
 echo "== ndsprobe --no-prefetch (each checkpoint read at its turn)"
 timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --no-prefetch -o "$work/no_prefetch.h5" 2>&1 |
   grep -E "wall|wrote|^run |delta|rror"
+echo "== ndsprobe --matmul-precision high (TF32 products; the errors it measured on batch 0)"
+timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --matmul-precision high -o "$work/tf32.h5" \
+  2>&1 | grep -E "wall|wrote|^run |delta|rror"
+"$py" - "$work/tf32.h5" "$work/ndsprobe_1.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f, h5py.File(sys.argv[2], "r") as g:
+    a = f["runs/run/step_0"].attrs
+    print("tf32 errors:", {k: float(a[k]) for k in a if k.startswith("matmul_precision_")})
+    u, v = f["runs/run/step_0/delta"].attrs, g["runs/run/step_0/delta"].attrs
+    print(f"tf32 NDS {u['nds']:.6f} vs highest {v['nds']:.6f}, curvature {u['curvature']:.6g} vs "
+          f"{v['curvature']:.6g}, audit seconds {u['seconds']:.2f} vs {v['seconds']:.2f}")
+PY
 for i in 1 2; do
   echo "== ndsprobe --max-memory 8G --micro-batch 2, run $i"
   timed "$build/tools/ndsprobe/ndsprobe" "${args[@]}" --max-memory 8G --micro-batch 2 \
