@@ -121,4 +121,4 @@ for model in $models; do
   done
 done
 
-"$python" "$here/python/peer_report.py" "$work" $models | tee "$work/report.md"
+EIG_TOL=$eig_tol "$python" "$here/python/peer_report.py" "$work" $models | tee "$work/report.md"

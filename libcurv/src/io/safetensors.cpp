@@ -1,6 +1,7 @@
 #include "curv/io/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join lives here from fmt 11 on
@@ -410,6 +411,34 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
   return it->second;
 }
 
+namespace {
+
+// memcpy in 4 MiB chunks on ATen's intra-op threads: out of a file's mapping in a warm page cache,
+// one thread copies about 3 GB/s, several as fast as the memory allows.
+void parallel_copy(void* dst, const uint8_t* src, size_t n) {
+  constexpr size_t kChunk = size_t{4} << 20;
+  if (n <= kChunk) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  // Ask the kernel to read the whole range ahead: threads faulting on pages of their own chunks
+  // would otherwise defeat its sequential read-ahead on a cold page cache.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(src) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(src) + n - first,
+            MADV_WILLNEED);
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const size_t at = static_cast<size_t>(c) * kChunk;
+      std::memcpy(out + at, src + at, std::min(kChunk, n - at));
+    }
+  });
+}
+
+}  // namespace
+
 at::Tensor SafetensorsReader::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   const uint8_t* src = data_ + e.begin;
@@ -417,7 +446,7 @@ at::Tensor SafetensorsReader::tensor(const std::string& name) const {
 
   if (auto type = direct_scalar_type(e.dtype)) {
     at::Tensor out = at::empty(e.shape, at::TensorOptions().dtype(*type));
-    if (nbytes > 0) std::memcpy(out.data_ptr(), src, nbytes);
+    if (nbytes > 0) parallel_copy(out.data_ptr(), src, nbytes);
     return out;
   }
   if (e.dtype == "BOOL") {
