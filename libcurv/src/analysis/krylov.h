@@ -120,7 +120,8 @@ inline at::TensorOptions basis_options(const LinearOperator& op, KrylovBasis whe
 
 // A copy of `x` with `options` (device and pinning), or `x` itself when it already has them.
 inline at::Tensor moved(const at::Tensor& x, const at::TensorOptions& options) {
-  if (x.device() == options.device() && x.is_pinned() == options.pinned_memory()) return x;
+  // is_pinned() asks the CUDA driver: only where pinned memory is wanted.
+  if (x.device() == options.device() && (!options.pinned_memory() || x.is_pinned())) return x;
   return at::empty(x.sizes(), options).copy_(x);
 }
 
