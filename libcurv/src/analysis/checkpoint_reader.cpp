@@ -70,7 +70,6 @@ void CheckpointReader::prefetch(const CheckpointInfo& info, CheckpointParts part
                    return std::make_shared<Checkpoint>(load_checkpoint(info, parts));
                  }).share();
     entry.parts = parts;
-    ++background_reads_;
   }
 }
 

@@ -41,7 +41,6 @@ class CheckpointReader {
   // Switches reading ahead on or off; off drops whatever is held.
   void set_prefetch(bool on);
   bool prefetching() const { return prefetch_; }
-  int64_t background_reads() const { return background_reads_; }  // tensor reads started
   int64_t reads_saved() const { return reads_saved_; }  // loads served without a read then
 
  private:
@@ -53,7 +52,7 @@ class CheckpointReader {
   };
   bool prefetch_;
   std::map<std::string, Entry> entries_;
-  int64_t background_reads_ = 0, reads_saved_ = 0;
+  int64_t reads_saved_ = 0;
 };
 
 }  // namespace curv

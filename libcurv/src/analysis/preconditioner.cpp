@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "analysis/krylov.h"
 #include "curv/analysis/spectrum.h"
 #include "curv/core/checkpoint_meta.h"
 #include "curv/core/error.h"
@@ -89,22 +90,22 @@ Overlap direction_overlap(const ParamVector& u, const std::vector<at::Tensor>& e
                           const ParamVector& gradient) {
   const at::Tensor flat_u = flat_float64(u), flat_g = flat_float64(gradient);
   const int64_t n = flat_u.numel();
-  auto dot = [](const at::Tensor& a, const at::Tensor& b) { return at::dot(a, b).item<double>(); };
+  using krylov::dot_value;
   Overlap out;
-  const double uu = dot(flat_u, flat_u);
+  const double uu = dot_value(flat_u, flat_u);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (const auto& v : eigenvectors) {
     if (v.dim() != 1 || v.numel() != n) {
       throw InvalidArgument(
           fmt::format("direction_overlap: eigenvector of length {}, direction {}", v.numel(), n));
     }
-    const double c = dot(v.to(flat_u.device(), at::kDouble), flat_u);
+    const double c = dot_value(v.to(flat_u.device(), at::kDouble), flat_u);
     out.per_vector.push_back(uu > 0 ? c * c / uu : nan);
   }
   out.eigenspace_share =
       uu > 0 ? std::accumulate(out.per_vector.begin(), out.per_vector.end(), 0.0) : nan;
-  const double gg = dot(flat_g, flat_g);
-  out.gradient_cosine = uu > 0 && gg > 0 ? dot(flat_g, flat_u) / std::sqrt(uu * gg) : nan;
+  const double gg = dot_value(flat_g, flat_g);
+  out.gradient_cosine = uu > 0 && gg > 0 ? dot_value(flat_g, flat_u) / std::sqrt(uu * gg) : nan;
   return out;
 }
 

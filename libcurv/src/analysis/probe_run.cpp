@@ -342,7 +342,7 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
     return;
   }
   CheckpointState state;
-  load_checkpoint_state(run, info, pass, state);
+  load_checkpoint_state(run, info, needs, pass, state);
   read_ahead(run, next, pass);
   // The gradient pass (with its kept graphs) only when a number reported here uses it: not at a
   // checkpoint whose every pending direction is unavailable (the delta at a run's last
@@ -399,12 +399,12 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
 }
 
 void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const CheckpointInfo& info,
-                                     Pass& pass, CheckpointState& state) const {
+                                     const CheckpointNeeds& needs, Pass& pass,
+                                     CheckpointState& state) const {
   const auto& o = options_;
   CurvatureEngine& engine = pass.engine;
   const ParamSpace& space = engine.space();
   // The last direction that reads the optimizer state releases it.
-  const CheckpointNeeds needs = needs_of(run, info, pass.report);
   state.last_state_reader = needs.last_state_reader;
   state.ckpt = pass.reader.load(info, needs.parts());
   const ModelStructure structure = engine.objective().structure();

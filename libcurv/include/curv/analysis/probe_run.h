@@ -154,7 +154,9 @@ class ProbeRun {
   // `next`: the checkpoint probed after this one, read ahead (nullptr: none).
   void probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo& info,
                         const CheckpointInfo* next, Pass& pass);
-  void load_checkpoint_state(const ProbeRunSource& run, const CheckpointInfo& info, Pass& pass,
+  // Reads what `needs` (needs_of for this checkpoint) asks for and sets the engine's parameters.
+  void load_checkpoint_state(const ProbeRunSource& run, const CheckpointInfo& info,
+                             const CheckpointNeeds& needs, Pass& pass,
                              CheckpointState& state) const;
   void read_ahead(const ProbeRunSource& run, const CheckpointInfo* next, Pass& pass) const;
   void probe_unit(const ProbeRunSource& run, const CheckpointInfo& info, size_t k,
