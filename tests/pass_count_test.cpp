@@ -1,7 +1,8 @@
 // The passes ndsprobe's default audit makes, counted by the engine: the gradient with its kept
 // graphs at a checkpoint whose direction is audited, the HVPs the coupling needs on those graphs,
-// one forward per batch for L(θ + u), and at a checkpoint where nothing needs the gradient (the
-// delta at a run's last checkpoint) one forward per batch for its loss and nothing else.
+// and one forward per batch for L(θ + u), evaluated at the next checkpoint's parameters where the
+// delta lands. A checkpoint where nothing needs the gradient (a run's last) takes its loss from
+// that forward and makes no pass of its own.
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
@@ -77,10 +78,10 @@ TEST_CASE("the delta audit makes the passes its numbers need and no more", "[nds
     CHECK(c.backwards == kBatches);                // its one backward per batch, graphs kept
     CHECK(c.hvps == hvps);                         // on those kept graphs...
     CHECK(c.second_backwards == hvps * kBatches);  // ...with no forward or backward again
-    CHECK(c.forwards == 3 * kBatches);             // the gradient's, L(θ + u)'s and step 10's loss
+    CHECK(c.forwards == 2 * kBatches);             // the gradient's and L(θ + u)'s
 
-    // The last checkpoint's loss is there, equal to the engine's gradient-pass loss; its
-    // gradient norm is not, as nothing there used the gradient.
+    // The last checkpoint's loss is there, equal to a forward pass at its parameters and to the
+    // engine's gradient-pass loss; its gradient norm is not, as nothing there used the gradient.
     H5Reader h5(job.output);
     CHECK(h5.has_attribute("/runs/run/step_0", "grad_norm"));
     CHECK_FALSE(h5.has_attribute("/runs/run/step_10", "grad_norm"));
@@ -89,7 +90,19 @@ TEST_CASE("the delta audit makes the passes its numbers need and no more", "[nds
     CurvatureEngine engine(*model, load_probe_data(fixture.probe, data_options));
     engine.set_parameters(fixture.last);
     const double loss = h5.attribute_double("/runs/run/step_10", "loss");
+    CHECK(loss == engine.forward_loss());  // no gradient pass yet: one forward per batch
     CHECK(std::abs(loss - engine.loss()) <= 1e-14 * std::abs(engine.loss()));
     CHECK(engine.forward_loss() == engine.loss());  // the cached value once the pass has run
+
+    // The delta's realized change is the difference of the two checkpoints' recorded losses.
+    const Table taylor = h5.table("/taylor");
+    const double before = h5.attribute_double("/runs/run/step_0", "loss");
+    bool found = false;
+    for (size_t i = 0; i < taylor.num_rows(); ++i) {
+      if (taylor.strings("block")[i] != "total") continue;
+      found = true;
+      CHECK(taylor.doubles("realized")[i] == loss - before);
+    }
+    CHECK(found);
   }
 }

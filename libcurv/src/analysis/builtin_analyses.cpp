@@ -32,7 +32,7 @@ class TaylorAnalysis : public UnitAnalysis {
   }
 
   void unit(UnitContext& c) override {
-    result_ = taylor_audit(c.engine, c.u, c.blocks, options_);
+    result_ = taylor_audit(c.engine, c.u, c.blocks, options_, c.landing);
     c.report.add_taylor(c.run, c.step, c.direction, result_);
     c.taylor = &result_;
   }
@@ -73,7 +73,8 @@ class TokenBucketAnalysis : public UnitAnalysis {
       audit_ = std::make_unique<TokenBucketAudit>(c.engine.objective(), c.engine.probe(), buckets_,
                                                   c.engine.options());
     }
-    c.report.add_token_buckets(c.run, c.step, c.direction, audit_->audit(c.u, c.blocks, taylor_));
+    c.report.add_token_buckets(c.run, c.step, c.direction,
+                               audit_->audit(c.u, c.blocks, taylor_, c.landing));
   }
 
  private:

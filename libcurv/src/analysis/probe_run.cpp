@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -191,6 +192,9 @@ struct ProbeRun::Pass {
   size_t done = 0;  // units finished or skipped, for progress
   CheckpointReader& reader;
   std::set<std::string> precision_measured;  // runs whose reduced precision's error is written
+  // L(θ_next) of a (run, step) that a unit's Taylor audit evaluated where the delta lands: the
+  // loss that checkpoint records, when its own turn needs no gradient pass (a run's last).
+  std::map<std::pair<std::string, int64_t>, double> landed_loss;
 
   void advance(const std::string& label) {
     report_progress(progress, report, ++done, summary.units, label);
@@ -217,7 +221,7 @@ ProbeRunSummary ProbeRun::execute(CurvatureEngine& engine, const BlockPartition&
       options_.prefetch && !(engine.device().is_cpu() && engine.options().max_memory > 0);
   reader_->set_prefetch(prefetch);
   const ScopedMatmulPrecision precision(options_.matmul_precision);
-  Pass pass{engine, blocks, report, progress, {}, 0, *reader_, {}};
+  Pass pass{engine, blocks, report, progress, {}, 0, *reader_, {}, {}};
   pass.summary.units = units();
   for (const auto& a : analyses_) a->begin_run(engine, report);
   try {
@@ -362,7 +366,10 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
           report.add_checkpoint(run.name, info.step, engine.loss(), norm(engine.gradient()),
                                 digest);
         } else {
-          report.add_checkpoint(run.name, info.step, engine.forward_loss(), std::nullopt, digest);
+          const auto landed = pass.landed_loss.find({run.name, info.step});
+          const double loss =
+              landed != pass.landed_loss.end() ? landed->second : engine.forward_loss();
+          report.add_checkpoint(run.name, info.step, loss, std::nullopt, digest);
         }
       });
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
@@ -458,7 +465,12 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
       ParamVector u = d.compute(context);
       if (k == state.last_state_reader) state.release_state();
       UnitContext unit{engine, pass.blocks, report, run.name, info.step, direction, u};
+      unit.landing = d.landing(context);
       for (const auto& a : analyses_) a->unit(unit);
+      const CheckpointInfo* after = successor(run, info);
+      if (unit.landing && unit.taylor && after && std::isfinite(unit.taylor->loss_after)) {
+        pass.landed_loss[{run.name, after->step}] = unit.taylor->loss_after;
+      }
       if (unit.taylor && !unit.nonzero()) ++pass.summary.zero_directions;
       const ReportGroup group = report.unit_group(run.name, info.step, direction);
       if (!context.note.empty()) group.attribute("note", context.note);

@@ -219,6 +219,7 @@ TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition&
   t.block_ggn = options.ggn_blocks ? Eigen::MatrixXd::Zero(Be, Le).eval()
                                    : Eigen::MatrixXd::Constant(Be, Le, kNaN);
   r.realized = options.realized ? 0.0 : kNaN;
+  r.loss_after = options.realized ? r.loss : kNaN;
   r.nds = r.eta_star = r.s_within = r.s_cross = r.rho_within = kNaN;
   if (options.coupling == CouplingMode::kFull) r.coupling = Eigen::MatrixXd::Zero(Le, Le);
   r.blocks.resize(L);
@@ -373,7 +374,8 @@ void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const Pa
 }  // namespace
 
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
-                          const BlockPartition& blocks, const TaylorOptions& options) {
+                          const BlockPartition& blocks, const TaylorOptions& options,
+                          const ParamVector* landing) {
   options.validate();
   const auto start = std::chrono::steady_clock::now();
   const int64_t hvps_before = engine.counters().hvps;
@@ -436,11 +438,12 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     randomized_coupling(engine, u, blocks, options, observe, r);
   }
   totals(engine, u, u_sq, hu, blocks, options, r);
-  r.realized = kNaN;
+  r.realized = r.loss_after = kNaN;
   t.realized.assign(B, kNaN);
   std::vector<double> at_step;
   if (options.realized) {
-    r.realized = engine.loss_at(u, &at_step) - r.loss;
+    r.loss_after = landing ? engine.loss_at_point(*landing, &at_step) : engine.loss_at(u, &at_step);
+    r.realized = r.loss_after - r.loss;
     t.realized = combine(at_step, -1.0, t.loss);
   }
   for (double eta : options.step_multipliers) {

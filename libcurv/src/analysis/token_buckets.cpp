@@ -243,7 +243,8 @@ TokenBucketAudit::~TokenBucketAudit() = default;
 
 std::vector<BucketResult> TokenBucketAudit::audit(const ParamVector& u,
                                                   const BlockPartition& blocks,
-                                                  TaylorOptions options) {
+                                                  TaylorOptions options,
+                                                  const ParamVector* landing) {
   options.coupling = CouplingMode::kNone;
   options.step_multipliers.clear();
   options.ggn = false;  // the bucket losses have no logits of their own
@@ -253,7 +254,7 @@ std::vector<BucketResult> TokenBucketAudit::audit(const ParamVector& u,
     BucketResult r;
     r.name = bucket->name;
     r.share = bucket->share;
-    r.taylor = taylor_audit(*bucket->engine, u, blocks, options);
+    r.taylor = taylor_audit(*bucket->engine, u, blocks, options, landing);
     bucket->engine->release_graphs();
     out.push_back(std::move(r));
   }

@@ -20,6 +20,7 @@ class DeltaDirection : public Direction {
     return c.theta_next.empty() ? "no next checkpoint to take a delta to" : "";
   }
   ParamVector compute(DirectionContext& c) override { return sub(c.theta_next, c.theta); }
+  const ParamVector* landing(const DirectionContext& c) const override { return &c.theta_next; }
 };
 
 class GradientDirection : public Direction {

@@ -38,6 +38,22 @@ Eigen::MatrixXd CurvatureEngine::gauss_newton(
 }
 
 double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch_losses) {
+  return loss_away([&](size_t i, at::Tensor& data) { data.add_(u.at(i).to(data.scalar_type())); },
+                   batch_losses, [&] { return fmt::format("θ + u (‖u‖ = {:.4g})", norm(u)); });
+}
+
+double CurvatureEngine::loss_at_point(const ParamVector& point, std::vector<double>* batch_losses) {
+  if (point.size() != state_->params.size()) {
+    throw InvalidArgument(fmt::format("loss_at_point: a point of {} tensors for {} parameters",
+                                      point.size(), state_->params.size()));
+  }
+  return loss_away([&](size_t i, at::Tensor& data) { data.copy_(point[i]); }, batch_losses,
+                   [] { return std::string("the given point"); });
+}
+
+double CurvatureEngine::loss_away(const std::function<void(size_t, at::Tensor&)>& move,
+                                  std::vector<double>* batch_losses,
+                                  const std::function<std::string()>& where) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   ParamVector saved = clone(s.params);
@@ -47,10 +63,14 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
     c10::NoGradGuard no_grad;
     // variable_data(): same storage, separate version counter, so the kept graphs survive the
     // excursion; the exact restore below makes them valid again.
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      s.params[i].variable_data().add_(u.at(i).to(s.params[i].scalar_type()));
-    }
+    auto restore = [&] {
+      for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
+    };
     try {
+      for (size_t i = 0; i < s.params.size(); ++i) {
+        at::Tensor data = s.params[i].variable_data();
+        move(i, data);
+      }
       for_each_batch(Pass::kLossAt, [&](size_t b, double w) {
         const double value = batch_loss_value(b);
         loss += w * value;
@@ -64,16 +84,15 @@ double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch
         if (batch_losses) std::copy(sums.begin() + 1, sums.end(), batch_losses->begin());
       }
     } catch (...) {
-      for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
+      restore();
       throw;
     }
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
+    restore();
   }
   if (options_.check_finite && std::isnan(loss)) {
-    throw NumericalError(
-        fmt::format("loss of {} at θ + u is NaN (‖u‖ = {:.4g}); hint: the step "
-                    "leaves the region where the model is finite",
-                    objective_.describe(), norm(u)));
+    throw NumericalError(fmt::format(
+        "loss of {} at {} is NaN; hint: the step leaves the region where the model is finite",
+        objective_.describe(), where()));
   }
   return loss;
 }

@@ -113,6 +113,7 @@ struct TaylorResult {
   double curvature = 0;    // uᵀHu (curvature penalty = ½ uᵀHu)
   double predicted = 0;    // g·u + ½ uᵀHu
   double realized = 0;     // L(θ+u) − L(θ), NaN when not evaluated
+  double loss_after = 0;   // L(θ+u) itself, NaN when not evaluated
   double nds = 0;          // uᵀHu / ‖u‖²
   double eta_star = 0;     // −g·u / uᵀHu when uᵀHu > 0, else NaN
   double update_norm = 0;  // ‖u‖
@@ -153,9 +154,12 @@ struct TaylorResult {
 
 // Runs the audit at the engine's current parameters. A u that is zero everywhere gives
 // AuditStatus::kZeroDirection with no HVP or forward pass beyond L(θ); a wrongly shaped u throws
-// InvalidArgument.
+// InvalidArgument. `landing`, when given, is θ + u as a point (the delta's next checkpoint): the
+// realized change is evaluated there, free of the rounding of θ + u, and equals the difference
+// of the two checkpoints' losses.
 TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
-                          const BlockPartition& blocks, const TaylorOptions& options = {});
+                          const BlockPartition& blocks, const TaylorOptions& options = {},
+                          const ParamVector* landing = nullptr);
 
 // A paired comparison of two audits a and b on the same probe batches (two directions at one
 // checkpoint, or one direction of two runs probed on one probe set): the NDS difference and ratio

@@ -73,9 +73,9 @@ class TokenBucketAudit {
 
   // Taylor audits of u per bucket: totals, block row sums and standard errors (options.coupling
   // is forced to kNone, one HVP per bucket; step multipliers and the Gauss-Newton split are not
-  // evaluated per bucket).
+  // evaluated per bucket). `landing`: θ + u as a point, as for taylor_audit.
   std::vector<BucketResult> audit(const ParamVector& u, const BlockPartition& blocks,
-                                  TaylorOptions options);
+                                  TaylorOptions options, const ParamVector* landing = nullptr);
 
  private:
   struct Bucket;

@@ -45,6 +45,9 @@ struct UnitContext {
   int64_t step;
   const std::string& direction;
   const ParamVector& u;
+  // θ + u as a point when the direction has it exactly (Direction::landing: the delta's next
+  // checkpoint), else null.
+  const ParamVector* landing = nullptr;
   // The unit's Taylor audit, set by the audit (the first analysis) for the analyses after it:
   // they write below the unit's group that it creates.
   const TaylorResult* taylor = nullptr;

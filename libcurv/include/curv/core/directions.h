@@ -52,6 +52,10 @@ class Direction {
   virtual bool reads_saved_state() const { return true; }
   // Whether it reads context.theta_next: otherwise the loop does not load the next checkpoint.
   virtual bool reads_next_checkpoint() const { return true; }
+  // θ + u as a point, where the direction has it exactly (the delta: the next checkpoint's
+  // parameters), else null. L(θ + u) is then evaluated there, and serves as that checkpoint's
+  // loss too.
+  virtual const ParamVector* landing(const DirectionContext&) const { return nullptr; }
 };
 
 // Builds a direction from its spec ("adamw", "muon.whatif:match=1"): what a family registers.

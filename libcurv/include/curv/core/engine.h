@@ -116,6 +116,10 @@ class CurvatureEngine {
   const std::vector<double>& batch_losses();
   // L(θ + u) on the same probe set; θ is restored exactly. With `batch_losses`, also L_b(θ + u).
   double loss_at(const ParamVector& u, std::vector<double>* batch_losses = nullptr);
+  // L at a point given as parameters (a saved checkpoint's θ_next, where the delta lands): the
+  // same passes as loss_at(θ_next − θ) without the rounding of θ + (θ_next − θ), so the value is
+  // the one forward_loss() gives once the engine is moved there. θ is restored exactly.
+  double loss_at_point(const ParamVector& point, std::vector<double>* batch_losses = nullptr);
 
   // H v by options().hvp_method; `observer`, when given, sees every batch's g_b and H_b v.
   ParamVector hvp(const ParamVector& v, const BatchObserver& observer = {});
@@ -175,6 +179,10 @@ class CurvatureEngine {
   ParamVector batch_gradient_at(size_t b, const ParamVector& saved, const ParamVector* offset);
   // Batch b's loss (without a graph) as the share-weighted sum over its slices.
   double batch_loss_value(size_t b);
+  // The loss with the parameters moved by `move` (called per parameter on its data, no grad);
+  // `where` names the point in the error for a NaN loss.
+  double loss_away(const std::function<void(size_t, at::Tensor&)>& move,
+                   std::vector<double>* batch_losses, const std::function<std::string()>& where);
   void check(const ParamVector& x, const char* what) const;
   // EngineOptions::max_memory during an HVP: past it, releases every kept graph.
   void release_graphs_over_budget();
