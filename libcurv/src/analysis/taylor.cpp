@@ -272,7 +272,8 @@ ParamVector full_coupling(CurvatureEngine& engine, const ParamVector& u,
     t.block_row_sum += column_m;
     t.block_curvature.col(static_cast<Eigen::Index>(m)) =
         column_m.col(static_cast<Eigen::Index>(m));
-    for (size_t l = 0; l < L; ++l) r.coupling(l, m) = dot(u, h_m, blocks[l].params);
+    const std::vector<double> uh = dots_per_tensor(u, h_m);
+    for (size_t l = 0; l < L; ++l) r.coupling(l, m) = sum_over(uh, blocks[l].params);
     if (hu.empty()) {
       hu = std::move(h_m);
     } else {
@@ -307,9 +308,10 @@ void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
       for (size_t p : blocks[l].params) w[p] = u[p].detach() * s;
     }
     ParamVector hw = engine.hvp(w, observe({}, &sample_dots));
+    const std::vector<double> uhw = dots_per_tensor(u, hw);
     for (size_t l = 0; l < L; ++l) {
       const double s = static_cast<double>(signs[l].item<int64_t>());
-      samples(l, k) = s * dot(u, hw, blocks[l].params);
+      samples(l, k) = s * sum_over(uhw, blocks[l].params);
       // The same estimator per batch, averaged over the samples: its weighted mean over the
       // batches is the probe set's estimate.
       t.block_curvature.col(static_cast<Eigen::Index>(l)) +=
@@ -331,14 +333,16 @@ void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const Pa
   const size_t L = blocks.size();
   const size_t B = r.batches.loss.size();
   TaylorBatches& t = r.batches;
-  r.curvature = dot(u, hu);
+  const std::vector<double> uh = dots_per_tensor(u, hu);
+  r.curvature = 0.0;
+  for (double v : uh) r.curvature += v;  // as dot(u, hu)
   r.predicted = r.first_order + 0.5 * r.curvature;
   r.nds = r.curvature / u_sq;
   r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;
   double within = 0.0;
   for (size_t l = 0; l < L; ++l) {
     auto& b = r.blocks[l];
-    b.row_sum = dot(u, hu, blocks[l].params);
+    b.row_sum = sum_over(uh, blocks[l].params);
     b.nds = b.sq_norm > 0.0 ? b.curvature / b.sq_norm : kNaN;
     within += b.curvature;
   }
@@ -410,24 +414,32 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   t.block_curvature = Eigen::MatrixXd::Constant(B, L, kNaN);
   t.block_row_sum = Eigen::MatrixXd::Zero(B, L);
   // Every HVP's batch terms: g_b·u_l over the blocks the vector reaches, and u_lᵀ(H_b v)_l.
+  // Each is one transfer from the device per batch: the per-tensor dots, summed per block here.
   auto observe = [&](const std::vector<size_t>& reached, Eigen::MatrixXd* dots) {
-    return [&, reached, dots](const BatchTerms& bt) {
-      for (size_t l : reached) {
-        t.block_first_order(bt.batch, l) = dot(*bt.gradient, u, blocks[l].params);
+    std::vector<size_t> reached_params;
+    for (size_t l : reached) {
+      reached_params.insert(reached_params.end(), blocks[l].params.begin(), blocks[l].params.end());
+    }
+    return [&, reached, reached_params, dots](const BatchTerms& bt) {
+      if (!reached.empty()) {
+        const std::vector<double> gu = dots_per_tensor(*bt.gradient, u, &reached_params);
+        for (size_t l : reached) t.block_first_order(bt.batch, l) = sum_over(gu, blocks[l].params);
       }
       if (dots) {
-        for (size_t l = 0; l < L; ++l) (*dots)(bt.batch, l) = dot(u, *bt.hvp, blocks[l].params);
+        const std::vector<double> uh = dots_per_tensor(u, *bt.hvp);
+        for (size_t l = 0; l < L; ++l) (*dots)(bt.batch, l) = sum_over(uh, blocks[l].params);
       }
     };
   };
   std::vector<size_t> every_block(L);
   for (size_t l = 0; l < L; ++l) every_block[l] = l;
   r.blocks.resize(L);
+  const std::vector<double> uu = dots_per_tensor(u, u), gu = dots_per_tensor(g, u);
   for (size_t l = 0; l < L; ++l) {
     auto& b = r.blocks[l];
     b.name = blocks[l].name;
-    b.sq_norm = dot(u, u, blocks[l].params);
-    b.first_order = dot(g, u, blocks[l].params);
+    b.sq_norm = sum_over(uu, blocks[l].params);
+    b.first_order = sum_over(gu, blocks[l].params);
     b.curvature = kNaN;
   }
 

@@ -60,34 +60,69 @@ void check_aligned(const ParamVector& a, const ParamVector& b, const char* op) {
   }
 }
 
-// An undefined tensor is a zero (HVP terms of parameters a pass did not reach).
-double tensor_dot(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined()) return 0.0;
-  return at::sum(a.to(at::kDouble) * b.to(at::kDouble)).item<double>();
+// a·b as a 0-dim float64 tensor on their device, undefined when either is (a zero: HVP terms of
+// parameters a pass did not reach). The products are exact (a float32 or bfloat16 product fits
+// a double); b is promoted inside the multiplication, without a float64 copy of its own.
+at::Tensor tensor_dot(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return {};
+  return at::sum(a.to(at::kDouble) * b);
 }
 
 }  // namespace
 
-double dot(const ParamVector& a, const ParamVector& b) {
+std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
+                                    const std::vector<size_t>* indices) {
   check_aligned(a, b, "dot");
+  std::vector<double> out(a.size(), 0.0);
+  std::vector<size_t> which;
+  std::vector<at::Tensor> parts;
+  auto add_part = [&](size_t i) {
+    at::Tensor d = tensor_dot(a.at(i), b.at(i));
+    if (!d.defined()) return;
+    which.push_back(i);
+    parts.push_back(d.reshape({1}).to(parts.empty() ? d.device() : parts.front().device()));
+  };
+  if (indices) {
+    for (size_t i : *indices) add_part(i);
+  } else {
+    for (size_t i = 0; i < a.size(); ++i) add_part(i);
+  }
+  if (parts.empty()) return out;
+  const at::Tensor host = at::cat(parts).cpu();
+  const double* values = host.data_ptr<double>();
+  for (size_t k = 0; k < which.size(); ++k) out[which[k]] = values[k];
+  return out;
+}
+
+double sum_over(const std::vector<double>& per_tensor, const std::vector<size_t>& indices) {
   double total = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) total += tensor_dot(a[i], b[i]);
+  for (size_t i : indices) total += per_tensor.at(i);
+  return total;
+}
+
+double dot(const ParamVector& a, const ParamVector& b) {
+  const std::vector<double> per_tensor = dots_per_tensor(a, b);
+  double total = 0.0;
+  for (double v : per_tensor) total += v;
   return total;
 }
 
 double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices) {
-  check_aligned(a, b, "dot");
-  double total = 0.0;
-  for (size_t i : indices) total += tensor_dot(a.at(i), b.at(i));
-  return total;
+  return sum_over(dots_per_tensor(a, b, &indices), indices);
 }
 
 double squared_norm(const ParamVector& a) {
-  double total = 0.0;
+  // Every tensor's norm first, then one transfer.
+  std::vector<at::Tensor> norms;
   for (const auto& t : a) {
-    const double n = t.to(at::kDouble).norm().item<double>();
-    total += n * n;
+    const at::Tensor n = t.to(at::kDouble).norm().reshape({1});
+    norms.push_back(norms.empty() ? n : n.to(norms.front().device()));
   }
+  if (norms.empty()) return 0.0;
+  const at::Tensor host = at::cat(norms).cpu();
+  const double* values = host.data_ptr<double>();
+  double total = 0.0;
+  for (size_t i = 0; i < norms.size(); ++i) total += values[i] * values[i];
   return total;
 }
 
@@ -145,10 +180,14 @@ ParamVector masked(const ParamVector& x, const std::vector<size_t>& indices) {
 }
 
 bool all_finite(const ParamVector& x) {
+  // Every tensor's flag first, then one transfer.
+  std::vector<at::Tensor> flags;
   for (const auto& t : x) {
-    if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) return false;
+    if (!t.defined() || !t.is_floating_point()) continue;
+    const at::Tensor f = at::isfinite(t).all().reshape({1});
+    flags.push_back(flags.empty() ? f : f.to(flags.front().device()));
   }
-  return true;
+  return flags.empty() || at::cat(flags).all().item<bool>();
 }
 
 at::Tensor flat_float64(const ParamVector& x) {

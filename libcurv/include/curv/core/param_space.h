@@ -50,6 +50,13 @@ double squared_norm(const ParamVector& a);
 double norm(const ParamVector& a);
 // Dot product restricted to the parameters listed in `indices`.
 double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices);
+// a_i·b_i of every tensor i (of those in `indices` when given; the others are 0), all computed on
+// the tensors' device before one transfer to the host, so that per-block sums cost one
+// synchronisation rather than one per tensor. sum_over adds a block's entries in index order:
+// the same double as dot(a, b, block).
+std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
+                                    const std::vector<size_t>* indices = nullptr);
+double sum_over(const std::vector<double>& per_tensor, const std::vector<size_t>& indices);
 void axpy(double alpha, const ParamVector& x, ParamVector& y);  // y += alpha * x (in place)
 ParamVector scaled(const ParamVector& x, double alpha);         // alpha * x (new tensors)
 ParamVector add(const ParamVector& a, const ParamVector& b);    // a + b (new tensors)
