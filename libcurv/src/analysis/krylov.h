@@ -104,8 +104,10 @@ inline at::Tensor apply(LinearOperator& op, const at::Tensor& x) {
 // Lanczos tridiagonalisation with full reorthogonalisation (two Gram–Schmidt passes, which keep
 // the basis orthonormal to working precision, so no spurious copies of converged Ritz values
 // appear). T has diagonal alpha and off-diagonal beta[0..m-2]; beta[m-1] couples to the next,
-// not yet formed vector and gives the residual estimates. The basis and the recurrence live on
-// the operator's device, or on the host when the basis is spilled there.
+// not yet formed vector and gives the residual estimates. The basis lives on the operator's
+// device, or in pinned host memory when spilled there; the recurrence runs on the device either
+// way, with a spilled vector copied into one staging buffer as each pass reaches it (the copies
+// queue on the stream behind the arithmetic: no synchronisation per vector).
 struct Krylov {
   std::vector<at::Tensor> q;
   std::vector<double> alpha, beta;
@@ -134,16 +136,27 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
   max_steps = std::min(max_steps, n);
   const double start_norm = norm_value(start);
   if (!(start_norm > 0)) throw InvalidArgument("Lanczos: start vector is zero");
-  k.q.push_back(moved(start / start_norm, basis));
+  const bool spilled = basis.device() != device.device();
+  // q_j and q_{j−1} on the device: the recurrence's own terms, never staged.
+  at::Tensor current = moved(start / start_norm, device), previous;
+  at::Tensor staging = spilled ? at::empty({n}, device) : at::Tensor();
+  k.q.push_back(moved(current, basis));
   double scale = 0.0;  // largest |α| or β seen: what "negligibly small β" is relative to
   for (int64_t j = 0; j < max_steps; ++j) {
-    at::Tensor w = moved(apply(op, moved(k.q[j], device)), basis);
-    const double a = dot_value(k.q[j], w);
-    w.sub_(k.q[j], a);
-    if (j > 0) w.sub_(k.q[j - 1], k.beta[j - 1]);
+    at::Tensor w = apply(op, current);
+    const double a = dot_value(current, w);
+    w.sub_(current, a);
+    if (j > 0) w.sub_(previous, k.beta[j - 1]);
     for (int pass = 0; pass < 2; ++pass) {
-      // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
-      for (const auto& q : k.q) w.addcmul_(q, at::dot(q, w), -1);
+      for (size_t i = 0; i < k.q.size(); ++i) {
+        const auto ii = static_cast<int64_t>(i);
+        const at::Tensor& q = !spilled      ? k.q[i]
+                              : ii == j     ? current
+                              : ii == j - 1 ? previous
+                                            : staging.copy_(k.q[i], /*non_blocking=*/true);
+        // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
+        w.addcmul_(q, at::dot(q, w), -1);
+      }
     }
     const double b = norm_value(w);
     k.alpha.push_back(a);
@@ -152,7 +165,11 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
     // A full-dimensional Krylov space is invariant too; its last β is rounding noise.
     k.invariant = b <= 1e-12 * scale || j + 1 == n;
     if (stop(k) || k.invariant) return;
-    if (j + 1 < max_steps) k.q.push_back(w.div_(b));
+    if (j + 1 < max_steps) {
+      previous = current;
+      current = w.div_(b);
+      k.q.push_back(spilled ? moved(current, basis) : current);
+    }
   }
 }
 

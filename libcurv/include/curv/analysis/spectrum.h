@@ -47,9 +47,9 @@ enum class KrylovBasis {
   // On the operator's device: nothing crosses to the host per step; each step adds rows()
   // doubles of device memory (1 GB per step at 124M parameters).
   kDevice,
-  // Spilled to host memory (pinned when the operator is on CUDA): each step copies its product
-  // to the host, where the recurrence and the reorthogonalisation run, and the next basis vector
-  // back; the device holds a few vectors only.
+  // Spilled to host memory (pinned when the operator is on CUDA): the recurrence and the
+  // reorthogonalisation still run on the device, which holds four vectors; each Gram–Schmidt
+  // pass copies the spilled vectors in one at a time, and each step's new vector goes out.
   kHost,
 };
 KrylovBasis parse_krylov_basis(const std::string& text);  // "device" | "host"
