@@ -1,8 +1,10 @@
 #include "curv/core/param_space.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "curv/core/blocks.h"
 #include "curv/core/error.h"
@@ -47,6 +49,37 @@ TEST_CASE("vector operations accumulate in float64 and round-trip through flat b
   CHECK(back[0].scalar_type() == at::kFloat);
   CHECK(at::equal(back[0], a[0]));
   CHECK(at::equal(back[1], a[1]));
+}
+
+TEST_CASE("per-tensor dots equal dot() bit for bit, undefined tensors counting as zero",
+          "[param_space]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  ParamVector a, b;
+  for (int64_t n : {1000, 7, 33, 4096}) {
+    a.push_back(at::randn({n}, gen, at::kFloat));
+    b.push_back(at::randn({n}, gen, at::kFloat));
+  }
+  b[2] = at::Tensor();  // a parameter a pass did not reach
+  const std::vector<double> all = dots_per_tensor(a, b);
+  REQUIRE(all.size() == 4);
+  CHECK(all[2] == 0.0);
+  // Each entry is the float64 dot of that tensor, its float32 products exact.
+  const double exact0 = at::sum(a[0].to(at::kDouble) * b[0].to(at::kDouble)).item<double>();
+  CHECK(all[0] == exact0);
+  double total = 0.0;
+  for (double v : all) total += v;
+  CHECK(dot(a, b) == total);
+  const std::vector<size_t> block = {3, 0};
+  CHECK(sum_over(all, block) == dot(a, b, block));
+  // Restricted to indices: the others are left at zero.
+  const std::vector<double> some = dots_per_tensor(a, b, &block);
+  CHECK(some[0] == all[0]);
+  CHECK(some[3] == all[3]);
+  CHECK(some[1] == 0.0);
+  CHECK_THROWS_AS(dots_per_tensor(a, {b[0]}), InvalidArgument);
+  CHECK(all_finite(a));
+  a[1][3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(all_finite(a));
 }
 
 TEST_CASE("blocks by layer follow nanoGPT names: embeddings, layers, head", "[blocks]") {
