@@ -242,9 +242,10 @@ void SpectrumArgs::add_to(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
   app.add_option("--krylov-basis", krylov_basis,
-                 "Where the Lanczos basis of --spectrum and --density lives: device (the model's; "
-                 "no transfer per HVP) or host (pinned host memory on a GPU: device memory for a "
-                 "few vectors only, two vector transfers per HVP)")
+                 "Where the Lanczos basis of --spectrum and --density and Hutch++'s sketch of "
+                 "--trace live: device (the model's; no transfer per HVP) or host (pinned host "
+                 "memory on a GPU: device memory for a few vectors only, the vectors copied in "
+                 "as they are used)")
       ->capture_default_str()
       ->check(CLI::IsMember({"device", "host"}));
   app.add_flag("--spectrum-blocks", spectrum_blocks,
@@ -305,6 +306,7 @@ CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
   o.density_options.grid = density_grid;
   o.density_options.seed = seed;
   o.density_options.basis = o.eigen.basis;
+  o.trace_options.basis = o.eigen.basis;
   return o;
 }
 

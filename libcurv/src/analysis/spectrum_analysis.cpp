@@ -74,6 +74,7 @@ void write_trace(const ReportGroup& spectrum, CurvatureEngine& engine, const Blo
   const ReportGroup trace = spectrum.child(trace_layout().spec().name);
   trace.attribute("method", to_string(o.trace_options.method));
   trace.attribute("matvecs", o.trace_options.matvecs);
+  trace.attribute("krylov_basis", to_string(o.trace_options.basis));
 }
 
 void write_density(const ReportGroup& spectrum, CurvatureEngine& engine,

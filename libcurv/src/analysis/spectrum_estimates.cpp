@@ -56,19 +56,24 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
     // quadratic form, the remaining m − 2k for Hutchinson on (I − QQᵀ)A(I − QQᵀ).
     const int64_t k = std::min(options.matvecs / 3, n);
     const int64_t r = options.matvecs - 2 * k;
-    const at::TensorOptions options = vector_options(op);
-    at::Tensor y = at::empty({n, k}, options);
-    for (int64_t j = 0; j < k; ++j) y.select(1, j).copy_(apply(op, rng.rademacher(n, options)));
-    // Q: an orthonormal basis of range(Y), n × k (Householder QR; column signs do not matter).
-    const at::Tensor q = std::get<0>(at::linalg_qr(y));
-    y = at::Tensor();
+    const at::TensorOptions device = vector_options(op);
+    const at::TensorOptions store = basis_options(op, options.basis);
+    // Yᵀ, k × n: each product is one contiguous row, and Y = Yᵀ.t() is the column-major matrix
+    // LAPACK's QR takes.
+    at::Tensor yt = at::empty({k, n}, store);
+    for (int64_t j = 0; j < k; ++j) yt.select(0, j).copy_(apply(op, rng.rademacher(n, device)));
+    // Q: an orthonormal basis of range(Y), n × k (Householder QR; column signs do not matter),
+    // where Y is.
+    const at::Tensor q = std::get<0>(at::linalg_qr(yt.t()));
+    yt = at::Tensor();
     for (int64_t j = 0; j < k; ++j) {
-      const at::Tensor qj = q.select(1, j).contiguous();
+      const at::Tensor qj = moved(q.select(1, j).contiguous(), device);
       exact_part += dot_value(qj, apply(op, qj));
     }
     for (int64_t i = 0; i < r; ++i) {
-      at::Tensor g = rng.rademacher(n, options);
-      g.sub_(at::mv(q, at::mv(q.t(), g)));
+      at::Tensor g = rng.rademacher(n, device);
+      const at::Tensor gs = moved(g, store);
+      g.sub_(moved(at::mv(q, at::mv(q.t(), gs)), device));
       samples.push_back(dot_value(g, apply(op, g)));
     }
     result.sketch_rank = k;

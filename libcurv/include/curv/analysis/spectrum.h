@@ -128,6 +128,10 @@ struct TraceOptions {
   // the rest on Hutchinson samples of the deflated remainder. ≥ 2 (Hutchinson), ≥ 6 (Hutch++).
   int64_t matvecs = 99;
   uint64_t seed = 0;
+  // Where Hutch++'s sketch and its orthonormal basis (matvecs/3 float64 vectors) live: on the
+  // operator's device, or spilled to (pinned) host memory, where the QR and the projections of
+  // the Hutchinson samples then run; each product still runs on the device.
+  KrylovBasis basis = KrylovBasis::kDevice;
   void validate() const;
 };
 
