@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
@@ -334,8 +335,7 @@ void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const Pa
   const size_t B = r.batches.loss.size();
   TaylorBatches& t = r.batches;
   const std::vector<double> uh = dots_per_tensor(u, hu);
-  r.curvature = 0.0;
-  for (double v : uh) r.curvature += v;  // as dot(u, hu)
+  r.curvature = std::accumulate(uh.begin(), uh.end(), 0.0);  // as dot(u, hu)
   r.predicted = r.first_order + 0.5 * r.curvature;
   r.nds = r.curvature / u_sq;
   r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;

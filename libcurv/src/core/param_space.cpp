@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/fmt_torch.h"
 #include "core/strings.h"
@@ -60,6 +61,15 @@ void check_aligned(const ParamVector& a, const ParamVector& b, const char* op) {
   }
 }
 
+// 0-dim tensors as one 1-D tensor on the first one's device: per-tensor results computed where
+// the tensors live, then brought to the host in one transfer (one synchronisation).
+at::Tensor stacked(const std::vector<at::Tensor>& scalars) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(scalars.size());
+  for (const auto& s : scalars) parts.push_back(s.reshape({1}).to(scalars.front().device()));
+  return at::cat(parts);
+}
+
 // a·b as a 0-dim float64 tensor on their device, undefined when either is (a zero: HVP terms of
 // parameters a pass did not reach). The products are exact (a float32 or bfloat16 product fits
 // a double); b is promoted inside the multiplication, without a float64 copy of its own.
@@ -80,7 +90,7 @@ std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
     at::Tensor d = tensor_dot(a.at(i), b.at(i));
     if (!d.defined()) return;
     which.push_back(i);
-    parts.push_back(d.reshape({1}).to(parts.empty() ? d.device() : parts.front().device()));
+    parts.push_back(d);
   };
   if (indices) {
     for (size_t i : *indices) add_part(i);
@@ -88,7 +98,7 @@ std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
     for (size_t i = 0; i < a.size(); ++i) add_part(i);
   }
   if (parts.empty()) return out;
-  const at::Tensor host = at::cat(parts).cpu();
+  const at::Tensor host = stacked(parts).cpu();
   const double* values = host.data_ptr<double>();
   for (size_t k = 0; k < which.size(); ++k) out[which[k]] = values[k];
   return out;
@@ -102,9 +112,7 @@ double sum_over(const std::vector<double>& per_tensor, const std::vector<size_t>
 
 double dot(const ParamVector& a, const ParamVector& b) {
   const std::vector<double> per_tensor = dots_per_tensor(a, b);
-  double total = 0.0;
-  for (double v : per_tensor) total += v;
-  return total;
+  return std::accumulate(per_tensor.begin(), per_tensor.end(), 0.0);
 }
 
 double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>& indices) {
@@ -112,14 +120,10 @@ double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>
 }
 
 double squared_norm(const ParamVector& a) {
-  // Every tensor's norm first, then one transfer.
   std::vector<at::Tensor> norms;
-  for (const auto& t : a) {
-    const at::Tensor n = t.to(at::kDouble).norm().reshape({1});
-    norms.push_back(norms.empty() ? n : n.to(norms.front().device()));
-  }
+  for (const auto& t : a) norms.push_back(t.to(at::kDouble).norm());
   if (norms.empty()) return 0.0;
-  const at::Tensor host = at::cat(norms).cpu();
+  const at::Tensor host = stacked(norms).cpu();
   const double* values = host.data_ptr<double>();
   double total = 0.0;
   for (size_t i = 0; i < norms.size(); ++i) total += values[i] * values[i];
@@ -180,14 +184,11 @@ ParamVector masked(const ParamVector& x, const std::vector<size_t>& indices) {
 }
 
 bool all_finite(const ParamVector& x) {
-  // Every tensor's flag first, then one transfer.
   std::vector<at::Tensor> flags;
   for (const auto& t : x) {
-    if (!t.defined() || !t.is_floating_point()) continue;
-    const at::Tensor f = at::isfinite(t).all().reshape({1});
-    flags.push_back(flags.empty() ? f : f.to(flags.front().device()));
+    if (t.defined() && t.is_floating_point()) flags.push_back(at::isfinite(t).all());
   }
-  return flags.empty() || at::cat(flags).all().item<bool>();
+  return flags.empty() || stacked(flags).all().item<bool>();
 }
 
 at::Tensor flat_float64(const ParamVector& x) {
