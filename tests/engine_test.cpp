@@ -265,6 +265,55 @@ TEST_CASE("an HVP restricted to a block's support equals the zero-padded HVP", "
   CHECK_THROWS_WITH(engine.hvp(missing, first.params), Catch::Contains("undefined"));
 }
 
+TEST_CASE("an HVP formed on target parameters equals the full product there and is zero elsewhere",
+          "[engine]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{4, at::kDouble});
+  const ProbeSet probe = gpt_probe(3, 6, 4);
+  CurvatureEngine engine(*model, probe);
+  EngineOptions fd;
+  fd.hvp_method = HvpMethod::kFiniteDifference;
+  CurvatureEngine fd_engine(*model, probe, fd);
+  const ParamVector u = random_direction(*model, 31);
+  const BlockPartition blocks = BlockPartition::by_rule(engine.space(), BlockRule::kLayer);
+  REQUIRE(blocks.size() >= 3);
+  const std::vector<size_t>& support = blocks[1].params;
+  // Targets below, at and above the support's layer, unsorted and with a repeat.
+  std::vector<size_t> targets = blocks.blocks().back().params;
+  targets.insert(targets.end(), blocks[0].params.begin(), blocks[0].params.end());
+  targets.push_back(support.front());
+  targets.push_back(support.front());
+  std::vector<bool> is_target(u.size(), false);
+  for (size_t i : targets) is_target[i] = true;
+
+  for (CurvatureEngine* e : {&engine, &fd_engine}) {
+    const bool exact = e == &engine;
+    INFO((exact ? "exact" : "finite differences"));
+    const ParamVector full = e->hvp(masked(u, support));
+    // The observer sees each batch's product on the targets only; their weighted sum is the result.
+    ParamVector observed_sum = zeros_like(u);
+    const ParamVector part = e->hvp(masked(u, support), support, targets, [&](const BatchTerms& t) {
+      for (size_t i = 0; i < u.size(); ++i) {
+        const at::Tensor& hv = (*t.hvp)[i];
+        if (!hv.defined()) continue;
+        if (!is_target[i]) CHECK(hv.abs().max().item<double>() == 0.0);
+        observed_sum[i].add_(hv, t.weight);
+      }
+    });
+    CHECK(relative_error(observed_sum, part) <= 1e-12);
+    for (size_t i = 0; i < u.size(); ++i) {
+      INFO(engine.space()[i].name);
+      REQUIRE(part[i].defined());
+      if (is_target[i]) {
+        const double scale = std::max(1e-12, full[i].abs().max().item<double>());
+        CHECK((part[i] - full[i]).abs().max().item<double>() <= (exact ? 1e-12 : 1e-9) * scale);
+      } else {
+        CHECK(part[i].abs().max().item<double>() == 0.0);
+      }
+    }
+  }
+  CHECK_THROWS_AS(engine.hvp(u, support, {u.size()}), InvalidArgument);
+}
+
 TEST_CASE("a memory budget keeps graphs while resident memory allows and recomputes the rest",
           "[engine]") {
   auto model = make_model(tiny_gpt_config(), ModelInit{6, at::kDouble});

@@ -83,6 +83,27 @@ TEST_CASE("the coupling matrix is symmetric, sums to uᵀHu and has the dense bl
     CHECK(r.s_within + r.s_cross == Approx(r.nds).epsilon(1e-12));
     CHECK(r.rho_within == Approx(r.s_within / r.nds));
     CHECK(r.hvps == static_cast<int64_t>(blocks.size()));
+    // Each block's HVP is formed on the blocks after it only; the per-batch row sums, completed by
+    // symmetry, equal u_lᵀ(H_b u)_l of one HVP along the whole of u.
+    TaylorOptions direct_options;
+    direct_options.coupling = CouplingMode::kNone;
+    const TaylorResult direct = taylor_audit(engine, u, blocks, direct_options);
+    const Eigen::MatrixXd& rows = r.batches.block_row_sum;
+    const Eigen::MatrixXd& direct_rows = direct.batches.block_row_sum;
+    CHECK((rows - direct_rows).norm() <= 1e-10 * direct_rows.norm());
+    for (size_t b = 0; b < r.batches.curvature.size(); ++b) {
+      CHECK(r.batches.curvature[b] == Approx(direct.batches.curvature[b]).epsilon(1e-10));
+    }
+    // The per-batch diagonal averages to C_ll.
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      double mean = 0.0;
+      for (size_t b = 0; b < r.batches.weight.size(); ++b) {
+        mean += r.batches.weight[b] * r.batches.block_curvature(static_cast<Eigen::Index>(b),
+                                                                static_cast<Eigen::Index>(l));
+      }
+      CHECK(mean == Approx(c(l, l)).epsilon(1e-10).margin(1e-14));
+    }
+    CHECK(r.curvature == Approx(direct.curvature).epsilon(1e-12));
   }
 }
 

@@ -250,40 +250,42 @@ TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition&
 // u_lᵀ(H_b v)_l into `dots` (when given).
 using ObserverFactory = std::function<BatchObserver(const std::vector<size_t>&, Eigen::MatrixXd*)>;
 
-// Full coupling: H u_m for each block m, the matrix C_lm = u_lᵀ(H u_m)_l and its per-batch
-// diagonal; returns H u, their sum by linearity, so the totals cost nothing extra.
-ParamVector full_coupling(CurvatureEngine& engine, const ParamVector& u,
-                          const BlockPartition& blocks, const ObserverFactory& observe,
-                          TaylorResult& r) {
+// Full coupling: the matrix C_lm = u_lᵀ(H u_m)_l and its per-batch diagonal and row sums. H is
+// symmetric, so block m's HVP is formed on blocks m..L−1 only and C_ml is C_lm: in the layer
+// order of the partitions (embeddings, layers, head) the second backward of layer m's part of u
+// then stops at layer m, where H u_m on every block would go down to the embeddings.
+void full_coupling(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
+                   const ObserverFactory& observe, TaylorResult& r) {
   const size_t L = blocks.size();
   const size_t B = r.batches.loss.size();
-  const ParamVector& g = engine.gradient();
   TaylorBatches& t = r.batches;
-  ParamVector hu;  // H u
-
-  // H u_m for each block; by linearity their sum is H u, so the totals cost nothing extra.
   r.coupling = Eigen::MatrixXd::Zero(L, L);
   t.block_curvature.setZero();
-  // Per batch: u_lᵀ (H_b u_m)_l; the rows of other ranks' batches stay zero.
+  // Per batch: u_lᵀ (H_b u_m)_l for l ≥ m; the rows of other ranks' batches stay zero.
   Eigen::MatrixXd column_m = Eigen::MatrixXd::Zero(B, L);
   for (size_t m = 0; m < L; ++m) {
     if (r.blocks[m].sq_norm == 0.0) continue;
+    // Blocks where u is zero have zero entries: no product is formed on them.
+    std::vector<size_t> targets;
+    for (size_t l = m; l < L; ++l) {
+      if (r.blocks[l].sq_norm == 0.0) continue;
+      targets.insert(targets.end(), blocks[l].params.begin(), blocks[l].params.end());
+    }
     // Only block m's gradients start the second backward (u is zero elsewhere).
-    ParamVector h_m = engine.hvp(u, blocks[m].params, observe({m}, &column_m));
-    t.block_row_sum += column_m;
-    t.block_curvature.col(static_cast<Eigen::Index>(m)) =
-        column_m.col(static_cast<Eigen::Index>(m));
-    const std::vector<double> uh = dots_per_tensor(u, h_m);
-    for (size_t l = 0; l < L; ++l) r.coupling(l, m) = sum_over(uh, blocks[l].params);
-    if (hu.empty()) {
-      hu = std::move(h_m);
-    } else {
-      axpy(1.0, h_m, hu);
+    const ParamVector h_m = engine.hvp(u, blocks[m].params, targets, observe({m}, &column_m));
+    const std::vector<double> uh = dots_per_tensor(u, h_m, &targets);
+    const auto mi = static_cast<Eigen::Index>(m);
+    t.block_curvature.col(mi) = column_m.col(mi);
+    t.block_row_sum.col(mi) += column_m.col(mi);
+    r.coupling(mi, mi) = sum_over(uh, blocks[m].params);
+    for (size_t l = m + 1; l < L; ++l) {
+      const auto li = static_cast<Eigen::Index>(l);
+      t.block_row_sum.col(li) += column_m.col(li);
+      t.block_row_sum.col(mi) += column_m.col(li);
+      r.coupling(li, mi) = r.coupling(mi, li) = sum_over(uh, blocks[l].params);
     }
   }
-  if (hu.empty()) hu = zeros_like(g);
   for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
-  return hu;
 }
 
 // Randomized coupling: each block's diagonal curvature C_ll from sign-flipped combinations.
@@ -327,29 +329,34 @@ void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
   }
 }
 
-// From H u and the coupling: uᵀHu, the prediction, NDS, η*, the block and within/cross
-// splits, and the per-batch tables summed over the ranks.
+// From H u (without full coupling) or the coupling: uᵀHu, the prediction, NDS, η*, the block and
+// within/cross splits, and the per-batch tables summed over the ranks.
 void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const ParamVector& hu,
             const BlockPartition& blocks, const TaylorOptions& options, TaylorResult& r) {
   const size_t L = blocks.size();
   const size_t B = r.batches.loss.size();
   TaylorBatches& t = r.batches;
-  const std::vector<double> uh = dots_per_tensor(u, hu);
-  r.curvature = std::accumulate(uh.begin(), uh.end(), 0.0);  // as dot(u, hu)
+  const bool full = options.coupling == CouplingMode::kFull;
+  std::vector<double> uh;
+  if (full) {
+    r.curvature = r.coupling.sum();
+  } else {
+    uh = dots_per_tensor(u, hu);
+    r.curvature = std::accumulate(uh.begin(), uh.end(), 0.0);  // as dot(u, hu)
+  }
   r.predicted = r.first_order + 0.5 * r.curvature;
   r.nds = r.curvature / u_sq;
   r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;
   double within = 0.0;
   for (size_t l = 0; l < L; ++l) {
     auto& b = r.blocks[l];
-    b.row_sum = sum_over(uh, blocks[l].params);
+    b.row_sum =
+        full ? r.coupling.row(static_cast<Eigen::Index>(l)).sum() : sum_over(uh, blocks[l].params);
     b.nds = b.sq_norm > 0.0 ? b.curvature / b.sq_norm : kNaN;
     within += b.curvature;
   }
   r.s_within = within / u_sq;
-  if (options.coupling == CouplingMode::kFull) {
-    // From the off-diagonal entries themselves, not as a difference, so S_within + S_cross = NDS
-    // is a check on the numbers rather than true by construction.
+  if (full) {
     r.s_cross = (r.coupling.sum() - r.coupling.trace()) / u_sq;
   } else {
     r.s_cross = r.nds - r.s_within;
@@ -443,9 +450,12 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     b.curvature = kNaN;
   }
 
-  ParamVector hu = options.coupling == CouplingMode::kFull
-                       ? full_coupling(engine, u, blocks, observe, r)
-                       : engine.hvp(u, observe(every_block, &t.block_row_sum));
+  ParamVector hu;  // H u, which full coupling does not form: its totals come from C
+  if (options.coupling == CouplingMode::kFull) {
+    full_coupling(engine, u, blocks, observe, r);
+  } else {
+    hu = engine.hvp(u, observe(every_block, &t.block_row_sum));
+  }
   if (options.coupling == CouplingMode::kRandomized) {
     randomized_coupling(engine, u, blocks, options, observe, r);
   }

@@ -187,11 +187,12 @@ WithinReport within_block(CurvatureEngine& engine, const ParamVector& u,
            engine.counters().hvps - hvps_before + needed <= options.max_hvps;
   };
   // dᵀH d for a direction d that is `value` on parameter `index` and zero elsewhere: the HVP
-  // starts from that parameter's gradient only, and nothing else of d is materialised.
+  // starts from that parameter's gradient only and is formed on that parameter only (the one
+  // part of H d the dot reads), and nothing else of d is materialised.
   auto curvature_on = [&](size_t index, const at::Tensor& value) {
     ParamVector d(u.size());
     d[index] = value.to(u[index].scalar_type());
-    return dot(d, engine.hvp(d, {index}), {index});
+    return dot(d, engine.hvp(d, {index}, {index}), {index});
   };
   for (size_t index : within_selection(space, structure, options)) {
     const auto& info = space[index];

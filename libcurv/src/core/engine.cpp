@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 
 #include "core/engine_internal.h"
 #include "core/fmt_torch.h"
@@ -419,38 +420,71 @@ const std::vector<double>& CurvatureEngine::batch_losses() {
 }
 
 ParamVector CurvatureEngine::hvp(const ParamVector& v, const BatchObserver& observer) {
-  return options_.hvp_method == HvpMethod::kExact ? hvp_exact_on(v, nullptr, observer)
+  return options_.hvp_method == HvpMethod::kExact ? hvp_exact_on(v, nullptr, nullptr, observer)
                                                   : hvp_finite_difference(v, 0.0, observer);
 }
 
+std::vector<size_t> CurvatureEngine::parameter_subset(const std::vector<size_t>& indices,
+                                                      const char* what) const {
+  for (size_t i : indices) {
+    if (i >= state_->params.size()) {
+      throw InvalidArgument(
+          fmt::format("hvp: {} index {} for {} parameters", what, i, state_->params.size()));
+    }
+  }
+  // Ascending and unique: the gradients enter the second backward in parameter order, as in hvp().
+  std::vector<size_t> sorted = indices;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  return sorted;
+}
+
 ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support,
+                                 const BatchObserver& observer) {
+  std::vector<size_t> all(state_->params.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  return hvp(v, support, all, observer);
+}
+
+ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support,
+                                 const std::vector<size_t>& targets,
                                  const BatchObserver& observer) {
   if (v.size() != state_->params.size()) {
     throw InvalidArgument(fmt::format("hvp: vector of {} tensors for {} parameters", v.size(),
                                       state_->params.size()));
   }
-  for (size_t i : support) {
-    if (i >= v.size()) {
-      throw InvalidArgument(
-          fmt::format("hvp: support index {} for {} parameters", i, state_->params.size()));
+  const std::vector<size_t> from = parameter_subset(support, "support");
+  const std::vector<size_t> onto = parameter_subset(targets, "target");
+  if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &from, &onto, observer);
+  // Finite differences difference whole gradients: the product everywhere, then zero off targets.
+  std::vector<bool> wanted(v.size(), false);
+  for (size_t i : onto) wanted[i] = true;
+  auto off_targets_zeroed = [&](const ParamVector& x) {
+    ParamVector out = x;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!wanted[i] && out[i].defined()) out[i] = at::zeros_like(out[i]);
     }
-  }
-  // Ascending and unique: the gradients enter the second backward in parameter order, as in hvp().
-  std::vector<size_t> sorted = support;
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &sorted, observer);
+    return out;
+  };
   ParamVector padded = zeros_like(state_->params);
-  for (size_t i : sorted) padded[i] = v[i];
-  return hvp_finite_difference(padded, 0.0, observer);
+  for (size_t i : from) padded[i] = v[i];
+  BatchObserver masked_observer;
+  if (observer) {
+    masked_observer = [&](const BatchTerms& bt) {
+      const ParamVector hv = off_targets_zeroed(*bt.hvp);
+      observer(BatchTerms{bt.batch, bt.weight, bt.gradient, &hv});
+    };
+  }
+  return off_targets_zeroed(hvp_finite_difference(padded, 0.0, masked_observer));
 }
 
 ParamVector CurvatureEngine::hvp_exact(const ParamVector& v) {
-  return hvp_exact_on(v, nullptr, {});
+  return hvp_exact_on(v, nullptr, nullptr, {});
 }
 
 ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
                                           const std::vector<size_t>* support,
+                                          const std::vector<size_t>* targets,
                                           const BatchObserver& observer) {
   auto& s = *state_;
   if (v_in.size() != s.params.size()) {
@@ -476,6 +510,13 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
           s.params[i].sizes()));
     }
     v[i] = v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
+  }
+  // The parameters the second backward differentiates toward.
+  std::vector<at::Tensor> inputs;
+  if (targets == nullptr) {
+    inputs = s.params;
+  } else {
+    for (size_t i : *targets) inputs.push_back(s.params[i]);
   }
   ParamVector result(s.params.size());
   for_each_batch(Pass::kHvp, [&](size_t b, double w_b) {
@@ -506,9 +547,15 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
         }
       }
       ParamVector hv(s.params.size());
-      if (!outputs.empty()) {
-        hv = torch::autograd::grad(outputs, s.params, grad_outputs, /*retain_graph=*/kept,
-                                   /*create_graph=*/false, /*allow_unused=*/true);
+      if (!outputs.empty() && !inputs.empty()) {
+        ParamVector parts = torch::autograd::grad(outputs, inputs, grad_outputs,
+                                                  /*retain_graph=*/kept,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+        if (targets == nullptr) {
+          hv = std::move(parts);
+        } else {
+          for (size_t k = 0; k < parts.size(); ++k) hv[(*targets)[k]] = std::move(parts[k]);
+        }
         ++counters_.second_backwards;
       }
       c10::NoGradGuard no_grad;

@@ -129,6 +129,13 @@ class CurvatureEngine {
   // cannot contribute; the result equals hvp() of the zero-padded v.
   ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support,
                   const BatchObserver& observer = {});
+  // (H v) on the parameters `targets` only, for a v that is zero outside `support`; the result
+  // (and what an observer sees) is zero elsewhere. The exact method differentiates toward
+  // `targets` alone, so autograd also skips every product that reaches only other parameters:
+  // one layer's part of H u_m needs no backward below that layer, nor any other weight's
+  // gradient.
+  ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support,
+                  const std::vector<size_t>& targets, const BatchObserver& observer = {});
   ParamVector hvp_exact(const ParamVector& v);
   // Central difference per batch, (g_b(θ + hv) − g_b(θ − hv)) / 2h; `step` overrides
   // options().fd_step for this call. An observer costs one more gradient per batch (g_b at θ).
@@ -189,9 +196,12 @@ class CurvatureEngine {
   // The figure EngineOptions::max_memory bounds (its memory_probe, else the device's in_use).
   int64_t memory_in_use() const;
   bool over_memory_budget() const;
-  // hvp_exact over the parameters in `support` (all when null).
+  // hvp_exact for v on the parameters in `support`, the product on those in `targets` (all when
+  // null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
-                           const BatchObserver& observer);
+                           const std::vector<size_t>* targets, const BatchObserver& observer);
+  // `indices` checked against the parameters, sorted and unique; `what` names them in errors.
+  std::vector<size_t> parameter_subset(const std::vector<size_t>& indices, const char* what) const;
 
   Objective& objective_;
   ProbeSet probe_;
