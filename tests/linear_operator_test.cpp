@@ -5,6 +5,7 @@
 #include <Eigen/Eigenvalues>
 #include <catch2/catch.hpp>
 
+#include "curv/core/blocks.h"
 #include "curv/core/engine.h"
 #include "curv/core/spectra_adapter.h"
 #include "fixtures.h"
@@ -48,4 +49,28 @@ TEST_CASE("HessianOperator restricted to parameters is the principal sub-matrix"
     for (size_t c = 0; c < index.size(); ++c) expected(r, c) = h(index[r], index[c]);
   CHECK(sub.rows() == static_cast<int64_t>(index.size()));
   CHECK((to_dense(sub) - expected).norm() <= 1e-10 * expected.norm());
+  CURV_CHECK_THROWS(HessianOperator(engine, {0, 2, 0}), InvalidArgument,
+                    Catch::Matchers::Contains("listed twice"));
+}
+
+TEST_CASE("HessianOperator on each layer block of a tied GPT is its principal sub-matrix",
+          "[linear_operator]") {
+  auto model = make_model(tiny_gpt_config(), ModelInit{3, at::kDouble});
+  CurvatureEngine engine(*model, gpt_probe(2, 6, 4));
+  const Eigen::MatrixXd h = dense_hessian(engine);
+  const auto& space = engine.space();
+  const BlockPartition blocks = BlockPartition::by_rule(space, BlockRule::kLayer);
+  REQUIRE(blocks.size() >= 3);
+  for (const Block& b : blocks.blocks()) {
+    INFO(b.name);
+    HessianOperator sub(engine, b.params);
+    std::vector<int64_t> index;
+    for (size_t p : b.params) {
+      for (int64_t k = 0; k < space[p].numel; ++k) index.push_back(space[p].offset + k);
+    }
+    Eigen::MatrixXd expected(index.size(), index.size());
+    for (size_t r = 0; r < index.size(); ++r)
+      for (size_t c = 0; c < index.size(); ++c) expected(r, c) = h(index[r], index[c]);
+    CHECK((to_dense(sub) - expected).norm() <= 1e-10 * expected.norm());
+  }
 }

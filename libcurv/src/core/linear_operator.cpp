@@ -46,11 +46,17 @@ HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> pa
     params_.resize(space.size());
     std::iota(params_.begin(), params_.end(), 0);
   }
+  std::vector<bool> seen(space.size(), false);
   for (size_t i : params_) {
     if (i >= space.size()) {
       throw InvalidArgument(
           fmt::format("HessianOperator: parameter index {} out of range [0, {})", i, space.size()));
     }
+    if (seen[i]) {
+      throw InvalidArgument(
+          fmt::format("HessianOperator: parameter '{}' (index {}) listed twice", space[i].name, i));
+    }
+    seen[i] = true;
     rows_ += space[i].numel;
   }
 }
@@ -60,7 +66,11 @@ c10::Device HessianOperator::device() const { return engine_.device(); }
 at::Tensor HessianOperator::product(const at::Tensor& x) {
   const auto& space = engine_.space();
   const ParamVector& like = engine_.gradient();
-  ParamVector v = zeros_like(like);
+  // A sub-matrix's vector is left undefined off S and its product formed on S alone: the second
+  // backward starts from S's gradients and differentiates toward S only, so autograd skips every
+  // product that cannot reach H_SS x (hvp(v, support, targets)).
+  const bool whole = params_.size() == space.size();
+  ParamVector v(like.size());
   int64_t offset = 0;
   for (size_t i : params_) {
     // A copy in the parameters' dtype, on the device x is on already.
@@ -69,7 +79,7 @@ at::Tensor HessianOperator::product(const at::Tensor& x) {
                .to(like[i].scalar_type(), false, /*copy=*/true);
     offset += space[i].numel;
   }
-  ParamVector hv = engine_.hvp(v);
+  const ParamVector hv = whole ? engine_.hvp(v) : engine_.hvp(v, params_, params_);
   std::vector<at::Tensor> parts;
   parts.reserve(params_.size());
   for (size_t i : params_) parts.push_back(hv[i].detach().reshape(-1).to(at::kDouble));
