@@ -457,25 +457,16 @@ ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>
   const std::vector<size_t> onto = parameter_subset(targets, "target");
   if (options_.hvp_method == HvpMethod::kExact) return hvp_exact_on(v, &from, &onto, observer);
   // Finite differences difference whole gradients: the product everywhere, then zero off targets.
-  std::vector<bool> wanted(v.size(), false);
-  for (size_t i : onto) wanted[i] = true;
-  auto off_targets_zeroed = [&](const ParamVector& x) {
-    ParamVector out = x;
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (!wanted[i] && out[i].defined()) out[i] = at::zeros_like(out[i]);
-    }
-    return out;
-  };
   ParamVector padded = zeros_like(state_->params);
   for (size_t i : from) padded[i] = v[i];
   BatchObserver masked_observer;
   if (observer) {
     masked_observer = [&](const BatchTerms& bt) {
-      const ParamVector hv = off_targets_zeroed(*bt.hvp);
+      const ParamVector hv = masked(*bt.hvp, onto);
       observer(BatchTerms{bt.batch, bt.weight, bt.gradient, &hv});
     };
   }
-  return off_targets_zeroed(hvp_finite_difference(padded, 0.0, masked_observer));
+  return masked(hvp_finite_difference(padded, 0.0, masked_observer), onto);
 }
 
 ParamVector CurvatureEngine::hvp_exact(const ParamVector& v) {
