@@ -250,41 +250,21 @@ TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition&
 // u_lᵀ(H_b v)_l into `dots` (when given).
 using ObserverFactory = std::function<BatchObserver(const std::vector<size_t>&, Eigen::MatrixXd*)>;
 
-// Full coupling: the matrix C_lm = u_lᵀ(H u_m)_l and its per-batch diagonal and row sums. H is
-// symmetric, so block m's HVP is formed on blocks m..L−1 only and C_ml is C_lm: in the layer
-// order of the partitions (embeddings, layers, head) the second backward of layer m's part of u
-// then stops at layer m, where H u_m on every block would go down to the embeddings.
+// Full coupling: the matrix C_lm = u_lᵀ(H u_m)_l (CurvatureEngine::coupling, which forms block
+// m's product toward blocks l ≥ m only) with each batch's first-order terms, diagonal and row sums.
 void full_coupling(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
-                   const ObserverFactory& observe, TaylorResult& r) {
+                   TaylorResult& r) {
   const size_t L = blocks.size();
-  const size_t B = r.batches.loss.size();
   TaylorBatches& t = r.batches;
-  r.coupling = Eigen::MatrixXd::Zero(L, L);
+  std::vector<std::vector<size_t>> supports;
+  for (size_t l = 0; l < L; ++l) supports.push_back(blocks[l].params);
   t.block_curvature.setZero();
-  // Per batch: u_lᵀ (H_b u_m)_l for l ≥ m; the rows of other ranks' batches stay zero.
-  Eigen::MatrixXd column_m = Eigen::MatrixXd::Zero(B, L);
-  for (size_t m = 0; m < L; ++m) {
-    if (r.blocks[m].sq_norm == 0.0) continue;
-    // Blocks where u is zero have zero entries: no product is formed on them.
-    std::vector<size_t> targets;
-    for (size_t l = m; l < L; ++l) {
-      if (r.blocks[l].sq_norm == 0.0) continue;
-      targets.insert(targets.end(), blocks[l].params.begin(), blocks[l].params.end());
-    }
-    // Only block m's gradients start the second backward (u is zero elsewhere).
-    const ParamVector h_m = engine.hvp(u, blocks[m].params, targets, observe({m}, &column_m));
-    const std::vector<double> uh = dots_per_tensor(u, h_m, &targets);
-    const auto mi = static_cast<Eigen::Index>(m);
-    t.block_curvature.col(mi) = column_m.col(mi);
-    t.block_row_sum.col(mi) += column_m.col(mi);
-    r.coupling(mi, mi) = sum_over(uh, blocks[m].params);
-    for (size_t l = m + 1; l < L; ++l) {
-      const auto li = static_cast<Eigen::Index>(l);
-      t.block_row_sum.col(li) += column_m.col(li);
-      t.block_row_sum.col(mi) += column_m.col(li);
-      r.coupling(li, mi) = r.coupling(mi, li) = sum_over(uh, blocks[l].params);
-    }
-  }
+  r.coupling = engine.coupling(u, supports, [&](const CouplingTerms& c) {
+    const auto b = static_cast<Eigen::Index>(c.batch);
+    t.block_first_order.row(b) = c.first_order->transpose();
+    t.block_curvature.row(b) = c.coupling->diagonal().transpose();
+    t.block_row_sum.row(b) = c.coupling->rowwise().sum().transpose();
+  });
   for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
 }
 
@@ -452,7 +432,7 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
 
   ParamVector hu;  // H u, which full coupling does not form: its totals come from C
   if (options.coupling == CouplingMode::kFull) {
-    full_coupling(engine, u, blocks, observe, r);
+    full_coupling(engine, u, blocks, r);
   } else {
     hu = engine.hvp(u, observe(every_block, &t.block_row_sum));
   }

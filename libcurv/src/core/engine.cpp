@@ -341,7 +341,10 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
       const double w = w_b * slice.share;
       bool keep = keep_graphs && !over_budget &&
                   (options_.max_kept_graphs == 0 || graphs < options_.max_kept_graphs);
-      at::Tensor loss_s = objective_.loss(slice.batch);
+      // A kept graph also lists the model's linear maps, which coupling() reads.
+      std::vector<LinearUse> linears;
+      at::Tensor loss_s = keep ? objective_.loss_listing_linears(slice.batch, linears)
+                               : objective_.loss(slice.batch);
       ++counters_.forwards;
       const double value = loss_s.item<double>();
       if (options_.check_finite && !std::isfinite(value)) {
@@ -350,14 +353,13 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                         "checkpoint and the batch for NaN, or token ids out of range)",
                         objective_.describe(), value, b));
       }
-      ParamVector g =
-          fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, /*retain_graph=*/keep,
-                                               /*create_graph=*/keep, /*allow_unused=*/true),
-                         s.params);
+      GradientGraph graph = first_backward(loss_s, s.params, std::move(linears), keep);
+      ParamVector g = keep ? graph.grads : std::move(graph.grads);
       ++counters_.backwards;
       if (keep && over_memory_budget()) {
         // Dropping the only references to the create_graph gradients frees their graph.
         for (auto& t : g) t = t.detach();
+        graph.clear();
         keep = false;
         over_budget = true;
         ++counters_.graphs_over_budget;
@@ -378,7 +380,8 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
           }
         }
       }
-      s.kept[b][k] = keep ? std::move(g) : ParamVector{};
+      g.clear();
+      if (keep) s.kept[b][k] = std::move(graph);
       if (over_budget) release_free_memory(device_);
     }
     loss += w_b * value_b;
@@ -527,7 +530,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
                                s.params);
         ++counters_.backwards;
       }
-      const ParamVector& g = kept ? s.kept[b][k] : fresh;
+      const ParamVector& g = kept ? s.kept[b][k].grads : fresh;
       // Only gradient entries that depend on the parameters carry a graph; the others have a
       // zero Hessian row and contribute nothing.
       std::vector<at::Tensor> outputs, grad_outputs;

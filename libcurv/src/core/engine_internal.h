@@ -1,5 +1,5 @@
-// Private to the engine's sources (engine.cpp, engine_offset_passes.cpp): the engine's state and
-// the helpers both files use.
+// Private to the engine's sources (engine.cpp, engine_offset_passes.cpp, engine_coupling.cpp):
+// the engine's state and the helpers they share.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,6 +50,25 @@ struct Slice {
 // batch's. Slices of share 0 (every target ignored) are left out.
 std::vector<Slice> slices_of(const Batch& batch, int64_t size);
 
+// A slice's first backward with create_graph: the parameters' gradients and, for the linear maps
+// the objective listed (LinearUse), the loss's gradients at their outputs and at their distinct
+// inputs, all in the graph. An input that does not depend on the parameters has no gradient.
+constexpr size_t kNoInput = static_cast<size_t>(-1);
+struct GradientGraph {
+  ParamVector grads;
+  std::vector<LinearUse> linears;
+  std::vector<at::Tensor> output_grads;  // ∂L/∂y per linear map
+  std::vector<size_t> input_of;  // per linear map: its input's index in input_grads, or kNoInput
+  std::vector<at::Tensor> input_grads;   // ∂L/∂x per distinct input; undefined without one
+  bool empty() const { return grads.empty(); }
+  void clear() { *this = GradientGraph{}; }
+};
+
+// The first backward of `loss` toward `params`; with `with_graph`, with create_graph and toward
+// the listed maps' outputs and inputs too (GradientGraph), else `linears` is not read.
+GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
+                             std::vector<LinearUse> linears, bool with_graph);
+
 }  // namespace engine_detail
 
 struct CurvatureEngine::State {
@@ -60,7 +79,7 @@ struct CurvatureEngine::State {
   ParamVector grad;
   std::vector<std::vector<engine_detail::Slice>> slices;  // per batch (EngineOptions::micro_batch)
   // Per batch and slice: the create_graph gradient, or empty.
-  std::vector<std::vector<ParamVector>> kept;
+  std::vector<std::vector<engine_detail::GradientGraph>> kept;
   // The kept graphs belong to the current parameters (even when the budget kept none).
   bool graphs_current = false;
 };

@@ -24,6 +24,10 @@ at::Tensor Objective::token_losses(const Batch&) {
   throw ModelError(fmt::format("{} does not provide per-target losses", describe()));
 }
 
+at::Tensor Objective::loss_listing_linears(const Batch& batch, std::vector<LinearUse>&) {
+  return loss(batch);
+}
+
 at::Tensor Objective::logits(const Batch&) {
   throw ModelError(
       fmt::format("{}: the Gauss-Newton split needs a model scored by cross-entropy on logits "

@@ -80,16 +80,24 @@ class FunctionalModel : public Objective {
  public:
   const ParamSpace& space() const override { return space_; }
   ParamVector parameters() override { return params_; }
+  at::Tensor loss_listing_linears(const Batch& batch, std::vector<LinearUse>& uses) override;
 
  protected:
   // Registers a parameter; the order of calls is the model's parameter order.
   at::Tensor& add(const std::string& name, at::Tensor value);
   void finish();
   const at::Tensor& p(size_t i) const { return params_[i]; }
+  // x Wᵀ + b (x W + b when `transposed`) with W = p(weight) and b = p(bias) unless kNoBias; listed
+  // while loss_listing_linears runs. Only for weights and biases the model uses nowhere else.
+  at::Tensor linear_map(const at::Tensor& x, size_t weight, size_t bias = LinearUse::kNoBias,
+                        bool transposed = false) const;
 
   std::vector<std::string> names_;
   ParamVector params_;
   ParamSpace space_;
+
+ private:
+  std::vector<LinearUse>* listing_ = nullptr;  // set while loss_listing_linears runs
 };
 
 at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);

@@ -157,9 +157,7 @@ class Gpt : public FunctionalModel {
 
   // nn.Linear (x Wᵀ + b) or, for HF's Conv1D layout, x W + b.
   at::Tensor project(const at::Tensor& x, size_t weight) const {
-    if (!c_.conv1d) return at::linear(x, p(weight), bias_after(weight));
-    auto y = at::matmul(x, p(weight));
-    return c_.bias ? y + p(weight + 1) : y;
+    return linear_map(x, weight, c_.bias ? weight + 1 : LinearUse::kNoBias, c_.conv1d);
   }
 
   at::Tensor activation(const at::Tensor& x) const {
@@ -184,7 +182,8 @@ class Gpt : public FunctionalModel {
       x = x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);
     }
     x = layer_norm(x, ln_f_w_);
-    return at::linear(x, c_.tied ? p(0) : p(head_));
+    // A tied head shares its weight with the token embedding: not a listed linear map.
+    return c_.tied ? at::linear(x, p(0)) : linear_map(x, head_);
   }
 
   GptConfig c_;

@@ -129,7 +129,7 @@ class Llama : public FunctionalModel {
   };
 
   at::Tensor linear(const at::Tensor& x, const Linear& l) const {
-    return at::linear(x, p(l.weight), l.bias ? p(l.weight + 1) : at::Tensor());
+    return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
   }
 
   // HF's LlamaRMSNorm: x / sqrt(mean(x²) + eps), times the gain. HF computes the normalisation in
@@ -229,7 +229,8 @@ class Llama : public FunctionalModel {
       x = x + linear(at::silu(linear(h, l.gate)) * linear(h, l.up), l.down);
     }
     x = rms_norm(x, norm_);
-    return at::linear(x, c_.tie_word_embeddings ? p(embed_) : p(head_));
+    // A tied head shares its weight with the token embedding: not a listed linear map.
+    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
   }
 
   LlamaConfig c_;

@@ -77,7 +77,7 @@ class Mlp : public FunctionalModel {
     auto h = x.to(p(0).scalar_type());
     const size_t layers = c_.sizes.size() - 1;
     for (size_t i = 0; i < layers; ++i) {
-      h = at::linear(h, p(2 * i), p(2 * i + 1));
+      h = linear_map(h, 2 * i, 2 * i + 1);
       if (i + 1 < layers) h = activate(h);
     }
     return h;

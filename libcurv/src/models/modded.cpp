@@ -117,7 +117,7 @@ class Modded : public FunctionalModel {
   };
 
   at::Tensor linear(const at::Tensor& x, size_t weight) const {
-    return at::linear(x, p(weight), p(weight + 1));
+    return linear_map(x, weight, weight + 1);
   }
 
   // torch.nn.functional.rms_norm with eps=None: x / sqrt(mean(x²) + ε), ε the dtype's machine

@@ -158,6 +158,32 @@ at::Tensor& FunctionalModel::add(const std::string& name, at::Tensor value) {
 
 void FunctionalModel::finish() { space_ = ParamSpace(names_, params_); }
 
+at::Tensor FunctionalModel::loss_listing_linears(const Batch& batch, std::vector<LinearUse>& uses) {
+  listing_ = &uses;
+  try {
+    at::Tensor value = loss(batch);
+    listing_ = nullptr;
+    return value;
+  } catch (...) {
+    listing_ = nullptr;
+    throw;
+  }
+}
+
+at::Tensor FunctionalModel::linear_map(const at::Tensor& x, size_t weight, size_t bias,
+                                       bool transposed) const {
+  const at::Tensor b = bias == LinearUse::kNoBias ? at::Tensor() : p(bias);
+  at::Tensor y;
+  if (!transposed) {
+    y = at::linear(x, p(weight), b);
+  } else {
+    y = at::matmul(x, p(weight));
+    if (b.defined()) y = y + b;
+  }
+  if (listing_ != nullptr) listing_->push_back(LinearUse{x, y, weight, bias, transposed});
+  return y;
+}
+
 std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit& init) {
   config.validate();
   if (!at::isFloatingType(init.dtype)) {

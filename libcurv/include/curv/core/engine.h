@@ -88,6 +88,16 @@ struct BatchTerms {
 };
 using BatchObserver = std::function<void(const BatchTerms&)>;
 
+// One probe batch's share of CurvatureEngine::coupling, unweighted: g_b·u_l per block and the
+// symmetric C_b with C_b(l, m) = u_lᵀ H_b u_m.
+struct CouplingTerms {
+  size_t batch = 0;
+  double weight = 0.0;  // w_b = N_b / N
+  const Eigen::VectorXd* first_order = nullptr;
+  const Eigen::MatrixXd* coupling = nullptr;
+};
+using CouplingObserver = std::function<void(const CouplingTerms&)>;
+
 class CurvatureEngine {
  public:
   CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options = {});
@@ -141,6 +151,19 @@ class CurvatureEngine {
   // options().fd_step for this call. An observer costs one more gradient per batch (g_b at θ).
   ParamVector hvp_finite_difference(const ParamVector& v, double step = 0.0,
                                     const BatchObserver& observer = {});
+
+  // The coupling matrix of the parts u_l of u on the disjoint parameter lists `blocks` (indices
+  // into space()): C_lm = u_lᵀ H u_m = Σ_b w_b C_b, symmetric, with zero rows and columns where
+  // u_l is zero. The exact method forms block m's product on each batch's graph toward blocks
+  // l ≥ m only (C_ml = C_lm), all blocks on one batch before the next. For the linear maps the
+  // objective lists (LinearUse), u_lᵀ (H u_m)_l is read from the map's input x and output y
+  // instead of the weight's second derivative: with z = x U_lᵀ and a = (∂L/∂y) U_l,
+  // u_lᵀ (H u_m)_l = ⟨R(∂L/∂y), z⟩ + ⟨R(x), a⟩, where R is the derivative along u_m and the
+  // second backward yields R(∂L/∂y) at y and R(x) at ∂L/∂x; it then does no product toward any
+  // weight, about half of each block's matrix products. Finite differences: one product per
+  // block with u_m ≠ 0. `observer`, when given, sees every batch's terms.
+  Eigen::MatrixXd coupling(const ParamVector& u, const std::vector<std::vector<size_t>>& blocks,
+                           const CouplingObserver& observer = {});
 
   // The Gauss-Newton coupling over the probe set, G_lm = (J u_l)ᵀ H_out (J u_m) with u_l the part
   // of u on supports[l] (core/gauss_newton.h): Σ_b w_b G_b. One forward pass and one JVP per
@@ -200,6 +223,11 @@ class CurvatureEngine {
   // null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
                            const std::vector<size_t>* targets, const BatchObserver& observer);
+  // coupling() by per-block finite-difference products.
+  Eigen::MatrixXd coupling_finite_difference(const ParamVector& u,
+                                             const std::vector<std::vector<size_t>>& blocks,
+                                             const std::vector<bool>& nonzero,
+                                             const CouplingObserver& observer);
   // `indices` checked against the parameters, sorted and unique; `what` names them in errors.
   std::vector<size_t> parameter_subset(const std::vector<size_t>& indices, const char* what) const;
 

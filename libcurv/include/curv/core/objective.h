@@ -5,9 +5,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "curv/core/param_space.h"
 #include "curv/core/structure.h"
@@ -31,6 +33,19 @@ struct Batch {
 // and torch.nn.functional.cross_entropy): the loss averages over the other positions only.
 constexpr int64_t kIgnoreIndex = -100;
 
+// One linear map the loss ran, y = x Wᵀ + b (or x W + b: `transposed`, HF's Conv1D layout), with
+// W and b parameters (indices into space()). The engine's block coupling reads the curvature of
+// these weights from the map's input and output instead of the weights' own second derivatives
+// (CurvatureEngine::coupling), so a parameter may appear here only when every use of it in the
+// loss is listed: a weight shared with an embedding lookup (a tied head) is left out.
+struct LinearUse {
+  static constexpr size_t kNoBias = static_cast<size_t>(-1);
+  at::Tensor input, output;  // x and y, in the loss's graph
+  size_t weight = 0;
+  size_t bias = kNoBias;
+  bool transposed = false;
+};
+
 class Objective {
  public:
   virtual ~Objective() = default;
@@ -53,6 +68,10 @@ class Objective {
   // batch is validated as loss() validates it. Built-in cross-entropy models and TorchScript
   // files in logits mode provide them; the default throws ModelError.
   virtual at::Tensor logits(const Batch& batch);
+  // loss(batch), also appending to `uses` the linear maps it ran whose weights and biases are used
+  // nowhere else (LinearUse). The built-in models list theirs; the default lists none, which
+  // only makes the block coupling form every block's products in full.
+  virtual at::Tensor loss_listing_linears(const Batch& batch, std::vector<LinearUse>& uses);
   // What each parameter is for (roles, layers, head counts, tied pairs), aligned with space().
   // The default applies the name rules (ModelStructure::from_names); built-in architectures
   // return their exact structure, TorchScript models may take a user mapping file.

@@ -1,0 +1,340 @@
+// The engine's block coupling, C_lm = u_lᵀ H u_m, and the first backward whose graph it reads.
+//
+// Why the linear maps: block m's second backward, started from g_m·u_m, carries R(∂L/∂a) to every
+// forward tensor a and R(a) to every gradient ∂L/∂a of the first backward (reverse over reverse
+// gives the tangents of forward-over-reverse), where R is the derivative along u_m. For a linear
+// map y = x Wᵀ + b the weight's gradient is (∂L/∂y)ᵀ x, so
+//   u_Wᵀ (H u_m)_W = ⟨U, R(∂L/∂y)ᵀ x + (∂L/∂y)ᵀ R(x)⟩ = ⟨R(∂L/∂y), x Uᵀ⟩ + ⟨R(x), (∂L/∂y) U⟩.
+// x Uᵀ and (∂L/∂y) U are formed once per batch; differentiating toward y and ∂L/∂x instead of W
+// leaves out both products toward the weight at every layer the backward passes.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "core/engine_internal.h"
+#include "core/fmt_torch.h"
+#include "curv/core/error.h"
+
+namespace curv {
+
+namespace engine_detail {
+
+GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
+                             std::vector<LinearUse> linears, bool with_graph) {
+  GradientGraph out;
+  std::vector<at::Tensor> inputs = params;
+  std::vector<at::Tensor> distinct;  // the maps' inputs that depend on the parameters, once each
+  if (with_graph) {
+    out.input_of.assign(linears.size(), kNoInput);
+    std::vector<LinearUse> kept;
+    for (auto& use : linears) {
+      if (!use.output.defined() || !use.output.requires_grad()) continue;
+      size_t input = kNoInput;
+      if (use.input.requires_grad()) {
+        for (size_t k = 0; k < distinct.size() && input == kNoInput; ++k) {
+          if (distinct[k].unsafeGetTensorImpl() == use.input.unsafeGetTensorImpl()) input = k;
+        }
+        if (input == kNoInput) {
+          input = distinct.size();
+          distinct.push_back(use.input);
+        }
+      }
+      out.input_of[kept.size()] = input;
+      kept.push_back(std::move(use));
+    }
+    out.input_of.resize(kept.size());
+    out.linears = std::move(kept);
+    inputs.insert(inputs.end(), distinct.begin(), distinct.end());
+    for (const auto& use : out.linears) inputs.push_back(use.output);
+  }
+  ParamVector grads = torch::autograd::grad({loss}, inputs, {}, /*retain_graph=*/with_graph,
+                                            /*create_graph=*/with_graph, /*allow_unused=*/true);
+  const size_t n = params.size();
+  out.input_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(n),
+                         grads.begin() + static_cast<std::ptrdiff_t>(n + distinct.size()));
+  out.output_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(n + distinct.size()),
+                          grads.end());
+  grads.resize(n);
+  out.grads = fill_undefined(std::move(grads), params);
+  return out;
+}
+
+}  // namespace engine_detail
+
+using namespace engine_detail;
+
+namespace {
+
+// a·b summed in the tensors' dtype (ATen's cascade sum) as a 0-dim tensor.
+at::Tensor dot_in_dtype(const at::Tensor& a, const at::Tensor& b) { return at::sum(a * b); }
+
+// One slice's u_lᵀ (H u_m)_l for l ≥ m, in C(l, m); `nonzero[l]`: u_l ≠ 0.
+Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& params,
+                               const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
+                               const std::vector<int64_t>& block_of,
+                               const std::vector<bool>& nonzero, int64_t& second_backwards) {
+  const size_t L = blocks.size();
+  Eigen::MatrixXd c = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(L),
+                                            static_cast<Eigen::Index>(L));
+  std::vector<char> listed(params.size(), 0);
+  // Per map: the block of its weight and of its bias where u is nonzero there (else -1), x Uᵀ
+  // and (∂L/∂y) U.
+  struct MapTerms {
+    int64_t weight_block = -1, bias_block = -1;
+    at::Tensor z, a;
+  };
+  std::vector<MapTerms> maps(graph.linears.size());
+  {
+    c10::NoGradGuard no_grad;
+    for (size_t j = 0; j < graph.linears.size(); ++j) {
+      const LinearUse& use = graph.linears[j];
+      listed[use.weight] = 1;
+      if (use.bias != LinearUse::kNoBias) listed[use.bias] = 1;
+      MapTerms& t = maps[j];
+      const int64_t wb = block_of[use.weight];
+      if (wb >= 0 && nonzero[static_cast<size_t>(wb)]) {
+        t.weight_block = wb;
+        const at::Tensor& U = v[use.weight];
+        t.z = at::matmul(use.input.detach(), use.transposed ? U : U.t());
+        const at::Tensor& dy = graph.output_grads[j];
+        if (graph.input_of[j] != kNoInput && dy.defined()) {
+          t.a = at::matmul(dy.detach(), use.transposed ? U.t() : U);
+        }
+      }
+      if (use.bias != LinearUse::kNoBias) {
+        const int64_t bb = block_of[use.bias];
+        if (bb >= 0 && nonzero[static_cast<size_t>(bb)]) t.bias_block = bb;
+      }
+    }
+  }
+  for (size_t m = 0; m < L; ++m) {
+    if (!nonzero[m]) continue;
+    std::vector<at::Tensor> outputs, grad_outputs;
+    for (size_t i : blocks[m]) {
+      if (graph.grads[i].requires_grad()) {
+        outputs.push_back(graph.grads[i]);
+        grad_outputs.push_back(v[i]);
+      }
+    }
+    if (outputs.empty()) continue;
+    const auto mi = static_cast<int64_t>(m);
+    // What the second backward differentiates toward: parameters of blocks ≥ m that no listed
+    // map covers, the outputs of maps with a weight or bias there, and their inputs' gradients.
+    std::vector<at::Tensor> inputs;
+    std::vector<size_t> params_asked, maps_asked, inputs_asked;
+    for (size_t l = m; l < L; ++l) {
+      if (!nonzero[l]) continue;
+      for (size_t i : blocks[l]) {
+        if (listed[i] == 0) {
+          inputs.push_back(params[i]);
+          params_asked.push_back(i);
+        }
+      }
+    }
+    std::vector<char> input_asked(graph.input_grads.size(), 0);
+    for (size_t j = 0; j < maps.size(); ++j) {
+      const bool weight = maps[j].weight_block >= mi, bias = maps[j].bias_block >= mi;
+      if (!weight && !bias) continue;
+      inputs.push_back(graph.linears[j].output);
+      maps_asked.push_back(j);
+      const size_t x = graph.input_of[j];
+      if (weight && maps[j].a.defined() && input_asked[x] == 0) {
+        input_asked[x] = 1;
+        inputs_asked.push_back(x);
+      }
+    }
+    for (size_t x : inputs_asked) inputs.push_back(graph.input_grads[x]);
+    if (inputs.empty()) continue;
+    const ParamVector parts = torch::autograd::grad(outputs, inputs, grad_outputs,
+                                                    /*retain_graph=*/true,
+                                                    /*create_graph=*/false, /*allow_unused=*/true);
+    ++second_backwards;
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> values;
+    std::vector<int64_t> rows;
+    auto add = [&](int64_t row, at::Tensor value) {
+      values.push_back(value.to(at::kDouble).reshape({1}));
+      rows.push_back(row);
+    };
+    size_t k = 0;
+    for (size_t i : params_asked) {
+      const at::Tensor& h = parts[k++];
+      if (h.defined()) add(block_of[i], dot_in_dtype(h, v[i]));
+    }
+    for (size_t j : maps_asked) {
+      const at::Tensor& r_dy = parts[k++];  // R(∂L/∂y)
+      if (!r_dy.defined()) continue;
+      if (maps[j].weight_block >= mi) add(maps[j].weight_block, dot_in_dtype(r_dy, maps[j].z));
+      if (maps[j].bias_block >= mi) {
+        const size_t bias = graph.linears[j].bias;
+        add(maps[j].bias_block, dot_in_dtype(r_dy.reshape({-1, r_dy.size(-1)}).sum(0), v[bias]));
+      }
+    }
+    for (size_t x : inputs_asked) {
+      const at::Tensor& r_x = parts[k++];  // R(x)
+      if (!r_x.defined()) continue;
+      for (size_t j = 0; j < maps.size(); ++j) {
+        if (graph.input_of[j] == x && maps[j].weight_block >= mi && maps[j].a.defined()) {
+          add(maps[j].weight_block, dot_in_dtype(r_x, maps[j].a));
+        }
+      }
+    }
+    if (values.empty()) continue;
+    const at::Tensor host = at::cat(values).cpu();
+    const double* d = host.data_ptr<double>();
+    for (size_t q = 0; q < rows.size(); ++q) c(rows[q], mi) += d[q];
+  }
+  return c;
+}
+
+// C(m, l) = C(l, m) for l > m.
+void mirror_lower(Eigen::MatrixXd& c) {
+  for (Eigen::Index l = 0; l < c.rows(); ++l) {
+    for (Eigen::Index m = 0; m < l; ++m) c(m, l) = c(l, m);
+  }
+}
+
+}  // namespace
+
+Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
+                                          const std::vector<std::vector<size_t>>& blocks,
+                                          const CouplingObserver& observer) {
+  auto& s = *state_;
+  const size_t n = s.params.size(), L = blocks.size();
+  if (u.size() != n) {
+    throw InvalidArgument(
+        fmt::format("coupling: direction of {} tensors for {} parameters", u.size(), n));
+  }
+  std::vector<int64_t> block_of(n, -1);
+  ParamVector v(n);
+  std::vector<size_t> covered;
+  for (size_t l = 0; l < L; ++l) {
+    for (size_t i : blocks[l]) {
+      if (i >= n) {
+        throw InvalidArgument(
+            fmt::format("coupling: block {} lists parameter index {} for {} parameters", l, i, n));
+      }
+      if (block_of[i] >= 0) {
+        throw InvalidArgument(fmt::format("coupling: parameter '{}' is in blocks {} and {}",
+                                          space()[i].name, block_of[i], l));
+      }
+      if (!u[i].defined() || !u[i].sizes().equals(s.params[i].sizes())) {
+        throw InvalidArgument(fmt::format(
+            "coupling: tensor for '{}' has shape {}, the parameter {}", space()[i].name,
+            u[i].defined() ? fmt::format("{}", u[i].sizes()) : std::string("(undefined)"),
+            s.params[i].sizes()));
+      }
+      block_of[i] = static_cast<int64_t>(l);
+      v[i] = u[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
+      covered.push_back(i);
+    }
+  }
+  std::vector<bool> nonzero(L, false);
+  {
+    const std::vector<double> sq = dots_per_tensor(v, v, &covered);
+    for (size_t l = 0; l < L; ++l) nonzero[l] = sum_over(sq, blocks[l]) != 0.0;
+  }
+  if (options_.hvp_method == HvpMethod::kFiniteDifference) {
+    return coupling_finite_difference(v, blocks, nonzero, observer);
+  }
+  if (!s.have_first_order || (options_.reuse_graph && !s.graphs_current)) {
+    compute_first_order(options_.reuse_graph);
+  }
+  Stopwatch timer(counters_.seconds);
+  const auto Le = static_cast<Eigen::Index>(L);
+  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(Le, Le);
+  for_each_batch(Pass::kHvp, [&](size_t b, double w_b) {
+    Eigen::MatrixXd c_b = Eigen::MatrixXd::Zero(Le, Le);
+    Eigen::VectorXd first_b = Eigen::VectorXd::Zero(Le);
+    for (size_t k = 0; k < s.slices[b].size(); ++k) {
+      const Slice& slice = s.slices[b][k];
+      release_graphs_over_budget();
+      GradientGraph fresh;
+      const bool kept = !s.kept[b][k].empty();
+      if (!kept) {
+        std::vector<LinearUse> linears;
+        const at::Tensor loss_s = objective_.loss_listing_linears(slice.batch, linears);
+        ++counters_.forwards;
+        fresh = first_backward(loss_s, s.params, std::move(linears), /*with_graph=*/true);
+        ++counters_.backwards;
+      }
+      const GradientGraph& graph = kept ? s.kept[b][k] : fresh;
+      c_b += slice.share * slice_coupling(graph, s.params, v, blocks, block_of, nonzero,
+                                          counters_.second_backwards);
+      if (observer) {
+        const std::vector<double> gu = dots_per_tensor(detached(graph.grads), v, &covered);
+        for (size_t l = 0; l < L; ++l) {
+          first_b(static_cast<Eigen::Index>(l)) += slice.share * sum_over(gu, blocks[l]);
+        }
+      }
+      fresh.clear();
+      release_graphs_over_budget();
+    }
+    mirror_lower(c_b);
+    if (options_.check_finite && !c_b.allFinite()) {
+      throw NumericalError(fmt::format(
+          "the block coupling of {} holds NaN or Inf on probe batch {} (hint: check the "
+          "checkpoint and the direction for NaN, or use float64)",
+          objective_.describe(), b));
+    }
+    if (observer) observer(CouplingTerms{b, w_b, &first_b, &c_b});
+    total += w_b * c_b;
+  });
+  sum_over_ranks(total.data(), static_cast<size_t>(total.size()));
+  for (size_t l = 0; l < L; ++l) counters_.hvps += nonzero[l] ? 1 : 0;
+  return total;
+}
+
+Eigen::MatrixXd CurvatureEngine::coupling_finite_difference(
+    const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
+    const std::vector<bool>& nonzero, const CouplingObserver& observer) {
+  const size_t L = blocks.size(), B = probe_.size();
+  const auto Le = static_cast<Eigen::Index>(L);
+  std::vector<Eigen::MatrixXd> c_b(B, Eigen::MatrixXd::Zero(Le, Le));
+  std::vector<Eigen::VectorXd> first_b(B, Eigen::VectorXd::Zero(Le));
+  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(Le, Le);
+  std::vector<size_t> covered;
+  for (const auto& block : blocks) covered.insert(covered.end(), block.begin(), block.end());
+  bool first = true;
+  for (size_t m = 0; m < L; ++m) {
+    if (!nonzero[m]) continue;
+    std::vector<size_t> targets;
+    for (size_t l = m; l < L; ++l) {
+      if (nonzero[l]) targets.insert(targets.end(), blocks[l].begin(), blocks[l].end());
+    }
+    const auto mi = static_cast<Eigen::Index>(m);
+    BatchObserver batch_observer;
+    if (observer) {
+      batch_observer = [&](const BatchTerms& bt) {
+        const std::vector<double> uh = dots_per_tensor(v, *bt.hvp, &targets);
+        for (size_t l = m; l < L; ++l) {
+          c_b[bt.batch](static_cast<Eigen::Index>(l), mi) = sum_over(uh, blocks[l]);
+        }
+        if (!first) return;
+        const std::vector<double> gu = dots_per_tensor(*bt.gradient, v, &covered);
+        for (size_t l = 0; l < L; ++l) {
+          first_b[bt.batch](static_cast<Eigen::Index>(l)) = sum_over(gu, blocks[l]);
+        }
+      };
+    }
+    const ParamVector h = hvp(v, blocks[m], targets, batch_observer);
+    const std::vector<double> uh = dots_per_tensor(v, h, &targets);
+    for (size_t l = m; l < L; ++l) total(static_cast<Eigen::Index>(l), mi) = sum_over(uh, blocks[l]);
+    first = false;
+  }
+  mirror_lower(total);
+  if (observer) {
+    for (size_t b = first_batch_; b < last_batch_; ++b) {
+      mirror_lower(c_b[b]);
+      observer(CouplingTerms{b, probe_.weight(b), &first_b[b], &c_b[b]});
+    }
+  }
+  return total;
+}
+
+}  // namespace curv
