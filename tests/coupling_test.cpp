@@ -101,7 +101,8 @@ TEST_CASE("the block coupling equals the dense float64 form on every built-in ar
     const ParamVector u = random_direction(*model, 13);
     for (const BlockRule rule : {BlockRule::kLayer, BlockRule::kTensor}) {
       INFO((rule == BlockRule::kLayer ? "layer blocks" : "one block per tensor"));
-      const BlockPartition blocks = BlockPartition::by_rule(model->space(), model->structure(), rule);
+      const BlockPartition blocks =
+          BlockPartition::by_rule(model->space(), model->structure(), rule);
       CurvatureEngine reference(*model, probe);
       const Eigen::MatrixXd want = dense_coupling(reference, u, blocks);
 

@@ -11,6 +11,8 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <cstddef>
@@ -26,12 +28,13 @@ namespace engine_detail {
 
 GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
                              std::vector<LinearUse> linears, bool with_graph) {
+  using torch::autograd::impl::gradient_edge;
   GradientGraph out;
   std::vector<at::Tensor> inputs = params;
+  std::vector<LinearUse> used;
+  std::vector<size_t> input_of;      // per used map: its input's index in `distinct`
   std::vector<at::Tensor> distinct;  // the maps' inputs that depend on the parameters, once each
   if (with_graph) {
-    out.input_of.assign(linears.size(), kNoInput);
-    std::vector<LinearUse> kept;
     for (auto& use : linears) {
       if (!use.output.defined() || !use.output.requires_grad()) continue;
       size_t input = kNoInput;
@@ -44,21 +47,33 @@ GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
           distinct.push_back(use.input);
         }
       }
-      out.input_of[kept.size()] = input;
-      kept.push_back(std::move(use));
+      input_of.push_back(input);
+      used.push_back(std::move(use));
     }
-    out.input_of.resize(kept.size());
-    out.linears = std::move(kept);
     inputs.insert(inputs.end(), distinct.begin(), distinct.end());
-    for (const auto& use : out.linears) inputs.push_back(use.output);
+    for (const auto& use : used) inputs.push_back(use.output);
   }
   ParamVector grads = torch::autograd::grad({loss}, inputs, {}, /*retain_graph=*/with_graph,
                                             /*create_graph=*/with_graph, /*allow_unused=*/true);
   const size_t n = params.size();
-  out.input_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(n),
-                         grads.begin() + static_cast<std::ptrdiff_t>(n + distinct.size()));
-  out.output_grads.assign(grads.begin() + static_cast<std::ptrdiff_t>(n + distinct.size()),
-                          grads.end());
+  for (size_t k = 0; k < distinct.size(); ++k) {
+    const at::Tensor& dx = grads[n + k];
+    out.input_grads.push_back(dx.defined() && dx.requires_grad() ? gradient_edge(dx)
+                                                                 : torch::autograd::Edge());
+  }
+  for (size_t j = 0; j < used.size(); ++j) {
+    LinearGraph map;
+    map.input = used[j].input.detach();
+    map.output = gradient_edge(used[j].output);
+    map.output_grad = grads[n + distinct.size() + j];
+    if (map.output_grad.defined()) map.output_grad = map.output_grad.detach();
+    map.input_grad =
+        input_of[j] != kNoInput && out.input_grads[input_of[j]].is_valid() ? input_of[j] : kNoInput;
+    map.weight = used[j].weight;
+    map.bias = used[j].bias;
+    map.transposed = used[j].transposed;
+    out.maps.push_back(std::move(map));
+  }
   grads.resize(n);
   out.grads = fill_undefined(std::move(grads), params);
   return out;
@@ -73,14 +88,27 @@ namespace {
 // a·b summed in the tensors' dtype (ATen's cascade sum) as a 0-dim tensor.
 at::Tensor dot_in_dtype(const at::Tensor& a, const at::Tensor& b) { return at::sum(a * b); }
 
+// The second backward of `outputs` along `grad_outputs` toward the graph positions `targets`, as
+// torch::autograd::grad does toward tensors: unreached targets give undefined tensors.
+ParamVector backward_to(const std::vector<at::Tensor>& outputs,
+                        const std::vector<at::Tensor>& grad_outputs,
+                        const torch::autograd::edge_list& targets) {
+  torch::autograd::edge_list roots;
+  for (const auto& o : outputs) roots.push_back(torch::autograd::impl::gradient_edge(o));
+  return torch::autograd::Engine::get_default_engine().execute(
+      roots, grad_outputs, /*keep_graph=*/true, /*create_graph=*/false,
+      /*accumulate_grad=*/false, targets);
+}
+
 // One slice's u_lᵀ (H u_m)_l for l ≥ m, in C(l, m); `nonzero[l]`: u_l ≠ 0.
 Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& params,
                                const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
                                const std::vector<int64_t>& block_of,
                                const std::vector<bool>& nonzero, int64_t& second_backwards) {
+  using torch::autograd::impl::gradient_edge;
   const size_t L = blocks.size();
-  Eigen::MatrixXd c = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(L),
-                                            static_cast<Eigen::Index>(L));
+  Eigen::MatrixXd c =
+      Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(L), static_cast<Eigen::Index>(L));
   std::vector<char> listed(params.size(), 0);
   // Per map: the block of its weight and of its bias where u is nonzero there (else -1), x Uᵀ
   // and (∂L/∂y) U.
@@ -88,26 +116,25 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
     int64_t weight_block = -1, bias_block = -1;
     at::Tensor z, a;
   };
-  std::vector<MapTerms> maps(graph.linears.size());
+  std::vector<MapTerms> maps(graph.maps.size());
   {
     c10::NoGradGuard no_grad;
-    for (size_t j = 0; j < graph.linears.size(); ++j) {
-      const LinearUse& use = graph.linears[j];
-      listed[use.weight] = 1;
-      if (use.bias != LinearUse::kNoBias) listed[use.bias] = 1;
+    for (size_t j = 0; j < graph.maps.size(); ++j) {
+      const LinearGraph& map = graph.maps[j];
+      listed[map.weight] = 1;
+      if (map.bias != LinearUse::kNoBias) listed[map.bias] = 1;
       MapTerms& t = maps[j];
-      const int64_t wb = block_of[use.weight];
+      const int64_t wb = block_of[map.weight];
       if (wb >= 0 && nonzero[static_cast<size_t>(wb)]) {
         t.weight_block = wb;
-        const at::Tensor& U = v[use.weight];
-        t.z = at::matmul(use.input.detach(), use.transposed ? U : U.t());
-        const at::Tensor& dy = graph.output_grads[j];
-        if (graph.input_of[j] != kNoInput && dy.defined()) {
-          t.a = at::matmul(dy.detach(), use.transposed ? U.t() : U);
+        const at::Tensor& U = v[map.weight];
+        t.z = at::matmul(map.input, map.transposed ? U : U.t());
+        if (map.input_grad != kNoInput && map.output_grad.defined()) {
+          t.a = at::matmul(map.output_grad, map.transposed ? U.t() : U);
         }
       }
-      if (use.bias != LinearUse::kNoBias) {
-        const int64_t bb = block_of[use.bias];
+      if (map.bias != LinearUse::kNoBias) {
+        const int64_t bb = block_of[map.bias];
         if (bb >= 0 && nonzero[static_cast<size_t>(bb)]) t.bias_block = bb;
       }
     }
@@ -125,13 +152,13 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
     const auto mi = static_cast<int64_t>(m);
     // What the second backward differentiates toward: parameters of blocks ≥ m that no listed
     // map covers, the outputs of maps with a weight or bias there, and their inputs' gradients.
-    std::vector<at::Tensor> inputs;
+    torch::autograd::edge_list targets;
     std::vector<size_t> params_asked, maps_asked, inputs_asked;
     for (size_t l = m; l < L; ++l) {
       if (!nonzero[l]) continue;
       for (size_t i : blocks[l]) {
         if (listed[i] == 0) {
-          inputs.push_back(params[i]);
+          targets.push_back(gradient_edge(params[i]));
           params_asked.push_back(i);
         }
       }
@@ -140,24 +167,22 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
     for (size_t j = 0; j < maps.size(); ++j) {
       const bool weight = maps[j].weight_block >= mi, bias = maps[j].bias_block >= mi;
       if (!weight && !bias) continue;
-      inputs.push_back(graph.linears[j].output);
+      targets.push_back(graph.maps[j].output);
       maps_asked.push_back(j);
-      const size_t x = graph.input_of[j];
+      const size_t x = graph.maps[j].input_grad;
       if (weight && maps[j].a.defined() && input_asked[x] == 0) {
         input_asked[x] = 1;
         inputs_asked.push_back(x);
       }
     }
-    for (size_t x : inputs_asked) inputs.push_back(graph.input_grads[x]);
-    if (inputs.empty()) continue;
-    const ParamVector parts = torch::autograd::grad(outputs, inputs, grad_outputs,
-                                                    /*retain_graph=*/true,
-                                                    /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t x : inputs_asked) targets.push_back(graph.input_grads[x]);
+    if (targets.empty()) continue;
+    const ParamVector parts = backward_to(outputs, grad_outputs, targets);
     ++second_backwards;
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> values;
     std::vector<int64_t> rows;
-    auto add = [&](int64_t row, at::Tensor value) {
+    auto add = [&](int64_t row, const at::Tensor& value) {
       values.push_back(value.to(at::kDouble).reshape({1}));
       rows.push_back(row);
     };
@@ -171,15 +196,15 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
       if (!r_dy.defined()) continue;
       if (maps[j].weight_block >= mi) add(maps[j].weight_block, dot_in_dtype(r_dy, maps[j].z));
       if (maps[j].bias_block >= mi) {
-        const size_t bias = graph.linears[j].bias;
-        add(maps[j].bias_block, dot_in_dtype(r_dy.reshape({-1, r_dy.size(-1)}).sum(0), v[bias]));
+        const at::Tensor& U_b = v[graph.maps[j].bias];
+        add(maps[j].bias_block, dot_in_dtype(r_dy.reshape({-1, r_dy.size(-1)}).sum(0), U_b));
       }
     }
     for (size_t x : inputs_asked) {
       const at::Tensor& r_x = parts[k++];  // R(x)
       if (!r_x.defined()) continue;
       for (size_t j = 0; j < maps.size(); ++j) {
-        if (graph.input_of[j] == x && maps[j].weight_block >= mi && maps[j].a.defined()) {
+        if (graph.maps[j].input_grad == x && maps[j].weight_block >= mi && maps[j].a.defined()) {
           add(maps[j].weight_block, dot_in_dtype(r_x, maps[j].a));
         }
       }
@@ -324,7 +349,8 @@ Eigen::MatrixXd CurvatureEngine::coupling_finite_difference(
     }
     const ParamVector h = hvp(v, blocks[m], targets, batch_observer);
     const std::vector<double> uh = dots_per_tensor(v, h, &targets);
-    for (size_t l = m; l < L; ++l) total(static_cast<Eigen::Index>(l), mi) = sum_over(uh, blocks[l]);
+    for (size_t l = m; l < L; ++l)
+      total(static_cast<Eigen::Index>(l), mi) = sum_over(uh, blocks[l]);
     first = false;
   }
   mirror_lower(total);

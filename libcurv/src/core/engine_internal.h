@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
 
 #include <chrono>
 #include <vector>
@@ -50,16 +51,27 @@ struct Slice {
 // batch's. Slices of share 0 (every target ignored) are left out.
 std::vector<Slice> slices_of(const Batch& batch, int64_t size);
 
-// A slice's first backward with create_graph: the parameters' gradients and, for the linear maps
-// the objective listed (LinearUse), the loss's gradients at their outputs and at their distinct
-// inputs, all in the graph. An input that does not depend on the parameters has no gradient.
 constexpr size_t kNoInput = static_cast<size_t>(-1);
+
+// One linear map of a kept graph (LinearUse): x, where y sits in the graph and ∂L/∂y. An edge keeps
+// no tensor's data alive; x and ∂L/∂y are saved by the graph for the weight's gradient anyway.
+struct LinearGraph {
+  at::Tensor input;
+  torch::autograd::Edge output;
+  at::Tensor output_grad;        // ∂L/∂y; undefined when the loss does not read y
+  size_t input_grad = kNoInput;  // index into GradientGraph::input_grads, or kNoInput
+  size_t weight = 0;
+  size_t bias = LinearUse::kNoBias;
+  bool transposed = false;
+};
+
+// A slice's first backward with create_graph: the parameters' gradients and, for the linear maps
+// the objective listed, where ∂L/∂x of each distinct input that depends on the parameters sits in
+// the graph (the second backward's R(x) arrives there).
 struct GradientGraph {
   ParamVector grads;
-  std::vector<LinearUse> linears;
-  std::vector<at::Tensor> output_grads;  // ∂L/∂y per linear map
-  std::vector<size_t> input_of;  // per linear map: its input's index in input_grads, or kNoInput
-  std::vector<at::Tensor> input_grads;   // ∂L/∂x per distinct input; undefined without one
+  std::vector<LinearGraph> maps;
+  std::vector<torch::autograd::Edge> input_grads;
   bool empty() const { return grads.empty(); }
   void clear() { *this = GradientGraph{}; }
 };
