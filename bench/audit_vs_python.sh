@@ -13,6 +13,7 @@
 #   BEFORE=/path/to/other/ndsprobe  also runs that binary (e.g. a build of an older commit)
 #   THREADS (2), LAYERS (6), WIDTH (256), HEADS (8), CONTEXT (128), VOCAB (1024),
 #   PROBE (64 sequences), BATCH (16), DTYPE (float32) size the run.
+#   REPEATS (1): runs of each program, taking turns; the table gives medians and ranges.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -40,40 +41,40 @@ source "$here/measure.sh"
 
 probe_args=("$run" --data "$run/probe.safetensors" --directions delta --batch-size "$batch"
             --dtype "$dtype" --threads "$threads" --quiet)
-read -r ours_s ours_rss ours_faults < <(measure "$work/ndsprobe" \
-  "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" -o "$work/ndsprobe.h5")
-read -r py_s py_rss py_faults < <(measure "$work/python" \
-  $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
-  --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python.json")
-# The same with glibc malloc's defaults: a malloc tunable in GLIBC_TUNABLES (here tcache_count at
-# its default value) makes init_runtime leave the allocator alone.
-read -r plain_s plain_rss plain_faults < <(GLIBC_TUNABLES=glibc.malloc.tcache_count=7 \
-  measure "$work/ndsprobe_malloc_defaults" "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" \
-  -o "$work/ndsprobe_malloc_defaults.h5")
-# ndsprobe picks OpenBLAS's vector kernels itself where OpenBLAS falls back to generic ones
-# (curv::reexec_for_blas_kernels); Python torch does not. The same script with that core forced
-# separates the kernels from the rest.
-core=$($python -c "import h5py, sys; r = h5py.File(sys.argv[1]).attrs['runtime']
+# Each program runs REPEATS times, the programs taking turns, so that drifts of the machine (a
+# virtual CPU's steal time, the host backing fresh pages) fall on all of them alike; the table
+# gives the median wall time with the range, and the largest peak RSS.
+repeats=${REPEATS:-1}
+python_audit=($python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors"
+              --batch-size "$batch" --threads "$threads" --dtype "$dtype")
+ours="" py="" plain="" forced="" before="" core=""
+for ((r = 1; r <= repeats; r++)); do
+  ours+="$(measure "$work/ndsprobe" "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" \
+    -o "$work/ndsprobe.h5"),"
+  py+="$(measure "$work/python" "${python_audit[@]}" -o "$work/python.json"),"
+  # The same with glibc malloc's defaults: a malloc tunable in GLIBC_TUNABLES (here tcache_count
+  # at its default value) makes init_runtime leave the allocator alone.
+  plain+="$(GLIBC_TUNABLES=glibc.malloc.tcache_count=7 measure "$work/ndsprobe_malloc_defaults" \
+    "$build/tools/ndsprobe/ndsprobe" "${probe_args[@]}" -o "$work/ndsprobe_malloc_defaults.h5"),"
+  # ndsprobe picks OpenBLAS's vector kernels itself where OpenBLAS falls back to generic ones
+  # (curv::reexec_for_blas_kernels); Python torch does not. The same script with that core forced
+  # separates the kernels from the rest.
+  core=$($python -c "import h5py, sys; r = h5py.File(sys.argv[1]).attrs['runtime']
 print(r.split('OpenBLAS ')[1].split(',')[0] if 'OpenBLAS ' in r else '')" "$work/ndsprobe.h5")
-forced=""
-if [ -n "$core" ]; then
-  read -r forced_s forced_rss forced_faults < <(OPENBLAS_CORETYPE=$core measure "$work/python_forced" \
-    $python "$here/python/plain_torch_audit.py" "$run" --data "$run/probe.safetensors" \
-    --batch-size "$batch" --threads "$threads" --dtype "$dtype" -o "$work/python_forced.json")
-  forced="$forced_s $forced_rss $forced_faults"
-fi
-before=""
-if [ -n "${BEFORE:-}" ]; then
-  read -r before_s before_rss before_faults < <(measure "$work/before" \
-    "$BEFORE" "${probe_args[@]}" -o "$work/before.h5")
-  before="$before_s $before_rss $before_faults"
-fi
+  if [ -n "$core" ]; then
+    forced+="$(OPENBLAS_CORETYPE=$core measure "$work/python_forced" "${python_audit[@]}" \
+      -o "$work/python_forced.json"),"
+  fi
+  if [ -n "${BEFORE:-}" ]; then
+    before+="$(measure "$work/before" "$BEFORE" "${probe_args[@]}" -o "$work/before.h5"),"
+  fi
+done
 
-$python - "$work" "$ours_s $ours_rss $ours_faults" "$py_s $py_rss $py_faults" "$before" \
-  "$threads" "$dtype" "$forced" "$core" "$plain_s $plain_rss $plain_faults" <<'EOF'
-import json, sys
+$python - "$work" "$ours" "$py" "$before" "$threads" "$dtype" "$forced" "$core" "$plain" \
+  "$repeats" <<'EOF'
+import json, statistics, sys
 import h5py
-work, ours, py, before, threads, dtype, forced, core, plain = sys.argv[1:10]
+work, ours, py, before, threads, dtype, forced, core, plain, repeats = sys.argv[1:11]
 ref = json.load(open(f"{work}/python.json"))
 t = h5py.File(f"{work}/ndsprobe.h5")["taylor"]
 dec = lambda xs: [x.decode() if isinstance(x, bytes) else x for x in xs]
@@ -95,16 +96,25 @@ if worst > tol:
 print()
 print("| program | wall time (s) | peak RSS (GiB) | minor page faults | time vs Python | RSS vs Python |")
 print("|---|---|---|---|---|---|")
-ps, prss, _ = (float(x) for x in py.split())
+# Per program: the median wall time and page faults over the repeats, its range, the largest RSS.
+def summary(runs):
+    triples = [[float(x) for x in r.split()] for r in runs.split(",") if r.strip()]
+    walls = [t[0] for t in triples]
+    return (statistics.median(walls), min(walls), max(walls), max(t[1] for t in triples),
+            statistics.median(t[2] for t in triples))
+ps, _, _, prss, _ = summary(py)
 entries = [("ndsprobe", ours), ("ndsprobe, glibc malloc defaults", plain)] + \
           ([("ndsprobe before", before)] if before else []) + \
           [("plain Python torch", py)] + \
           ([(f"plain Python torch, OPENBLAS_CORETYPE={core}", forced)] if forced else [])
-for name, values in entries:
-    s, rss, faults = (float(x) for x in values.split())
-    print(f"| {name} | {s:.1f} | {rss / 2**20:.2f} | {faults / 1e6:.2f}M | {s / ps:.2f}x | "
+for name, runs in entries:
+    s, lo, hi, rss, faults = summary(runs)
+    wall = f"{s:.1f}" if int(repeats) == 1 else f"{s:.1f} ({lo:.1f}–{hi:.1f})"
+    print(f"| {name} | {wall} | {rss / 2**20:.2f} | {faults / 1e6:.2f}M | {s / ps:.2f}x | "
           f"{rss / prss:.2f}x |")
 print()
+if int(repeats) > 1:
+    print(f"Each program {repeats} times, taking turns: median wall time (range), largest peak RSS.")
 print(f"{threads} threads, {dtype}; ndsprobe's BLAS: OpenBLAS {core or '(as loaded)'}; "
       f"Python's own timer: {ref['seconds']:.1f} s")
 EOF
