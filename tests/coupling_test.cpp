@@ -99,19 +99,36 @@ TEST_CASE("the block coupling equals the dense float64 form on every built-in ar
     model->loss_listing_linears(probe[0], listed);
     CHECK(listed.size() == c.listed);
     const ParamVector u = random_direction(*model, 13);
+    CurvatureEngine reference(*model, probe);
+    const Eigen::MatrixXd h = dense_hessian(reference);
+    const int64_t n = reference.space().numel();
     for (const BlockRule rule : {BlockRule::kLayer, BlockRule::kTensor}) {
-      INFO((rule == BlockRule::kLayer ? "layer blocks" : "one block per tensor"));
+      const bool layers = rule == BlockRule::kLayer;
+      INFO((layers ? "layer blocks" : "one block per tensor"));
       const BlockPartition blocks =
           BlockPartition::by_rule(model->space(), model->structure(), rule);
-      CurvatureEngine reference(*model, probe);
-      const Eigen::MatrixXd want = dense_coupling(reference, u, blocks);
+      Eigen::MatrixXd basis(n, static_cast<Eigen::Index>(blocks.size()));
+      for (size_t l = 0; l < blocks.size(); ++l) {
+        basis.col(static_cast<Eigen::Index>(l)) = flat(masked(u, blocks[l].params), n);
+      }
+      const Eigen::MatrixXd want = basis.transpose() * h * basis;
+      // A direction with its blocks' signs flipped, as the randomized coupling draws them.
+      ParamVector w = u;
+      Eigen::VectorXd signs(basis.cols());
+      for (size_t l = 0; l < blocks.size(); ++l) {
+        signs(static_cast<Eigen::Index>(l)) = l % 3 == 1 ? -1.0 : 1.0;
+        for (size_t i : blocks[l].params) w[i] = u[i] * signs(static_cast<Eigen::Index>(l));
+      }
 
       EngineOptions recomputed, sliced, fd;
       recomputed.reuse_graph = false;
       sliced.micro_batch = 3;
       fd.hvp_method = HvpMethod::kFiniteDifference;
-      for (const EngineOptions& options : {EngineOptions{}, recomputed, sliced, fd}) {
+      std::vector<EngineOptions> variants{EngineOptions{}, fd};
+      if (layers) variants.insert(variants.end(), {recomputed, sliced});
+      for (const EngineOptions& options : variants) {
         const bool exact = options.hvp_method == HvpMethod::kExact;
+        const double tol = exact ? 1e-10 : 1e-5;
         INFO("reuse_graph " << options.reuse_graph << ", micro_batch " << options.micro_batch
                             << (exact ? "" : ", finite differences"));
         CurvatureEngine engine(*model, probe, options);
@@ -126,7 +143,7 @@ TEST_CASE("the block coupling equals the dense float64 form on every built-in ar
               ++batches;
             });
         CHECK(batches == probe.size());
-        CHECK(max_relative(got, want) <= (exact ? 1e-10 : 1e-5));
+        CHECK(max_relative(got, want) <= tol);
         CHECK(max_relative(observed, got) <= 1e-12);
         const ParamVector& g = engine.gradient();
         for (size_t l = 0; l < blocks.size(); ++l) {
@@ -135,6 +152,19 @@ TEST_CASE("the block coupling equals the dense float64 form on every built-in ar
                 1e-10 * std::max(1e-12, std::abs(gu)));
         }
         CHECK(engine.counters().hvps == static_cast<int64_t>(blocks.size()));
+
+        // One product along u (the row sums) and along the sign-flipped w, read per block.
+        Eigen::VectorXd rows_observed = Eigen::VectorXd::Zero(want.rows());
+        const Eigen::VectorXd rows =
+            engine.block_row(u, supports_of(blocks), u, [&](const CouplingTerms& t) {
+              REQUIRE(t.coupling->cols() == 1);
+              rows_observed += t.weight * t.coupling->col(0);
+            });
+        const Eigen::MatrixXd want_rows = want.rowwise().sum();
+        CHECK(max_relative(rows, want_rows) <= tol);
+        CHECK(max_relative(rows_observed, rows) <= 1e-12);
+        const Eigen::MatrixXd want_signed = want * signs;
+        CHECK(max_relative(engine.block_row(u, supports_of(blocks), w), want_signed) <= tol);
       }
     }
   }

@@ -246,18 +246,11 @@ TaylorResult zero_direction_audit(CurvatureEngine& engine, const BlockPartition&
   return r;
 }
 
-// Builds the BatchObserver of one HVP: g_b·u_l over the blocks the vector reaches, and
-// u_lᵀ(H_b v)_l into `dots` (when given).
-using ObserverFactory = std::function<BatchObserver(const std::vector<size_t>&, Eigen::MatrixXd*)>;
-
 // Full coupling: the matrix C_lm = u_lᵀ(H u_m)_l (CurvatureEngine::coupling, which forms block
 // m's product toward blocks l ≥ m only) with each batch's first-order terms, diagonal and row sums.
-void full_coupling(CurvatureEngine& engine, const ParamVector& u, const BlockPartition& blocks,
-                   TaylorResult& r) {
-  const size_t L = blocks.size();
+void full_coupling(CurvatureEngine& engine, const ParamVector& u,
+                   const std::vector<std::vector<size_t>>& supports, TaylorResult& r) {
   TaylorBatches& t = r.batches;
-  std::vector<std::vector<size_t>> supports;
-  for (size_t l = 0; l < L; ++l) supports.push_back(blocks[l].params);
   t.block_curvature.setZero();
   r.coupling = engine.coupling(u, supports, [&](const CouplingTerms& c) {
     const auto b = static_cast<Eigen::Index>(c.batch);
@@ -265,15 +258,14 @@ void full_coupling(CurvatureEngine& engine, const ParamVector& u, const BlockPar
     t.block_curvature.row(b) = c.coupling->diagonal().transpose();
     t.block_row_sum.row(b) = c.coupling->rowwise().sum().transpose();
   });
-  for (size_t l = 0; l < L; ++l) r.blocks[l].curvature = r.coupling(l, l);
+  for (size_t l = 0; l < supports.size(); ++l) r.blocks[l].curvature = r.coupling(l, l);
 }
 
 // Randomized coupling: each block's diagonal curvature C_ll from sign-flipped combinations.
 void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
-                         const BlockPartition& blocks, const TaylorOptions& options,
-                         const ObserverFactory& observe, TaylorResult& r) {
-  const size_t L = blocks.size();
-  const size_t B = r.batches.loss.size();
+                         const std::vector<std::vector<size_t>>& supports,
+                         const TaylorOptions& options, TaylorResult& r) {
+  const size_t L = supports.size();
   TaylorBatches& t = r.batches;
 
   // With independent signs s_l and w = Σ s_l u_l: s_l u_lᵀ(Hw)_l = Σ_m s_l s_m C_lm, whose
@@ -282,24 +274,21 @@ void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
   const int64_t K = options.coupling_samples;
   Eigen::MatrixXd samples(L, K);
   t.block_curvature.setZero();
-  Eigen::MatrixXd sample_dots = Eigen::MatrixXd::Zero(B, L);
   for (int64_t k = 0; k < K; ++k) {
     auto signs = at::randint(0, 2, {static_cast<int64_t>(L)}, gen, at::kLong) * 2 - 1;
+    Eigen::VectorXd s(L);
     ParamVector w = zeros_like(u);
     for (size_t l = 0; l < L; ++l) {
-      const double s = static_cast<double>(signs[l].item<int64_t>());
-      for (size_t p : blocks[l].params) w[p] = u[p].detach() * s;
+      s(static_cast<Eigen::Index>(l)) = static_cast<double>(signs[l].item<int64_t>());
+      for (size_t p : supports[l]) w[p] = u[p].detach() * s(static_cast<Eigen::Index>(l));
     }
-    ParamVector hw = engine.hvp(w, observe({}, &sample_dots));
-    const std::vector<double> uhw = dots_per_tensor(u, hw);
-    for (size_t l = 0; l < L; ++l) {
-      const double s = static_cast<double>(signs[l].item<int64_t>());
-      samples(l, k) = s * sum_over(uhw, blocks[l].params);
-      // The same estimator per batch, averaged over the samples: its weighted mean over the
-      // batches is the probe set's estimate.
-      t.block_curvature.col(static_cast<Eigen::Index>(l)) +=
-          (s / static_cast<double>(K)) * sample_dots.col(static_cast<Eigen::Index>(l));
-    }
+    // The same estimator per batch, averaged over the samples: its weighted mean over the
+    // batches is the probe set's estimate.
+    const Eigen::VectorXd uhw = engine.block_row(u, supports, w, [&](const CouplingTerms& c) {
+      t.block_curvature.row(static_cast<Eigen::Index>(c.batch)) +=
+          (s.cwiseProduct(c.coupling->col(0)) / static_cast<double>(K)).transpose();
+    });
+    samples.col(k) = s.cwiseProduct(uhw);
   }
   for (size_t l = 0; l < L; ++l) {
     const double mean = samples.row(l).mean();
@@ -309,29 +298,22 @@ void randomized_coupling(CurvatureEngine& engine, const ParamVector& u,
   }
 }
 
-// From H u (without full coupling) or the coupling: uᵀHu, the prediction, NDS, η*, the block and
-// within/cross splits, and the per-batch tables summed over the ranks.
-void totals(CurvatureEngine& engine, const ParamVector& u, double u_sq, const ParamVector& hu,
+// From the row sums u_lᵀ(Hu)_l (the coupling's, with full coupling): uᵀHu, the prediction, NDS,
+// η*, the block and within/cross splits, and the per-batch tables summed over the ranks.
+void totals(CurvatureEngine& engine, double u_sq, const Eigen::VectorXd& rows,
             const BlockPartition& blocks, const TaylorOptions& options, TaylorResult& r) {
   const size_t L = blocks.size();
   const size_t B = r.batches.loss.size();
   TaylorBatches& t = r.batches;
   const bool full = options.coupling == CouplingMode::kFull;
-  std::vector<double> uh;
-  if (full) {
-    r.curvature = r.coupling.sum();
-  } else {
-    uh = dots_per_tensor(u, hu);
-    r.curvature = std::accumulate(uh.begin(), uh.end(), 0.0);  // as dot(u, hu)
-  }
+  r.curvature = full ? r.coupling.sum() : rows.sum();
   r.predicted = r.first_order + 0.5 * r.curvature;
   r.nds = r.curvature / u_sq;
   r.eta_star = r.curvature > 0.0 ? -r.first_order / r.curvature : kNaN;
   double within = 0.0;
   for (size_t l = 0; l < L; ++l) {
     auto& b = r.blocks[l];
-    b.row_sum =
-        full ? r.coupling.row(static_cast<Eigen::Index>(l)).sum() : sum_over(uh, blocks[l].params);
+    b.row_sum = rows(static_cast<Eigen::Index>(l));
     b.nds = b.sq_norm > 0.0 ? b.curvature / b.sq_norm : kNaN;
     within += b.curvature;
   }
@@ -400,26 +382,6 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   t.block_first_order = Eigen::MatrixXd::Zero(B, L);
   t.block_curvature = Eigen::MatrixXd::Constant(B, L, kNaN);
   t.block_row_sum = Eigen::MatrixXd::Zero(B, L);
-  // Every HVP's batch terms: g_b·u_l over the blocks the vector reaches, and u_lᵀ(H_b v)_l.
-  // Each is one transfer from the device per batch: the per-tensor dots, summed per block here.
-  auto observe = [&](const std::vector<size_t>& reached, Eigen::MatrixXd* dots) {
-    std::vector<size_t> reached_params;
-    for (size_t l : reached) {
-      reached_params.insert(reached_params.end(), blocks[l].params.begin(), blocks[l].params.end());
-    }
-    return [&, reached, reached_params, dots](const BatchTerms& bt) {
-      if (!reached.empty()) {
-        const std::vector<double> gu = dots_per_tensor(*bt.gradient, u, &reached_params);
-        for (size_t l : reached) t.block_first_order(bt.batch, l) = sum_over(gu, blocks[l].params);
-      }
-      if (dots) {
-        const std::vector<double> uh = dots_per_tensor(u, *bt.hvp);
-        for (size_t l = 0; l < L; ++l) (*dots)(bt.batch, l) = sum_over(uh, blocks[l].params);
-      }
-    };
-  };
-  std::vector<size_t> every_block(L);
-  for (size_t l = 0; l < L; ++l) every_block[l] = l;
   r.blocks.resize(L);
   const std::vector<double> uu = dots_per_tensor(u, u), gu = dots_per_tensor(g, u);
   for (size_t l = 0; l < L; ++l) {
@@ -430,16 +392,23 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
     b.curvature = kNaN;
   }
 
-  ParamVector hu;  // H u, which full coupling does not form: its totals come from C
+  std::vector<std::vector<size_t>> supports;
+  for (size_t l = 0; l < L; ++l) supports.push_back(blocks[l].params);
+  Eigen::VectorXd rows;  // u_lᵀ(Hu)_l: one second backward along u, or the coupling's row sums
   if (options.coupling == CouplingMode::kFull) {
-    full_coupling(engine, u, blocks, r);
+    full_coupling(engine, u, supports, r);
+    rows = r.coupling.rowwise().sum();
   } else {
-    hu = engine.hvp(u, observe(every_block, &t.block_row_sum));
+    rows = engine.block_row(u, supports, u, [&](const CouplingTerms& c) {
+      const auto b = static_cast<Eigen::Index>(c.batch);
+      t.block_first_order.row(b) = c.first_order->transpose();
+      t.block_row_sum.row(b) = c.coupling->col(0).transpose();
+    });
   }
   if (options.coupling == CouplingMode::kRandomized) {
-    randomized_coupling(engine, u, blocks, options, observe, r);
+    randomized_coupling(engine, u, supports, options, r);
   }
-  totals(engine, u, u_sq, hu, blocks, options, r);
+  totals(engine, u_sq, rows, blocks, options, r);
   r.realized = r.loss_after = kNaN;
   t.realized.assign(B, kNaN);
   std::vector<double> at_step;

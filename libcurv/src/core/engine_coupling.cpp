@@ -100,11 +100,16 @@ ParamVector backward_to(const std::vector<at::Tensor>& outputs,
       /*accumulate_grad=*/false, targets);
 }
 
-// One slice's u_lᵀ (H u_m)_l for l ≥ m, in C(l, m); `nonzero[l]`: u_l ≠ 0.
-Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& params,
-                               const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
-                               const std::vector<int64_t>& block_of,
-                               const std::vector<bool>& nonzero, int64_t& second_backwards) {
+// One slice's u_lᵀ (H d_k)_l for each product k and block l ≥ its first block, in M(l, k);
+// `nonzero[l]`: u_l ≠ 0.
+Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& params,
+                               const BlockReader& reader,
+                               const std::vector<std::vector<size_t>>& blocks,
+                               const std::vector<BlockProduct>& products,
+                               int64_t& second_backwards) {
+  const ParamVector& v = reader.v;
+  const std::vector<int64_t>& block_of = reader.block_of;
+  const std::vector<bool>& nonzero = reader.nonzero;
   using torch::autograd::impl::gradient_edge;
   const size_t L = blocks.size();
   Eigen::MatrixXd c =
@@ -139,17 +144,19 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
       }
     }
   }
-  for (size_t m = 0; m < L; ++m) {
-    if (!nonzero[m]) continue;
+  for (size_t k_product = 0; k_product < products.size(); ++k_product) {
+    const BlockProduct& product = products[k_product];
     std::vector<at::Tensor> outputs, grad_outputs;
-    for (size_t i : blocks[m]) {
+    for (size_t i : product.support) {
       if (graph.grads[i].requires_grad()) {
         outputs.push_back(graph.grads[i]);
-        grad_outputs.push_back(v[i]);
+        grad_outputs.push_back((*product.direction)[i]);
       }
     }
     if (outputs.empty()) continue;
+    const auto m = product.first_block;
     const auto mi = static_cast<int64_t>(m);
+    const auto column = static_cast<Eigen::Index>(k_product);
     // What the second backward differentiates toward: parameters of blocks ≥ m that no listed
     // map covers, the outputs of maps with a weight or bias there, and their inputs' gradients.
     torch::autograd::edge_list targets;
@@ -212,7 +219,7 @@ Eigen::MatrixXd slice_coupling(const GradientGraph& graph, const ParamVector& pa
     if (values.empty()) continue;
     const at::Tensor host = at::cat(values).cpu();
     const double* d = host.data_ptr<double>();
-    for (size_t q = 0; q < rows.size(); ++q) c(rows[q], mi) += d[q];
+    for (size_t q = 0; q < rows.size(); ++q) c(rows[q], column) += d[q];
   }
   return c;
 }
@@ -226,56 +233,64 @@ void mirror_lower(Eigen::MatrixXd& c) {
 
 }  // namespace
 
-Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
-                                          const std::vector<std::vector<size_t>>& blocks,
-                                          const CouplingObserver& observer) {
-  auto& s = *state_;
+BlockReader CurvatureEngine::read_blocks(const ParamVector& u,
+                                         const std::vector<std::vector<size_t>>& blocks,
+                                         const char* what) const {
+  const auto& s = *state_;
   const size_t n = s.params.size(), L = blocks.size();
   if (u.size() != n) {
     throw InvalidArgument(
-        fmt::format("coupling: direction of {} tensors for {} parameters", u.size(), n));
+        fmt::format("{}: direction of {} tensors for {} parameters", what, u.size(), n));
   }
-  std::vector<int64_t> block_of(n, -1);
-  ParamVector v(n);
-  std::vector<size_t> covered;
+  BlockReader r;
+  r.block_of.assign(n, -1);
+  r.v.resize(n);
   for (size_t l = 0; l < L; ++l) {
     for (size_t i : blocks[l]) {
       if (i >= n) {
         throw InvalidArgument(
-            fmt::format("coupling: block {} lists parameter index {} for {} parameters", l, i, n));
+            fmt::format("{}: block {} lists parameter index {} for {} parameters", what, l, i, n));
       }
-      if (block_of[i] >= 0) {
-        throw InvalidArgument(fmt::format("coupling: parameter '{}' is in blocks {} and {}",
-                                          space()[i].name, block_of[i], l));
+      if (r.block_of[i] >= 0) {
+        throw InvalidArgument(fmt::format("{}: parameter '{}' is in blocks {} and {}", what,
+                                          space()[i].name, r.block_of[i], l));
       }
-      if (!u[i].defined() || !u[i].sizes().equals(s.params[i].sizes())) {
-        throw InvalidArgument(fmt::format(
-            "coupling: tensor for '{}' has shape {}, the parameter {}", space()[i].name,
-            u[i].defined() ? fmt::format("{}", u[i].sizes()) : std::string("(undefined)"),
-            s.params[i].sizes()));
-      }
-      block_of[i] = static_cast<int64_t>(l);
-      v[i] = u[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
-      covered.push_back(i);
+      r.block_of[i] = static_cast<int64_t>(l);
+      r.v[i] = on_parameter(u, i, what);
+      r.covered.push_back(i);
     }
   }
-  std::vector<bool> nonzero(L, false);
-  {
-    const std::vector<double> sq = dots_per_tensor(v, v, &covered);
-    for (size_t l = 0; l < L; ++l) nonzero[l] = sum_over(sq, blocks[l]) != 0.0;
+  const std::vector<double> sq = dots_per_tensor(r.v, r.v, &r.covered);
+  r.nonzero.assign(L, false);
+  for (size_t l = 0; l < L; ++l) r.nonzero[l] = sum_over(sq, blocks[l]) != 0.0;
+  return r;
+}
+
+at::Tensor CurvatureEngine::on_parameter(const ParamVector& x, size_t i, const char* what) const {
+  const at::Tensor& p = state_->params[i];
+  if (!x[i].defined() || !x[i].sizes().equals(p.sizes())) {
+    throw InvalidArgument(fmt::format(
+        "{}: tensor for '{}' has shape {}, the parameter {}", what, space()[i].name,
+        x[i].defined() ? fmt::format("{}", x[i].sizes()) : std::string("(undefined)"), p.sizes()));
   }
-  if (options_.hvp_method == HvpMethod::kFiniteDifference) {
-    return coupling_finite_difference(v, blocks, nonzero, observer);
-  }
+  return x[i].detach().to(p.device(), p.scalar_type());
+}
+
+Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
+                                                const std::vector<std::vector<size_t>>& blocks,
+                                                const std::vector<BlockProduct>& products,
+                                                bool symmetric, const CouplingObserver& observer) {
+  auto& s = *state_;
   if (!s.have_first_order || (options_.reuse_graph && !s.graphs_current)) {
     compute_first_order(options_.reuse_graph);
   }
   Stopwatch timer(counters_.seconds);
-  const auto Le = static_cast<Eigen::Index>(L);
-  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(Le, Le);
+  const auto L = static_cast<Eigen::Index>(blocks.size());
+  const auto K = static_cast<Eigen::Index>(products.size());
+  Eigen::MatrixXd total = Eigen::MatrixXd::Zero(L, K);
   for_each_batch(Pass::kHvp, [&](size_t b, double w_b) {
-    Eigen::MatrixXd c_b = Eigen::MatrixXd::Zero(Le, Le);
-    Eigen::VectorXd first_b = Eigen::VectorXd::Zero(Le);
+    Eigen::MatrixXd m_b = Eigen::MatrixXd::Zero(L, K);
+    Eigen::VectorXd first_b = Eigen::VectorXd::Zero(L);
     for (size_t k = 0; k < s.slices[b].size(); ++k) {
       const Slice& slice = s.slices[b][k];
       release_graphs_over_budget();
@@ -289,30 +304,79 @@ Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
         ++counters_.backwards;
       }
       const GradientGraph& graph = kept ? s.kept[b][k] : fresh;
-      c_b += slice.share * slice_coupling(graph, s.params, v, blocks, block_of, nonzero,
-                                          counters_.second_backwards);
+      m_b += slice.share *
+             slice_products(graph, s.params, reader, blocks, products, counters_.second_backwards);
       if (observer) {
-        const std::vector<double> gu = dots_per_tensor(detached(graph.grads), v, &covered);
-        for (size_t l = 0; l < L; ++l) {
-          first_b(static_cast<Eigen::Index>(l)) += slice.share * sum_over(gu, blocks[l]);
+        const std::vector<double> gu =
+            dots_per_tensor(detached(graph.grads), reader.v, &reader.covered);
+        for (Eigen::Index l = 0; l < L; ++l) {
+          first_b(l) += slice.share * sum_over(gu, blocks[static_cast<size_t>(l)]);
         }
       }
       fresh.clear();
       release_graphs_over_budget();
     }
-    mirror_lower(c_b);
-    if (options_.check_finite && !c_b.allFinite()) {
-      throw NumericalError(fmt::format(
-          "the block coupling of {} holds NaN or Inf on probe batch {} (hint: check the "
-          "checkpoint and the direction for NaN, or use float64)",
-          objective_.describe(), b));
+    if (symmetric) mirror_lower(m_b);
+    if (options_.check_finite && !m_b.allFinite()) {
+      throw NumericalError(
+          fmt::format("the block products of {} hold NaN or Inf on probe batch {} (hint: check the "
+                      "checkpoint and the direction for NaN, or use float64)",
+                      objective_.describe(), b));
     }
-    if (observer) observer(CouplingTerms{b, w_b, &first_b, &c_b});
-    total += w_b * c_b;
+    if (observer) observer(CouplingTerms{b, w_b, &first_b, &m_b});
+    total += w_b * m_b;
   });
   sum_over_ranks(total.data(), static_cast<size_t>(total.size()));
-  for (size_t l = 0; l < L; ++l) counters_.hvps += nonzero[l] ? 1 : 0;
+  for (const auto& p : products) counters_.hvps += p.support.empty() ? 0 : 1;
   return total;
+}
+
+Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
+                                          const std::vector<std::vector<size_t>>& blocks,
+                                          const CouplingObserver& observer) {
+  const BlockReader reader = read_blocks(u, blocks, "coupling");
+  if (options_.hvp_method == HvpMethod::kFiniteDifference) {
+    return coupling_finite_difference(reader.v, blocks, reader.nonzero, observer);
+  }
+  // Block m's product, read on blocks l ≥ m; blocks where u is zero form none.
+  std::vector<BlockProduct> products(blocks.size());
+  for (size_t m = 0; m < blocks.size(); ++m) {
+    products[m].direction = &reader.v;
+    if (reader.nonzero[m]) products[m].support = blocks[m];
+    products[m].first_block = m;
+  }
+  return block_products(reader, blocks, products, /*symmetric=*/true, observer);
+}
+
+Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
+                                           const std::vector<std::vector<size_t>>& blocks,
+                                           const ParamVector& w, const CouplingObserver& observer) {
+  const BlockReader reader = read_blocks(u, blocks, "block_row");
+  ParamVector d(reader.v.size());
+  for (size_t i : reader.covered) d[i] = on_parameter(w, i, "block_row");
+  if (options_.hvp_method == HvpMethod::kExact) {
+    const std::vector<BlockProduct> product{{&d, reader.covered, 0}};
+    return block_products(reader, blocks, product, /*symmetric=*/false, observer).col(0);
+  }
+  const auto L = static_cast<Eigen::Index>(blocks.size());
+  auto per_block = [&](const ParamVector& hw) {
+    const std::vector<double> uh = dots_per_tensor(reader.v, hw, &reader.covered);
+    Eigen::VectorXd out(L);
+    for (Eigen::Index l = 0; l < L; ++l) out(l) = sum_over(uh, blocks[static_cast<size_t>(l)]);
+    return out;
+  };
+  BatchObserver batch_observer;
+  if (observer) {
+    batch_observer = [&](const BatchTerms& bt) {
+      const Eigen::MatrixXd m_b = per_block(*bt.hvp);
+      const std::vector<double> gu = dots_per_tensor(*bt.gradient, reader.v, &reader.covered);
+      Eigen::VectorXd first_b(L);
+      for (Eigen::Index l = 0; l < L; ++l)
+        first_b(l) = sum_over(gu, blocks[static_cast<size_t>(l)]);
+      observer(CouplingTerms{bt.batch, bt.weight, &first_b, &m_b});
+    };
+  }
+  return per_block(hvp(d, reader.covered, batch_observer));
 }
 
 Eigen::MatrixXd CurvatureEngine::coupling_finite_difference(

@@ -76,6 +76,24 @@ struct GradientGraph {
   void clear() { *this = GradientGraph{}; }
 };
 
+// The parts u_l of a direction on disjoint parameter lists (blocks), as the block products read
+// them: each parameter's block (or -1), u on the parameters' device and dtype (undefined off the
+// blocks), the parameters covered and whether each u_l is nonzero.
+struct BlockReader {
+  std::vector<int64_t> block_of;
+  ParamVector v;
+  std::vector<size_t> covered;
+  std::vector<bool> nonzero;
+};
+
+// One second backward of the block products: H d along `direction` (read on `support`; no product
+// when it is empty), read as u_lᵀ (H d)_l on the blocks l ≥ first_block.
+struct BlockProduct {
+  const ParamVector* direction = nullptr;
+  std::vector<size_t> support;
+  size_t first_block = 0;
+};
+
 // The first backward of `loss` toward `params`; with `with_graph`, with create_graph and toward
 // the listed maps' outputs and inputs too (GradientGraph), else `linears` is not read.
 GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,

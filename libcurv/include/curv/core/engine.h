@@ -18,6 +18,11 @@
 
 namespace curv {
 
+namespace engine_detail {
+struct BlockReader;
+struct BlockProduct;
+}  // namespace engine_detail
+
 enum class HvpMethod {
   kExact,             // double backward (Pearlmutter): exact to rounding
   kFiniteDifference,  // central difference of gradients: (g(θ+hv) - g(θ-hv)) / 2h
@@ -164,6 +169,13 @@ class CurvatureEngine {
   // block with u_m ≠ 0. `observer`, when given, sees every batch's terms.
   Eigen::MatrixXd coupling(const ParamVector& u, const std::vector<std::vector<size_t>>& blocks,
                            const CouplingObserver& observer = {});
+  // u_lᵀ (H w)_l for every block l, of a direction w on the parameters the blocks cover: the row
+  // sums of the coupling when w = u (uᵀHu is their sum), a sample of its randomized diagonal when
+  // w = Σ_l s_l u_l. One second backward per batch, read as coupling() reads its blocks (no
+  // product toward a listed map's weight); finite differences: one HVP. The observer's
+  // CouplingTerms::coupling is each batch's column (L×1).
+  Eigen::VectorXd block_row(const ParamVector& u, const std::vector<std::vector<size_t>>& blocks,
+                            const ParamVector& w, const CouplingObserver& observer = {});
 
   // The Gauss-Newton coupling over the probe set, G_lm = (J u_l)ᵀ H_out (J u_m) with u_l the part
   // of u on supports[l] (core/gauss_newton.h): Σ_b w_b G_b. One forward pass and one JVP per
@@ -223,6 +235,18 @@ class CurvatureEngine {
   // null).
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
                            const std::vector<size_t>* targets, const BatchObserver& observer);
+  // u's parts on `blocks`, validated (`what` names the call in errors).
+  engine_detail::BlockReader read_blocks(const ParamVector& u,
+                                         const std::vector<std::vector<size_t>>& blocks,
+                                         const char* what) const;
+  // x[i] checked against parameter i's shape, on its device and dtype.
+  at::Tensor on_parameter(const ParamVector& x, size_t i, const char* what) const;
+  // The exact block products batch by batch: M(l, k) = u_lᵀ (H d_k)_l over the probe set, with
+  // the lower triangle mirrored when `symmetric` (coupling()).
+  Eigen::MatrixXd block_products(const engine_detail::BlockReader& reader,
+                                 const std::vector<std::vector<size_t>>& blocks,
+                                 const std::vector<engine_detail::BlockProduct>& products,
+                                 bool symmetric, const CouplingObserver& observer);
   // coupling() by per-block finite-difference products.
   Eigen::MatrixXd coupling_finite_difference(const ParamVector& u,
                                              const std::vector<std::vector<size_t>>& blocks,
