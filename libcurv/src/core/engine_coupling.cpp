@@ -105,7 +105,7 @@ ParamVector backward_to(const std::vector<at::Tensor>& outputs,
 Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& params,
                                const BlockReader& reader,
                                const std::vector<std::vector<size_t>>& blocks,
-                               const std::vector<BlockProduct>& products,
+                               const std::vector<BlockProduct>& products, bool read_maps,
                                int64_t& second_backwards) {
   const ParamVector& v = reader.v;
   const std::vector<int64_t>& block_of = reader.block_of;
@@ -121,10 +121,10 @@ Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& pa
     int64_t weight_block = -1, bias_block = -1;
     at::Tensor z, a;
   };
-  std::vector<MapTerms> maps(graph.maps.size());
+  std::vector<MapTerms> maps(read_maps ? graph.maps.size() : 0);
   {
     c10::NoGradGuard no_grad;
-    for (size_t j = 0; j < graph.maps.size(); ++j) {
+    for (size_t j = 0; j < maps.size(); ++j) {
       const LinearGraph& map = graph.maps[j];
       listed[map.weight] = 1;
       if (map.bias != LinearUse::kNoBias) listed[map.bias] = 1;
@@ -304,8 +304,11 @@ Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
         ++counters_.backwards;
       }
       const GradientGraph& graph = kept ? s.kept[b][k] : fresh;
-      m_b += slice.share *
-             slice_products(graph, s.params, reader, blocks, products, counters_.second_backwards);
+      // x Uᵀ and (∂L/∂y) U cost about what reading the maps saves on one product's backward:
+      // worth it when several products share them.
+      const bool read_maps = products.size() > 1;
+      m_b += slice.share * slice_products(graph, s.params, reader, blocks, products, read_maps,
+                                          counters_.second_backwards);
       if (observer) {
         const std::vector<double> gu =
             dots_per_tensor(detached(graph.grads), reader.v, &reader.covered);

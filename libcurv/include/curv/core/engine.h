@@ -171,9 +171,9 @@ class CurvatureEngine {
                            const CouplingObserver& observer = {});
   // u_lᵀ (H w)_l for every block l, of a direction w on the parameters the blocks cover: the row
   // sums of the coupling when w = u (uᵀHu is their sum), a sample of its randomized diagonal when
-  // w = Σ_l s_l u_l. One second backward per batch, read as coupling() reads its blocks (no
-  // product toward a listed map's weight); finite differences: one HVP. The observer's
-  // CouplingTerms::coupling is each batch's column (L×1).
+  // w = Σ_l s_l u_l. One second backward per batch toward the blocks' parameters (for a single
+  // product, reading the linear maps would cost what it saves); finite differences: one HVP. The
+  // observer's CouplingTerms::coupling is each batch's column (L×1).
   Eigen::VectorXd block_row(const ParamVector& u, const std::vector<std::vector<size_t>>& blocks,
                             const ParamVector& w, const CouplingObserver& observer = {});
 
