@@ -8,7 +8,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <numeric>
 
 #include "curv/core/engine.h"
 #include "curv/core/error.h"

@@ -496,15 +496,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     for (size_t i = 0; i < v_in.size(); ++i) all.push_back(i);
     support = &all;
   }
-  for (size_t i : *support) {
-    if (!v_in[i].defined() || !v_in[i].sizes().equals(s.params[i].sizes())) {
-      throw InvalidArgument(fmt::format(
-          "hvp: tensor for '{}' has shape {}, the parameter {}", space()[i].name,
-          v_in[i].defined() ? fmt::format("{}", v_in[i].sizes()) : std::string("(undefined)"),
-          s.params[i].sizes()));
-    }
-    v[i] = v_in[i].detach().to(s.params[i].device(), s.params[i].scalar_type());
-  }
+  for (size_t i : *support) v[i] = on_parameter(v_in, i, "hvp");
   // The parameters the second backward differentiates toward.
   std::vector<at::Tensor> inputs;
   if (targets == nullptr) {
