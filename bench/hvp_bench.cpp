@@ -11,9 +11,12 @@
 //   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
 //       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
 //       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens
-//   hvp_bench --compare-fused-ops 1 [--shape gpt2] [--repeats 5] [--dtype float32]
-//       gradient and HVPs with ATen's softmax, LayerNorm and GELU and with libcurv's fused ones
-//       (curv/models/fused_ops.h), float32 and float64, each as a multiple of its own gradient
+//   hvp_bench --compare-fused-ops 1 [--shape gpt2] [--repeats 5] [--dtype float32] [--device D]
+//       gradient and HVPs with ATen's softmax, LayerNorm and GELU, with libcurv's fused ones
+//       (curv/models/fused_ops.h) taking composite second derivatives, and with their kernels
+//       (the CPU's; on a GPU the CUDA kernels, the cross-entropy's included), float32 and
+//       float64, each as a multiple of its own gradient; --fused-ops aten|composite|fused picks
+//       one for --op
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
@@ -195,25 +198,40 @@ int measure(const std::string& op, const std::string& dtype_name, int repeats, b
   return 0;
 }
 
-// Times of a gradient, a first HVP and a graph-reused HVP with ATen's softmax, LayerNorm and GELU
-// and with the fused ones, measured in one process and interleaved (aten, fused, aten, ...), so
-// that the load of a shared machine falls on both alike. Returns {aten, fused} x {gradient,
-// hvp_first, hvp_reused} medians in seconds.
+// The fused operations' variants compared: ATen's softmax, LayerNorm and GELU; the fused
+// operations with their second derivatives as composite ATen formulas; the fused operations with
+// their kernels (the CPU's, or the CUDA kernels on a GPU, which cover the cross-entropy too).
+const char* const kFusedKinds[] = {"aten", "composite", "fused"};
+
+void select_fused_kind(const std::string& kind) {
+  curv::set_fused_operations(kind != "aten");
+  curv::set_fused_kernels(kind == "fused");
+}
+
+// Times of a gradient, a first HVP and a graph-reused HVP for each of kFusedKinds, measured in one
+// process and interleaved (aten, composite, fused, aten, ...), so that the load of a shared
+// machine falls on all alike. Returns {kind} x {gradient, hvp_first, hvp_reused} medians in
+// seconds, each after the device finished.
 std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtype_name, int repeats,
-                                                         const std::string& shape) {
-  Setup setup = make_setup(dtype_name, shape);
+                                                         const std::string& shape,
+                                                         const std::string& device_name) {
+  Setup setup = make_setup(dtype_name, shape, device_name);
+  const c10::Device device(device_name);
   auto& model = setup.model;
   const curv::ProbeSet& probe = setup.probe;
   const curv::ParamVector& v = setup.v;
-  std::vector<std::unique_ptr<curv::CurvatureEngine>> kept(2);
-  std::vector<std::vector<std::vector<double>>> times(2, std::vector<std::vector<double>>(3));
+  constexpr int kinds = 3;
+  std::vector<std::unique_ptr<curv::CurvatureEngine>> kept(kinds);
+  std::vector<std::vector<std::vector<double>>> times(kinds, std::vector<std::vector<double>>(3));
   for (int r = -1; r < repeats; ++r) {  // r = -1: warm-up, not recorded
-    for (int fused = 0; fused < 2; ++fused) {
-      curv::set_fused_operations(fused == 1);
+    for (int k = 0; k < kinds; ++k) {
+      select_fused_kind(kFusedKinds[k]);
       auto record = [&](int op, auto&& f) {
+        finish(device);
         auto start = std::chrono::steady_clock::now();
         f();
-        if (r >= 0) times[fused][op].push_back(seconds_since(start));
+        finish(device);
+        if (r >= 0) times[k][op].push_back(seconds_since(start));
       };
       {
         curv::EngineOptions options;
@@ -225,17 +243,17 @@ std::vector<std::vector<double>> interleaved_fused_times(const std::string& dtyp
         curv::CurvatureEngine engine(*model, probe);
         record(1, [&] { engine.hvp(v); });
       }
-      if (!kept[fused]) {
-        kept[fused] = std::make_unique<curv::CurvatureEngine>(*model, probe);
-        kept[fused]->hvp(v);
+      if (!kept[k]) {
+        kept[k] = std::make_unique<curv::CurvatureEngine>(*model, probe);
+        kept[k]->hvp(v);
       }
-      record(2, [&] { kept[fused]->hvp(v); });
+      record(2, [&] { kept[k]->hvp(v); });
     }
   }
-  curv::set_fused_operations(true);
-  std::vector<std::vector<double>> medians(2, std::vector<double>(3));
-  for (int f = 0; f < 2; ++f) {
-    for (int o = 0; o < 3; ++o) medians[f][o] = median(times[f][o]);
+  select_fused_kind("fused");
+  std::vector<std::vector<double>> medians(kinds, std::vector<double>(3));
+  for (int k = 0; k < kinds; ++k) {
+    for (int o = 0; o < 3; ++o) medians[k][o] = median(times[k][o]);
   }
   return medians;
 }
@@ -303,23 +321,23 @@ double child(const char* program, const Args& a, const std::string& flags, const
 }
 
 void fused_ops_table(const char* program, const Args& a) {
-  std::printf("%s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(), a.shape.c_str(),
-              shape_config(a.shape).describe().c_str(), a.repeats);
+  std::printf("%s; %s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(),
+              a.device.c_str(), a.shape.c_str(), shape_config(a.shape).describe().c_str(),
+              a.repeats);
   std::printf(
       "| dtype | softmax, LayerNorm, GELU | op | median time (ms) | x its gradient | x ATen's "
       "gradient | peak extra memory (MiB) |\n|---|---|---|---|---|---|---|\n");
   const char* ops[] = {"gradient", "hvp_first", "hvp_reused"};
-  const char* kinds[] = {"aten", "fused"};
   for (const std::string d : {"float32", "float64"}) {
     if (a.dtype_given && d != a.dtype) continue;
-    const auto t = interleaved_fused_times(d, a.repeats, a.shape);
-    for (int f = 0; f < 2; ++f) {
+    const auto t = interleaved_fused_times(d, a.repeats, a.shape, a.device);
+    for (int f = 0; f < 3; ++f) {
       for (int o = 0; o < 3; ++o) {
         const std::string flags =
-            fmt::format("--op {} --dtype {} --fused-ops {} --memory 1", ops[o], d, kinds[f]);
+            fmt::format("--op {} --dtype {} --fused-ops {} --memory 1", ops[o], d, kFusedKinds[f]);
         const double mib = child(program, a, flags, "\"peak_extra_mib\": ");
-        std::printf("| %s | %s | %s | %.1f | %.2f | %.2f | %.0f |\n", d.c_str(), kinds[f], ops[o],
-                    t[f][o] * 1e3, t[f][o] / t[f][0], t[f][o] / t[0][0], mib);
+        std::printf("| %s | %s | %s | %.1f | %.2f | %.2f | %.0f |\n", d.c_str(), kFusedKinds[f],
+                    ops[o], t[f][o] * 1e3, t[f][o] / t[f][0], t[f][o] / t[0][0], mib);
         std::fflush(stdout);
       }
     }
@@ -395,7 +413,12 @@ int main(int argc, char** argv) {
   runtime.tune_allocator = !a.memory_mode;  // the memory runs keep the thresholds set above
   curv::init_runtime(runtime);
   curv::set_fused_cross_entropy(a.cross_entropy == "fused");
-  curv::set_fused_operations(a.fused_ops == "fused");
+  if (a.fused_ops != "aten" && a.fused_ops != "composite" && a.fused_ops != "fused") {
+    std::fprintf(stderr, "--fused-ops must be aten, composite or fused, not %s\n",
+                 a.fused_ops.c_str());
+    return 2;
+  }
+  select_fused_kind(a.fused_ops);
   if (!a.op.empty()) return measure(a.op, a.dtype, a.repeats, a.memory_mode, a.shape, a.device);
   if (a.compare_fused_ops) {
     fused_ops_table(argv[0], a);

@@ -11,6 +11,7 @@
 
 #include "curv/models/models.h"
 #include "models/architecture.h"
+#include "models/fused_dispatch.h"
 
 namespace curv {
 
@@ -43,6 +44,9 @@ class CrossEntropyGradient : public torch::autograd::Function<CrossEntropyGradie
     const at::Tensor& targets = saved[2];
     const at::Tensor& v = grads[0];
     const double n = static_cast<double>(logits.size(0));
+    if (v.defined() && fused_kernel_for({logits, grad_loss, v}) == FusedKernel::kCuda) {
+      return cuda_backward(ctx, logits, grad_loss, targets, v);
+    }
     const at::Tensor p = at::softmax(logits, -1);
     const at::Tensor pv = p * v;
     at::Tensor d_logits;
@@ -54,6 +58,34 @@ class CrossEntropyGradient : public torch::autograd::Function<CrossEntropyGradie
       // ⟨V, softmax(z) − onehot(t)⟩ / N
       d_grad_loss =
           ((pv.sum() - v.gather(1, targets.unsqueeze(1)).sum()) / n).reshape(grad_loss.sizes());
+    }
+    return {d_logits, d_grad_loss, at::Tensor()};
+  }
+
+ private:
+  // The same two results from one CUDA kernel: three sweeps over each row of the logits, the
+  // probabilities never stored; the per-row terms of ∂/∂g summed afterwards in a fixed order.
+  static variable_list cuda_backward(AutogradContext* ctx, const at::Tensor& logits,
+                                     const at::Tensor& grad_loss, const at::Tensor& targets,
+                                     const at::Tensor& v) {
+    const at::Tensor z = logits.contiguous(), vc = v.contiguous(), t = targets.contiguous();
+    const at::Tensor g = grad_loss.reshape({1}).contiguous();
+    const int64_t rows = z.size(0), classes = z.size(1);
+    at::Tensor d_logits, row_terms;
+    if (ctx->needs_input_grad(0)) d_logits = at::empty_like(z);
+    if (ctx->needs_input_grad(1)) row_terms = at::empty({rows}, z.options());
+    AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "cross_entropy_double_backward", [&] {
+      launch_on_cuda(z.device(), "cross-entropy double backward", [&](void* stream) {
+        return cuda_kernels::cross_entropy_double_backward<scalar_t>(
+            z.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), t.data_ptr<int64_t>(),
+            g.data_ptr<scalar_t>(), d_logits.defined() ? d_logits.data_ptr<scalar_t>() : nullptr,
+            row_terms.defined() ? row_terms.data_ptr<scalar_t>() : nullptr, rows, classes,
+            stream);
+      });
+    });
+    at::Tensor d_grad_loss;
+    if (row_terms.defined()) {
+      d_grad_loss = (row_terms.sum() / static_cast<double>(rows)).reshape(grad_loss.sizes());
     }
     return {d_logits, d_grad_loss, at::Tensor()};
   }

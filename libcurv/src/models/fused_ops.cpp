@@ -17,6 +17,8 @@
 #include <cmath>
 #include <limits>
 
+#include "models/fused_dispatch.h"
+
 namespace curv {
 
 namespace {
@@ -27,21 +29,30 @@ using torch::autograd::variable_list;
 std::atomic<bool> operations_enabled{true};
 std::atomic<bool> kernels_enabled{true};
 
-// The hand-written CPU kernels take float32/float64 tensors of one dtype on the CPU, and only
-// when no graph of the result is wanted (a second backward without create_graph); otherwise the
-// differentiable ATen formulas run, so third derivatives stay exact.
-bool kernels_apply(std::initializer_list<at::Tensor> tensors) {
-  if (!kernels_enabled || at::GradMode::is_enabled()) return false;
+}  // namespace
+
+// The hand-written kernels take float32/float64 tensors of one dtype on one device, the CPU or
+// (when libcurv is built with them) a CUDA device, and only when no graph of the result is wanted
+// (a second backward without create_graph); otherwise the differentiable ATen formulas run, so
+// third derivatives stay exact.
+FusedKernel fused_kernel_for(std::initializer_list<at::Tensor> tensors) {
+  if (!kernels_enabled || at::GradMode::is_enabled()) return FusedKernel::kNone;
   c10::optional<at::ScalarType> dtype;
+  c10::optional<at::Device> device;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
-    if (!t.device().is_cpu()) return false;
-    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return false;
-    if (dtype && *dtype != t.scalar_type()) return false;
+    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return FusedKernel::kNone;
+    if (dtype && *dtype != t.scalar_type()) return FusedKernel::kNone;
+    if (device && *device != t.device()) return FusedKernel::kNone;
     dtype = t.scalar_type();
+    device = t.device();
   }
-  return true;
+  if (!device || device->is_cpu()) return FusedKernel::kCpu;
+  if (device->is_cuda() && cuda_kernels::kBuilt) return FusedKernel::kCuda;
+  return FusedKernel::kNone;
 }
+
+namespace {
 
 // Rows per task for at::parallel_for: about 32k elements per task.
 int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, 32768 / row_length); }
@@ -114,16 +125,25 @@ class CausalSoftmaxGradient : public torch::autograd::Function<CausalSoftmaxGrad
     const at::Tensor& w = grads[0];
     at::Tensor grad_p, grad_dp;
     if (!w.defined()) return {grad_p, grad_dp, at::Tensor()};
-    if (kernels_apply({p, dp, w})) {
+    const FusedKernel kernel = fused_kernel_for({p, dp, w});
+    if (kernel != FusedKernel::kNone) {
       const at::Tensor pc = p.contiguous(), dpc = dp.contiguous(), wc = w.contiguous();
       if (ctx->needs_input_grad(0)) grad_p = at::empty_like(pc);
       if (ctx->needs_input_grad(1)) grad_dp = at::empty_like(pc);
       const int64_t n = p.size(-1), rows = p.numel() / std::max<int64_t>(n, 1);
       AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "causal_softmax_double_backward", [&] {
-        softmax_double_backward_kernel<scalar_t>(
-            pc.data_ptr<scalar_t>(), dpc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
-            mutable_data_or_null<scalar_t>(grad_p), mutable_data_or_null<scalar_t>(grad_dp), rows,
-            n, scalar_t(scale));
+        const scalar_t *pp = pc.data_ptr<scalar_t>(), *dpp = dpc.data_ptr<scalar_t>(),
+                       *wp = wc.data_ptr<scalar_t>();
+        scalar_t *gp = mutable_data_or_null<scalar_t>(grad_p),
+                 *gdp = mutable_data_or_null<scalar_t>(grad_dp);
+        if (kernel == FusedKernel::kCpu) {
+          softmax_double_backward_kernel<scalar_t>(pp, dpp, wp, gp, gdp, rows, n, scalar_t(scale));
+        } else {
+          launch_on_cuda(p.device(), "causal_softmax double backward", [&](void* stream) {
+            return cuda_kernels::softmax_double_backward<scalar_t>(pp, dpp, wp, gp, gdp, rows, n,
+                                                                   scalar_t(scale), stream);
+          });
+        }
       });
     } else {
       const at::Tensor a = (p * w).sum(-1, true);
@@ -230,7 +250,18 @@ class GeluGradient : public torch::autograd::Function<GeluGradient> {
     if (!w.defined()) return {grad_x, grad_dy, at::Tensor()};
     if (ctx->needs_input_grad(1)) grad_dy = at::gelu_backward(w, x, gelu_approximation(tanh));
     if (ctx->needs_input_grad(0)) {
-      if (kernels_apply({x, dy, w})) {
+      const FusedKernel kernel = fused_kernel_for({x, dy, w});
+      if (kernel == FusedKernel::kCuda) {
+        const at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous();
+        grad_x = at::empty_like(xc);
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gelu_double_backward", [&] {
+          launch_on_cuda(x.device(), "gelu double backward", [&](void* stream) {
+            return cuda_kernels::gelu_second_derivative_product<scalar_t>(
+                xc.data_ptr<scalar_t>(), dyc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
+                grad_x.data_ptr<scalar_t>(), xc.numel(), tanh, stream);
+          });
+        });
+      } else if (kernel == FusedKernel::kCpu) {
         const at::Tensor xc = x.contiguous(), dyc = dy.contiguous(), wc = w.contiguous();
         at::Tensor trans = at::empty_like(xc);
         grad_x = at::empty_like(xc);
@@ -280,6 +311,7 @@ class Gelu : public torch::autograd::Function<Gelu> {
 // depend on the thread count.
 
 constexpr int64_t kWeightChunks = 32;
+constexpr int64_t kCudaRowChunks = 2048;
 
 template <typename T>
 void layer_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* mean,
@@ -374,7 +406,8 @@ class LayerNormGradient : public torch::autograd::Function<LayerNormGradient> {
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1),
                want_dy = ctx->needs_input_grad(2);
     at::Tensor grad_x, grad_w, grad_dy;
-    if (kernels_apply({x, w, dy, A, bw, bb})) {
+    const FusedKernel kernel = fused_kernel_for({x, w, dy, A, bw, bb});
+    if (kernel != FusedKernel::kNone) {
       const at::Tensor xc = x.contiguous(), wc = w.contiguous(), dyc = dy.contiguous();
       const at::Tensor ac = contiguous_or_undefined(A), bwc = contiguous_or_undefined(bw),
                        bbc = contiguous_or_undefined(bb);
@@ -383,18 +416,31 @@ class LayerNormGradient : public torch::autograd::Function<LayerNormGradient> {
       const int64_t rows = x.numel() / n;
       if (want_x) grad_x = at::empty_like(xc);
       if (want_dy) grad_dy = at::empty_like(dyc);
+      // The CUDA kernel spreads rows over more blocks than the CPU has threads.
+      const int64_t row_chunks =
+          std::min(rows, kernel == FusedKernel::kCuda ? kCudaRowChunks : kWeightChunks);
       at::Tensor chunks;
       if (want_w && A.defined() && rows > 0) {
-        chunks = at::zeros({std::min(rows, kWeightChunks), n},
-                           x.options().dtype(at::toOpMathType(x.scalar_type())));
+        chunks = at::zeros({row_chunks, n}, x.options().dtype(at::toOpMathType(x.scalar_type())));
       }
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_double_backward", [&] {
-        layer_norm_double_backward_kernel<scalar_t>(
-            xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), dyc.data_ptr<scalar_t>(),
-            mean.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(), data_or_null<scalar_t>(ac),
-            data_or_null<scalar_t>(bwc), data_or_null<scalar_t>(bbc),
-            mutable_data_or_null<scalar_t>(grad_x), mutable_data_or_null<scalar_t>(grad_dy),
-            chunks.defined() ? chunks.data_ptr<at::opmath_type<scalar_t>>() : nullptr, rows, n);
+        using acc_t = at::opmath_type<scalar_t>;
+        const scalar_t *xp = xc.data_ptr<scalar_t>(), *wp = wc.data_ptr<scalar_t>(),
+                       *dyp = dyc.data_ptr<scalar_t>(), *mp = mean.data_ptr<scalar_t>(),
+                       *rp = rstd.data_ptr<scalar_t>(), *ap = data_or_null<scalar_t>(ac),
+                       *bwp = data_or_null<scalar_t>(bwc), *bbp = data_or_null<scalar_t>(bbc);
+        scalar_t *gx = mutable_data_or_null<scalar_t>(grad_x),
+                 *gdy = mutable_data_or_null<scalar_t>(grad_dy);
+        acc_t* gw = chunks.defined() ? chunks.data_ptr<acc_t>() : nullptr;
+        if (kernel == FusedKernel::kCpu) {
+          layer_norm_double_backward_kernel<scalar_t>(xp, wp, dyp, mp, rp, ap, bwp, bbp, gx, gdy,
+                                                      gw, rows, n);
+        } else {
+          launch_on_cuda(x.device(), "layer_norm double backward", [&](void* stream) {
+            return cuda_kernels::layer_norm_double_backward<scalar_t>(
+                xp, wp, dyp, mp, rp, ap, bwp, bbp, gx, gdy, gw, row_chunks, rows, n, stream);
+          });
+        }
       });
       if (chunks.defined()) grad_w = chunks.sum(0).to(w.scalar_type()).reshape(w.sizes());
     } else {

@@ -2,7 +2,9 @@
 // itself one differentiable operation with a hand-written derivative, so that a Hessian-vector
 // product through a kept gradient graph makes one pass per operation instead of LibTorch 1.13's
 // composed double backwards (several separate element-wise kernels each). Each takes, in order:
-//   - the fused CPU kernel (float32/float64, contiguous, second backward without create_graph);
+//   - the fused kernel (float32/float64, second backward without create_graph): the CPU's, or on
+//     a CUDA device libcurv's CUDA kernels when it was built with them (a CUDA LibTorch and nvcc;
+//     the CUDA kernels also take the built-in models' cross-entropy);
 //   - the same formulas written in differentiable ATen operations (other devices and dtypes, and
 //     a second backward with create_graph, so third derivatives stay exact).
 // With set_fused_operations(false) they return ATen's own operations. Values and first
@@ -29,8 +31,8 @@ at::Tensor fused_gelu(const at::Tensor& x, bool tanh);
 
 // Process-wide switches. set_fused_operations(false) makes the three operations above (and so the
 // built-in models) use ATen's operations, for comparison; set_fused_kernels(false) keeps the
-// fused operations but makes them take their differentiable-ATen formulas everywhere (the path
-// of other devices), for tests and benchmarks of the kernels.
+// fused operations (and the cross-entropy) but makes them take their differentiable-ATen
+// formulas everywhere (the path of other devices), for tests and benchmarks of the kernels.
 void set_fused_operations(bool enabled);
 bool fused_operations();
 void set_fused_kernels(bool enabled);

@@ -1,0 +1,40 @@
+// Which kernel runs a fused second derivative (fused_ops.cpp, cross_entropy.cpp): the CPU's, the
+// CUDA kernels' (fused_kernels_cuda.h), or none (the differentiable ATen formulas).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <initializer_list>
+
+#ifdef CURV_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "models/fused_kernels_cuda.h"
+
+namespace curv {
+
+enum class FusedKernel { kNone, kCpu, kCuda };
+
+// The kernel for these tensors (undefined ones ignored): float32/float64 of one dtype on one
+// device, the CPU or a CUDA device when libcurv has its CUDA kernels, with set_fused_kernels on
+// and no graph of the result wanted (a second backward without create_graph, so third
+// derivatives stay exact through the ATen formulas).
+FusedKernel fused_kernel_for(std::initializer_list<at::Tensor> tensors);
+
+// Runs launch(stream) with `device` current and `stream` LibTorch's current stream there (a
+// cudaStream_t as void*); a launch that fails is an error naming `what` and CUDA's message.
+template <typename Launch>
+void launch_on_cuda(const at::Device& device, const char* what, Launch&& launch) {
+#ifdef CURV_WITH_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(device);
+  const char* error = launch(static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()));
+#else
+  (void)device;
+  const char* error = launch(nullptr);
+#endif
+  TORCH_CHECK(error == nullptr, what, ": ", error);
+}
+
+}  // namespace curv

@@ -1,0 +1,75 @@
+// CUDA kernels of the fused second derivatives (fused_ops.cpp, cross_entropy.cpp): the same
+// formulas as the CPU kernels there, one block per row. Compiled by nvcc only when LibTorch has
+// CUDA and a CUDA compiler is found (CURV_WITH_CUDA_KERNELS); this header names no CUDA or ATen
+// type, so nvcc compiles it without LibTorch's headers. Every launcher takes raw device pointers
+// of one dtype (float or double), contiguous, and `stream` (a cudaStream_t, LibTorch's current
+// stream), and returns nullptr or the CUDA runtime's message for a failed launch. Without the
+// kernels, each launcher returns a message saying so (fused_dispatch.h never picks them then).
+#pragma once
+
+#include <cstdint>
+
+namespace curv::cuda_kernels {
+
+#ifdef CURV_WITH_CUDA_KERNELS
+inline constexpr bool kBuilt = true;
+#else
+inline constexpr bool kBuilt = false;
+inline constexpr const char* kNotBuilt = "libcurv was built without its CUDA kernels";
+#endif
+
+#ifdef CURV_WITH_CUDA_KERNELS
+// Causal softmax's double backward: rows of length n, row r attending to columns 0..r % n.
+// grad_p or grad_dp may be null (not wanted).
+template <typename T>
+const char* softmax_double_backward(const T* p, const T* dp, const T* w, T* grad_p, T* grad_dp,
+                                    int64_t rows, int64_t n, T scale, void* stream);
+
+// out = w ⊙ dy ⊙ g''(x) for GELU, exact or tanh.
+template <typename T>
+const char* gelu_second_derivative_product(const T* x, const T* dy, const T* w, T* out, int64_t n,
+                                           bool tanh, void* stream);
+
+// LayerNorm's double backward (fused_ops.cpp has the formulas). A, bw, bb, grad_x, grad_dy and
+// grad_w_chunks may be null. Rows are split into `chunks` contiguous ranges; chunk c adds its
+// rows' share of ∂/∂w into grad_w_chunks[c * n ...] (zeroed by the caller), so the sum over
+// chunks is independent of scheduling.
+template <typename T>
+const char* layer_norm_double_backward(const T* x, const T* w, const T* dy, const T* mean,
+                                       const T* rstd, const T* A, const T* bw, const T* bb,
+                                       T* grad_x, T* grad_dy, T* grad_w_chunks, int64_t chunks,
+                                       int64_t rows, int64_t n, void* stream);
+
+// Mean cross-entropy's double backward for logits z [rows, classes], cotangent v of its gradient,
+// and the loss's incoming gradient g (one device scalar):
+//   d_logits = g / rows · (p ⊙ v − p · Σ_j p_j v_j),   row_terms[r] = Σ_j p_j v_j − v[t_r],
+// p = softmax(z) per row. d_logits or row_terms may be null.
+template <typename T>
+const char* cross_entropy_double_backward(const T* logits, const T* v, const int64_t* targets,
+                                          const T* grad_loss, T* d_logits, T* row_terms,
+                                          int64_t rows, int64_t classes, void* stream);
+
+#else
+template <typename T>
+const char* softmax_double_backward(const T*, const T*, const T*, T*, T*, int64_t, int64_t, T,
+                                    void*) {
+  return kNotBuilt;
+}
+template <typename T>
+const char* gelu_second_derivative_product(const T*, const T*, const T*, T*, int64_t, bool, void*) {
+  return kNotBuilt;
+}
+template <typename T>
+const char* layer_norm_double_backward(const T*, const T*, const T*, const T*, const T*, const T*,
+                                       const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t,
+                                       void*) {
+  return kNotBuilt;
+}
+template <typename T>
+const char* cross_entropy_double_backward(const T*, const T*, const int64_t*, const T*, T*, T*,
+                                          int64_t, int64_t, void*) {
+  return kNotBuilt;
+}
+#endif
+
+}  // namespace curv::cuda_kernels
