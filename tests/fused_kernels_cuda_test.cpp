@@ -81,7 +81,8 @@ TEST_CASE("the fused CUDA kernels equal the composite formulas and the CPU kerne
     const at::Tensor w_wide = random({1030}, 4, dtype, 1.0, 1.0), b_wide = random({1030}, 5, dtype);
     const at::Tensor w_tall = random({48}, 6, dtype, 1.0, 1.0), b_tall = random({48}, 7, dtype);
     const std::vector<std::pair<std::string, std::pair<Op, Inputs>>> ops = {
-        {"causal_softmax", {[](const Inputs& in) { return causal_softmax(in[0], 0.35); }, {scores}}},
+        {"causal_softmax",
+         {[](const Inputs& in) { return causal_softmax(in[0], 0.35); }, {scores}}},
         {"gelu", {[](const Inputs& in) { return fused_gelu(in[0], false); }, {tall}}},
         {"gelu tanh", {[](const Inputs& in) { return fused_gelu(in[0], true); }, {wide}}},
         {"layer_norm wide",

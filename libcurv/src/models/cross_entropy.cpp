@@ -79,8 +79,7 @@ class CrossEntropyGradient : public torch::autograd::Function<CrossEntropyGradie
         return cuda_kernels::cross_entropy_double_backward<scalar_t>(
             z.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), t.data_ptr<int64_t>(),
             g.data_ptr<scalar_t>(), d_logits.defined() ? d_logits.data_ptr<scalar_t>() : nullptr,
-            row_terms.defined() ? row_terms.data_ptr<scalar_t>() : nullptr, rows, classes,
-            stream);
+            row_terms.defined() ? row_terms.data_ptr<scalar_t>() : nullptr, rows, classes, stream);
       });
     });
     at::Tensor d_grad_loss;

@@ -222,8 +222,8 @@ const char* softmax_double_backward(const T* p, const T* dp, const T* w, T* grad
   if (rows == 0 || n == 0) return nullptr;
   if (rows > kMaxBlocks) return kTooManyRows;
   softmax_double_backward_kernel<T>
-      <<<unsigned(rows), row_threads(n), 0, static_cast<cudaStream_t>(stream)>>>(
-          p, dp, w, grad_p, grad_dp, n, scale);
+      <<<unsigned(rows), row_threads(n), 0, static_cast<cudaStream_t>(stream)>>>(p, dp, w, grad_p,
+                                                                                 grad_dp, n, scale);
   return launch_error();
 }
 
@@ -233,9 +233,8 @@ const char* gelu_second_derivative_product(const T* x, const T* dy, const T* w, 
   if (n == 0) return nullptr;
   constexpr int threads = 256;
   const int64_t blocks = (n + threads - 1) / threads;
-  gelu_second_derivative_kernel<T>
-      <<<unsigned(blocks < 65536 ? blocks : 65536), threads, 0,
-         static_cast<cudaStream_t>(stream)>>>(x, dy, w, out, n, tanh);
+  gelu_second_derivative_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), threads, 0,
+                                     static_cast<cudaStream_t>(stream)>>>(x, dy, w, out, n, tanh);
   return launch_error();
 }
 
@@ -265,14 +264,14 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
 
 #define CURV_INSTANTIATE(T)                                                                      \
   template const char* softmax_double_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, \
-                                                  int64_t, T, void*);                           \
+                                                  int64_t, T, void*);                            \
   template const char* gelu_second_derivative_product<T>(const T*, const T*, const T*, T*,       \
                                                          int64_t, bool, void*);                  \
   template const char* layer_norm_double_backward<T>(const T*, const T*, const T*, const T*,     \
                                                      const T*, const T*, const T*, const T*, T*, \
                                                      T*, T*, int64_t, int64_t, int64_t, void*);  \
-  template const char* cross_entropy_double_backward<T>(const T*, const T*, const int64_t*,      \
-                                                        const T*, T*, T*, int64_t, int64_t, void*);
+  template const char* cross_entropy_double_backward<T>(                                         \
+      const T*, const T*, const int64_t*, const T*, T*, T*, int64_t, int64_t, void*);
 CURV_INSTANTIATE(float)
 CURV_INSTANTIATE(double)
 #undef CURV_INSTANTIATE
