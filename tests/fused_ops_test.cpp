@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <catch2/catch.hpp>
 #include <functional>
@@ -189,4 +190,47 @@ TEST_CASE("the fused kernels agree with ATen in float32 and do not depend on the
     // gradient in an order that depends on the threads).
     CHECK(at::equal(one_thread.hvp, two_threads.hvp));
   }
+}
+
+TEST_CASE("batched_matmul equals at::matmul: value and gradient bit for bit, then to rounding",
+          "[fused_ops]") {
+  // Attention's products on strided heads of one projection's output (q, k, v read in place),
+  // 16 × 8 heads: above LibTorch's own loop for small products, so both take BLAS.
+  const Op attention = [](const Inputs& in) {
+    const at::Tensor& x = in[0];
+    auto head = [&](int64_t i) {
+      return x.narrow(2, 32 * i, 32).view({4, 16, 4, 8}).transpose(1, 2);
+    };
+    const at::Tensor s = batched_matmul(head(0), head(1).transpose(-2, -1));
+    return batched_matmul(at::softmax(s, -1), head(2));
+  };
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+    INFO(c10::toString(dtype));
+    const Inputs x = {random({4, 16, 96}, 1, dtype)};
+    // The products are libcurv's, except with a LibTorch whose bmm is MKL's batched product.
+    const at::Tensor y = attention({x[0].clone().requires_grad_(true)});
+    CHECK((y.grad_fn()->name().find("BatchedMatmul") != std::string::npos) == !at::hasMKL());
+    const Derivatives ours = derivatives(attention, x, 3);
+    set_fused_operations(false);
+    const Derivatives aten = derivatives(attention, x, 3);
+    set_fused_operations(true);
+    CHECK(at::equal(ours.value, aten.value));
+    CHECK(at::equal(ours.gradient, aten.gradient));
+    const double tolerance = dtype == at::kDouble ? 1e-13 : 1e-5;
+    CHECK(relative_difference(ours.hvp, aten.hvp) < tolerance);
+    CHECK(relative_difference(ours.hvp_with_graph, aten.hvp) < tolerance);
+    CHECK(relative_difference(ours.third, aten.third) < 10 * tolerance);
+    CHECK(aten.third.abs().max().item<double>() > 0.0);
+  }
+  // One thread, and small or mismatched operands (which take at::matmul).
+  const at::Tensor a = random({3, 5, 4, 6}, 2, at::kDouble),
+                   b = random({3, 5, 6, 7}, 3, at::kDouble);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  CHECK(at::equal(batched_matmul(a, b), at::matmul(a, b)));
+  at::set_num_threads(threads);
+  const at::Tensor small = random({2, 3, 2}, 4, at::kDouble);
+  CHECK(at::equal(batched_matmul(small, small.transpose(-2, -1)),
+                  at::matmul(small, small.transpose(-2, -1))));
+  CHECK(at::equal(batched_matmul(a, b.narrow(0, 0, 1)), at::matmul(a, b.narrow(0, 0, 1))));
 }

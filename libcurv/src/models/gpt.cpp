@@ -175,8 +175,8 @@ class Gpt : public FunctionalModel {
       auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
       // Causal: softmax over the unmasked entries of each row, smooth in them.
-      auto att = causal_softmax(at::matmul(q, k.transpose(-2, -1)), scale);
-      auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+      auto att = causal_softmax(batched_matmul(q, k.transpose(-2, -1)), scale);
+      auto y = batched_matmul(att, v).transpose(1, 2).reshape({B, T, C});
       x = x + project(y, l.attn_proj_w);
       h = layer_norm(x, l.ln_2_w);
       x = x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);

@@ -222,8 +222,8 @@ class Llama : public FunctionalModel {
       auto repeat = [&](const at::Tensor& t) {
         return group == 1 ? t : t.unsqueeze(2).expand({B, KV, group, T, D}).reshape({B, H, T, D});
       };
-      auto att = causal_softmax(at::matmul(q, repeat(k).transpose(-2, -1)), scale);
-      auto y = at::matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
+      auto att = causal_softmax(batched_matmul(q, repeat(k).transpose(-2, -1)), scale);
+      auto y = batched_matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
       x = x + linear(y, l.o);
       h = rms_norm(x, l.post_norm);
       x = x + linear(at::silu(linear(h, l.gate)) * linear(h, l.up), l.down);

@@ -173,8 +173,8 @@ class Modded : public FunctionalModel {
       auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
       auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
       auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
-      auto att = causal_softmax(at::matmul(q, k.transpose(-2, -1)), c_.attention_scale);
-      auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, H * D});
+      auto att = causal_softmax(batched_matmul(q, k.transpose(-2, -1)), c_.attention_scale);
+      auto y = batched_matmul(att, v).transpose(1, 2).reshape({B, T, H * D});
       x = x + linear(y, l.o);
       h = rms_norm(x, l.norm2);
       x = x + linear(at::relu(linear(h, l.fc)).square(), l.down);

@@ -29,7 +29,15 @@ at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const
 // at::gelu(x, tanh ? "tanh" : "none").
 at::Tensor fused_gelu(const at::Tensor& x, bool tanh);
 
-// Process-wide switches. set_fused_operations(false) makes the three operations above (and so the
+// at::matmul(a, b) for a [..., n, k] and b [..., k, m] with the same leading sizes (attention's
+// q kᵀ and p v). On the CPU with a LibTorch without MKL (Debian's, on OpenBLAS), in
+// float32/float64, the matrices are split over the threads and each product made by one thread,
+// read in place through its strides (LibTorch's bmm there makes them one after the other, each
+// over all threads, after copying transposed operands), and its derivative products take the
+// same path; values and gradients equal at::matmul's bit for bit. Elsewhere at::matmul.
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b);
+
+// Process-wide switches. set_fused_operations(false) makes the operations above (and so the
 // built-in models) use ATen's operations, for comparison; set_fused_kernels(false) keeps the
 // fused operations (and the cross-entropy) but makes them take their differentiable-ATen
 // formulas everywhere (the path of other devices), for tests and benchmarks of the kernels.
