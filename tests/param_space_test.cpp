@@ -2,9 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "curv/core/blocks.h"
 #include "curv/core/error.h"
@@ -63,9 +67,9 @@ TEST_CASE("per-tensor dots equal dot() bit for bit, undefined tensors counting a
   const std::vector<double> all = dots_per_tensor(a, b);
   REQUIRE(all.size() == 4);
   CHECK(all[2] == 0.0);
-  // Each entry is the float64 dot of that tensor, its float32 products exact.
+  // Each entry is the float64 dot of that tensor, its float32 products exact, summed in float64.
   const double exact0 = at::sum(a[0].to(at::kDouble) * b[0].to(at::kDouble)).item<double>();
-  CHECK(all[0] == exact0);
+  CHECK(std::abs(all[0] - exact0) <= 1e-14 * std::abs(exact0));
   double total = 0.0;
   for (double v : all) total += v;
   CHECK(dot(a, b) == total);
@@ -108,4 +112,33 @@ TEST_CASE("blocks by layer follow nanoGPT names: embeddings, layers, head", "[bl
                     Catch::Matchers::Contains("none"));
   CHECK_THROWS_AS(BlockPartition::by_regex(model->space(), {{"bad", "("}}), InvalidArgument);
   CHECK_THROWS_AS(BlockPartition::parse_rule("layers"), InvalidArgument);
+}
+
+TEST_CASE("per-tensor dots are float64 sums that do not depend on the thread count",
+          "[param_space]") {
+  // 3 chunks of 2^14 and a tail; float32 and float64, and the two mixed.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const int64_t n = 3 * 16384 + 1001;
+  const at::Tensor x = at::randn({n}, gen, at::kFloat), y = at::randn({n}, gen, at::kFloat);
+  const at::Tensor xd = x.to(at::kDouble), yd = y.to(at::kDouble);
+  // A long double sum of the exact products in index order: the reference.
+  long double reference = 0.0L;
+  const double* px = xd.data_ptr<double>();
+  const double* py = yd.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) reference += static_cast<long double>(px[i]) * py[i];
+  const int threads = at::get_num_threads();
+  for (const auto& [a, b] :
+       std::vector<std::pair<at::Tensor, at::Tensor>>{{x, y}, {xd, yd}, {x, yd}, {xd, y}}) {
+    at::set_num_threads(1);
+    const double one = dots_per_tensor({a}, {b})[0];
+    at::set_num_threads(2);
+    const double two = dots_per_tensor({a}, {b})[0];
+    at::set_num_threads(threads);
+    CHECK(one == two);
+    CHECK(std::abs(one - static_cast<double>(reference)) <= 1e-13 * std::abs(one));
+  }
+  // Non-contiguous operands are read in their logical order.
+  const at::Tensor m = at::randn({64, 48}, gen, at::kFloat);
+  const double t = dots_per_tensor({m.t()}, {m.t().contiguous()})[0];
+  CHECK(std::abs(t - at::sum(m.to(at::kDouble).pow(2)).item<double>()) <= 1e-13 * t);
 }

@@ -20,6 +20,7 @@
 
 #include "core/engine_internal.h"
 #include "core/fmt_torch.h"
+#include "core/tensor_dot.h"
 #include "curv/core/error.h"
 
 namespace curv {
@@ -85,8 +86,11 @@ using namespace engine_detail;
 
 namespace {
 
-// a·b summed in the tensors' dtype (ATen's cascade sum) as a 0-dim tensor.
-at::Tensor dot_in_dtype(const at::Tensor& a, const at::Tensor& b) { return at::sum(a * b); }
+// a·b as a 0-dim tensor: on the CPU in one pass accumulated in float64 (a product tensor the size
+// of an activation would cost as much again); elsewhere ATen's sum in the tensors' dtype.
+at::Tensor dot_of(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().is_cpu() ? float64_dot(a, b) : at::sum(a * b);
+}
 
 // The second backward of `outputs` along `grad_outputs` toward the graph positions `targets`, as
 // torch::autograd::grad does toward tensors: unreached targets give undefined tensors.
@@ -196,15 +200,15 @@ Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& pa
     size_t k = 0;
     for (size_t i : params_asked) {
       const at::Tensor& h = parts[k++];
-      if (h.defined()) add(block_of[i], dot_in_dtype(h, v[i]));
+      if (h.defined()) add(block_of[i], dot_of(h, v[i]));
     }
     for (size_t j : maps_asked) {
       const at::Tensor& r_dy = parts[k++];  // R(∂L/∂y)
       if (!r_dy.defined()) continue;
-      if (maps[j].weight_block >= mi) add(maps[j].weight_block, dot_in_dtype(r_dy, maps[j].z));
+      if (maps[j].weight_block >= mi) add(maps[j].weight_block, dot_of(r_dy, maps[j].z));
       if (maps[j].bias_block >= mi) {
         const at::Tensor& U_b = v[graph.maps[j].bias];
-        add(maps[j].bias_block, dot_in_dtype(r_dy.reshape({-1, r_dy.size(-1)}).sum(0), U_b));
+        add(maps[j].bias_block, dot_of(r_dy.reshape({-1, r_dy.size(-1)}).sum(0), U_b));
       }
     }
     for (size_t x : inputs_asked) {
@@ -212,7 +216,7 @@ Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& pa
       if (!r_x.defined()) continue;
       for (size_t j = 0; j < maps.size(); ++j) {
         if (graph.maps[j].input_grad == x && maps[j].weight_block >= mi && maps[j].a.defined()) {
-          add(maps[j].weight_block, dot_in_dtype(r_x, maps[j].a));
+          add(maps[j].weight_block, dot_of(r_x, maps[j].a));
         }
       }
     }

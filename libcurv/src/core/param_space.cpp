@@ -1,14 +1,17 @@
 #include "curv/core/param_space.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "core/fmt_torch.h"
 #include "core/strings.h"
+#include "core/tensor_dot.h"
 #include "curv/core/error.h"
 
 namespace curv {
@@ -70,15 +73,57 @@ at::Tensor stacked(const std::vector<at::Tensor>& scalars) {
   return at::cat(parts);
 }
 
-// a·b as a 0-dim float64 tensor on their device, undefined when either is (a zero: HVP terms of
-// parameters a pass did not reach). The products are exact (a float32 or bfloat16 product fits
-// a double); b is promoted inside the multiplication, without a float64 copy of its own.
-at::Tensor tensor_dot(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined()) return {};
-  return at::sum(a.to(at::kDouble) * b);
+constexpr int64_t kDotChunk = int64_t{1} << 14;
+constexpr int kDotLanes = 8;
+
+// Σ a_i b_i in float64 over chunks of kDotChunk elements, each with kDotLanes running sums (which
+// the compiler keeps in vector registers), the chunks' sums added in order.
+template <typename A, typename B>
+double chunked_dot(const A* a, const B* b, int64_t n) {
+  const int64_t chunks = (n + kDotChunk - 1) / kDotChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t begin = c * kDotChunk, end = std::min(n, begin + kDotChunk);
+      double lanes[kDotLanes] = {};
+      int64_t i = begin;
+      for (; i + kDotLanes <= end; i += kDotLanes) {
+        for (int l = 0; l < kDotLanes; ++l) lanes[l] += double(a[i + l]) * double(b[i + l]);
+      }
+      double sum = 0.0;
+      for (; i < end; ++i) sum += double(a[i]) * double(b[i]);
+      for (const double lane : lanes) sum += lane;
+      partial[static_cast<size_t>(c)] = sum;
+    }
+  });
+  return std::accumulate(partial.begin(), partial.end(), 0.0);
+}
+
+bool float_or_double(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+}
+
+template <typename A>
+double chunked_dot_with(const A* a, const at::Tensor& b) {
+  if (b.scalar_type() == at::kFloat) return chunked_dot(a, b.data_ptr<float>(), b.numel());
+  return chunked_dot(a, b.data_ptr<double>(), b.numel());
 }
 
 }  // namespace
+
+at::Tensor float64_dot(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return {};
+  if (!a.device().is_cpu() || !b.device().is_cpu() || a.sizes() != b.sizes() ||
+      !float_or_double(a) || !float_or_double(b)) {
+    // The products are exact (a float32 or bfloat16 product fits a double); b is promoted inside
+    // the multiplication, without a float64 copy of its own.
+    return at::sum(a.to(at::kDouble) * b);
+  }
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+  const double value = a.scalar_type() == at::kFloat ? chunked_dot_with(ac.data_ptr<float>(), bc)
+                                                     : chunked_dot_with(ac.data_ptr<double>(), bc);
+  return at::scalar_tensor(value, at::TensorOptions().dtype(at::kDouble));
+}
 
 std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
                                     const std::vector<size_t>* indices) {
@@ -87,7 +132,8 @@ std::vector<double> dots_per_tensor(const ParamVector& a, const ParamVector& b,
   std::vector<size_t> which;
   std::vector<at::Tensor> parts;
   auto add_part = [&](size_t i) {
-    at::Tensor d = tensor_dot(a.at(i), b.at(i));
+    // Undefined where either is (a zero: HVP terms of parameters a pass did not reach).
+    at::Tensor d = float64_dot(a.at(i), b.at(i));
     if (!d.defined()) return;
     which.push_back(i);
     parts.push_back(d);
