@@ -7,7 +7,9 @@
 # --coupling none, float32, by ndsprobe as it is (twice, then once with --no-prefetch and once
 # with TF32 products, --matmul-precision high), by
 # ndsprobe within an 8 GiB device budget (--max-memory 8G --micro-batch 2) and by plain PyTorch
-# (bench/python/plain_torch_audit.py, explicit attention), each twice.
+# (bench/python/plain_torch_audit.py, explicit attention), each twice; last, the CUDA kernels of
+# the fused second derivatives against ATen's operations and the composite formulas at the same
+# shape (hvp_bench --compare-fused-ops 1).
 #
 # usage: bench/gpu_check.sh BUILD_DIR [WORK_DIR]    PYTHON: a python3 with a CUDA torch
 set -uo pipefail
@@ -85,3 +87,6 @@ print(f"plain: audit {r['audit_seconds']:.2f} s, total {r['seconds']:.2f} s, pea
       f"{r['peak_memory'] / 2**30:.2f} GiB, loss {c['loss']:.6f}, NDS {c['curvature'] / c['sq_norm']:.6f}")
 PY
 done
+echo "== the fused second derivatives: ATen, composite formulas, CUDA kernels (hvp_bench)"
+"$build/bench/hvp_bench" --compare-fused-ops 1 --device cuda --shape gpt2 --dtype float32 \
+  --repeats 5 --threads "$(nproc)"
