@@ -66,10 +66,29 @@ double relative_difference(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / b.norm().item<double>();
 }
 
+// The composite formulas for one scope, the kernels again after it, exceptions included.
+struct CompositeFormulas {
+  CompositeFormulas() { set_fused_kernels(false); }
+  ~CompositeFormulas() { set_fused_kernels(true); }
+  CompositeFormulas(const CompositeFormulas&) = delete;
+  CompositeFormulas& operator=(const CompositeFormulas&) = delete;
+};
+
+// These tests compare the kernels with the formulas: without the kernels they would compare the
+// formulas with themselves.
+void require_kernels() {
+  if (!at::hasCUDA()) FAIL("no CUDA device: these tests run on a GPU machine");
+  if (!fused_kernels_run_on(c10::Device("cuda:0"))) {
+    FAIL(
+        "libcurv's CUDA kernels do not run on cuda:0 (built without nvcc or "
+        "CURV_CUDA_KERNELS, or without this GPU's architecture in CURV_CUDA_ARCHITECTURES)");
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the fused CUDA kernels equal the composite formulas and the CPU kernels", "[.cuda]") {
-  if (!at::hasCUDA()) FAIL("no CUDA device: these tests run on a GPU machine");
+  require_kernels();
   for (const at::ScalarType dtype : {at::kDouble, at::kFloat}) {
     const double tolerance = dtype == at::kDouble ? 1e-12 : 2e-5;
     // Shapes that take every path of the kernels: rows longer than a block's threads (several
@@ -101,25 +120,33 @@ TEST_CASE("the fused CUDA kernels equal the composite formulas and the CPU kerne
     for (const auto& [name, op] : ops) {
       INFO(name << " in " << c10::toString(dtype));
       const at::Tensor kernel = hvp_on(op.first, op.second, "cuda:0");
-      set_fused_kernels(false);
-      const at::Tensor composite = hvp_on(op.first, op.second, "cuda:0");
-      set_fused_kernels(true);
+      at::Tensor composite;
+      {
+        const CompositeFormulas formulas;
+        composite = hvp_on(op.first, op.second, "cuda:0");
+      }
       const at::Tensor cpu = hvp_on(op.first, op.second, "cpu");
       CHECK(kernel.abs().max().item<double>() > 0.0);
       CHECK(relative_difference(kernel, composite) < tolerance);
       CHECK(relative_difference(kernel, cpu) < tolerance);
     }
-    // The masked entries of the softmax's second derivative are exact zeros.
+    // The softmax kernel's own outputs, ∂/∂P and ∂/∂dP of its backward dS = s·P⊙(dP − r), are
+    // exact zeros above the diagonal (the composite formula's ∂/∂P is not: P = 0 there makes
+    // those entries count for nothing upstream).
     const at::Tensor s = scores.to("cuda:0").requires_grad_(true);
-    const at::Tensor p = causal_softmax(s, 1.0);
-    const auto g = torch::autograd::grad({(p * p).sum()}, {s}, {}, true, true);
-    const auto hv = torch::autograd::grad(g, {s}, {at::ones_like(s)});
-    CHECK(hv[0].triu(1).abs().max().item<double>() == 0.0);
+    const at::Tensor p = causal_softmax(s, 0.35);
+    const at::Tensor dp = random(p.sizes().vec(), 8, dtype).to("cuda:0").requires_grad_(true);
+    const at::Tensor ds = torch::autograd::grad({p}, {s}, {dp}, true, true)[0];
+    const auto second = torch::autograd::grad({ds}, {p, dp}, {at::ones_like(ds)});
+    for (const at::Tensor& d : second) {
+      CHECK(d.tril().abs().max().item<double>() > 0.0);
+      CHECK(d.triu(1).abs().max().item<double>() == 0.0);
+    }
   }
 }
 
 TEST_CASE("a model's HVP on CUDA is the same with the fused kernels as without", "[.cuda]") {
-  if (!at::hasCUDA()) FAIL("no CUDA device: these tests run on a GPU machine");
+  require_kernels();
   // Every fused operation at once, the cross-entropy's kernel included: the built-in GPT with
   // biases and a tied head (exact and tanh GELU), a vocabulary wider than a block's threads.
   for (const bool tanh : {false, true}) {
@@ -140,10 +167,12 @@ TEST_CASE("a model's HVP on CUDA is the same with the fused kernels as without",
       for (size_t i = 0; i < v.size(); ++i) v[i] = v[i].to(params[i].options());
       CurvatureEngine engine(*model, probe);
       const ParamVector with_kernels = engine.hvp(v);
-      set_fused_kernels(false);
-      CurvatureEngine composite_engine(*model, probe);
-      const ParamVector composite = composite_engine.hvp(v);
-      set_fused_kernels(true);
+      ParamVector composite;
+      {
+        const CompositeFormulas formulas;
+        CurvatureEngine composite_engine(*model, probe);
+        composite = composite_engine.hvp(v);
+      }
       double diff = 0.0, ref = 0.0;
       for (size_t i = 0; i < v.size(); ++i) {
         diff += (with_kernels[i] - composite[i]).to(at::kDouble).pow(2).sum().item<double>();

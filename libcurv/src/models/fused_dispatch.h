@@ -18,10 +18,22 @@ namespace curv {
 enum class FusedKernel { kNone, kCpu, kCuda };
 
 // The kernel for these tensors (undefined ones ignored): float32/float64 of one dtype on one
-// device, the CPU or a CUDA device when libcurv has its CUDA kernels, with set_fused_kernels on
-// and no graph of the result wanted (a second backward without create_graph, so third
-// derivatives stay exact through the ATen formulas).
+// device, the CPU or a CUDA device where fused_kernels_run_on (fused_ops.h) holds, with
+// set_fused_kernels on and no graph of the result wanted (a second backward without create_graph,
+// so third derivatives stay exact through the ATen formulas).
 FusedKernel fused_kernel_for(std::initializer_list<at::Tensor> tensors);
+
+// Whether libcurv's CUDA kernels can run on CUDA device `index` (built with them, for an
+// architecture of that GPU, with a driver that runs them).
+inline bool cuda_kernels_run_on_device(int index) {
+#ifdef CURV_WITH_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+  return cuda_kernels::runs_on_current_device();
+#else
+  (void)index;
+  return false;
+#endif
+}
 
 // Runs launch(stream) with `device` current and `stream` LibTorch's current stream there (a
 // cudaStream_t as void*); a launch that fails is an error naming `what` and CUDA's message.

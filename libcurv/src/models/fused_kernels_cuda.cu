@@ -216,6 +216,18 @@ __global__ void cross_entropy_double_backward_kernel(const T* logits, const T* v
 
 }  // namespace
 
+bool runs_on_current_device() {
+  // Fails when the binary holds no code this GPU can run (an architecture outside
+  // CURV_CUDA_ARCHITECTURES) or the driver is older than the runtime; the error is cleared so
+  // that it does not surface at LibTorch's next check.
+  cudaFuncAttributes attributes;
+  if (cudaFuncGetAttributes(&attributes, softmax_double_backward_kernel<float>) == cudaSuccess) {
+    return true;
+  }
+  cudaGetLastError();
+  return false;
+}
+
 template <typename T>
 const char* softmax_double_backward(const T* p, const T* dp, const T* w, T* grad_p, T* grad_dp,
                                     int64_t rows, int64_t n, T scale, void* stream) {

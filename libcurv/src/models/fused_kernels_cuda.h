@@ -19,6 +19,9 @@ inline constexpr const char* kNotBuilt = "libcurv was built without its CUDA ker
 #endif
 
 #ifdef CURV_WITH_CUDA_KERNELS
+// Whether the kernels can run on the current CUDA device.
+bool runs_on_current_device();
+
 // Causal softmax's double backward: rows of length n, row r attending to columns 0..r % n.
 // grad_p or grad_dp may be null (not wanted).
 template <typename T>
@@ -50,6 +53,7 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
                                           int64_t rows, int64_t classes, void* stream);
 
 #else
+inline bool runs_on_current_device() { return false; }
 template <typename T>
 const char* softmax_double_backward(const T*, const T*, const T*, T*, T*, int64_t, int64_t, T,
                                     void*) {

@@ -48,8 +48,20 @@ FusedKernel fused_kernel_for(std::initializer_list<at::Tensor> tensors) {
     device = t.device();
   }
   if (!device || device->is_cpu()) return FusedKernel::kCpu;
-  if (device->is_cuda() && cuda_kernels::kBuilt) return FusedKernel::kCuda;
+  if (device->is_cuda() && fused_kernels_run_on(*device)) return FusedKernel::kCuda;
   return FusedKernel::kNone;
+}
+
+bool fused_kernels_run_on(const at::Device& device) {
+  if (device.is_cpu()) return true;
+  if (!device.is_cuda() || !cuda_kernels::kBuilt) return false;
+  // Asked once per device: 0 not yet, 1 no, 2 yes.
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];
+  const int index = device.has_index() ? device.index() : 0;
+  if (index < 0 || index >= kDevices) return false;
+  if (known[index] == 0) known[index] = cuda_kernels_run_on_device(index) ? 2 : 1;
+  return known[index] == 2;
 }
 
 namespace {

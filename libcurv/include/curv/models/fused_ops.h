@@ -45,5 +45,9 @@ void set_fused_operations(bool enabled);
 bool fused_operations();
 void set_fused_kernels(bool enabled);
 bool fused_kernels();
+// Whether the fused kernels run on `device`: the CPU always; a CUDA device when libcurv was built
+// with its CUDA kernels (a CUDA LibTorch and nvcc, CURV_CUDA_ARCHITECTURES covering that GPU's)
+// and the driver runs them. Elsewhere the fused operations take their ATen formulas.
+bool fused_kernels_run_on(const at::Device& device);
 
 }  // namespace curv
