@@ -329,9 +329,8 @@ template <typename T>
 void layer_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* mean,
                                        const T* rstd, const T* A, const T* bw, const T* bb,
                                        T* grad_x, T* grad_dy, at::opmath_type<T>* grad_w_chunks,
-                                       int64_t rows, int64_t n) {
+                                       int64_t chunks, int64_t rows, int64_t n) {
   using acc_t = at::opmath_type<T>;
-  const int64_t chunks = std::min(rows, kWeightChunks);
   at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       const int64_t row_begin = rows * chunk / chunks, row_end = rows * (chunk + 1) / chunks;
@@ -446,7 +445,7 @@ class LayerNormGradient : public torch::autograd::Function<LayerNormGradient> {
         acc_t* gw = chunks.defined() ? chunks.data_ptr<acc_t>() : nullptr;
         if (kernel == FusedKernel::kCpu) {
           layer_norm_double_backward_kernel<scalar_t>(xp, wp, dyp, mp, rp, ap, bwp, bbp, gx, gdy,
-                                                      gw, rows, n);
+                                                      gw, row_chunks, rows, n);
         } else {
           launch_on_cuda(x.device(), "layer_norm double backward", [&](void* stream) {
             return cuda_kernels::layer_norm_double_backward<scalar_t>(
