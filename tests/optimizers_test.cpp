@@ -27,7 +27,7 @@ ParamVector as_list(const c10::IValue& v) {
 
 }  // namespace
 
-TEST_CASE("AdamW and SGD match torch.optim over 20 steps", "[optimizers]") {
+TEST_CASE("AdamW, Adam and SGD match torch.optim over 20 steps", "[optimizers]") {
   for (std::string dtype : {"float32", "float64"}) {
     TempDir dir;
     run_python("torch_optim_reference.py", {dir.file("ref.pt"), dtype});
@@ -38,6 +38,7 @@ TEST_CASE("AdamW and SGD match torch.optim over 20 steps", "[optimizers]") {
     ParamSpace space({"w", "b"}, theta0);
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"adamw", "adamw:lr=1e-2,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.1"},
+        {"adam", "adam:lr=1e-2,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.1"},
         {"sgd_nesterov", "sgd:lr=0.05,momentum=0.9,nesterov=1,weight_decay=0.01"},
         {"sgd_dampened", "sgd:lr=0.05,momentum=0.8,dampening=0.3"}};
     const double tol = dtype == "float64" ? 1e-12 : 1e-6;
@@ -221,7 +222,7 @@ TEST_CASE("optimizer state problems are clear errors; what-if needs no state", "
     CHECK(at::allclose(u[i], expected, 1e-5, 1e-7));
   }
   CURV_CHECK_THROWS(make_direction("adamw:lr=x"), InvalidArgument, Catch::Matchers::Contains("lr"));
-  CURV_CHECK_THROWS(make_direction("adam"), InvalidArgument, Catch::Matchers::Contains("adamw"));
+  CURV_CHECK_THROWS(make_direction("adamx"), InvalidArgument, Catch::Matchers::Contains("adamw"));
   CURV_CHECK_THROWS(make_direction("adamw:match=1"), InvalidArgument,
                     Catch::Matchers::Contains("whatif"));
   CURV_CHECK_THROWS(OptimizerConfig::parse("sgd:nesterov=1"), InvalidArgument,
@@ -241,8 +242,8 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
                     Catch::Matchers::Contains("lrr") && Catch::Matchers::Contains("'lr'"));
   CURV_CHECK_THROWS(make_direction("adamw.whatif:momentum=0.9"), InvalidArgument,
                     Catch::Matchers::Contains("momentum"));
-  CURV_CHECK_THROWS(OptimizerConfig::defaults("adam"), InvalidArgument,
-                    Catch::Matchers::Contains("adamw, muon, normuon, sgd, signsgd, signum, lion"));
+  CURV_CHECK_THROWS(OptimizerConfig::defaults("adamx"), InvalidArgument,
+                    Catch::Matchers::Contains("adamw, adam, muon, normuon, sgd, signsgd, signum, lion"));
   // The Muon family's AdamW part reads the adam_* keys; NorMuon's second moment reads beta2.
   CHECK(OptimizerConfig::parse("muon:adam_beta2=0.9,muon_params=h").adam_beta2 == 0.9);
   CHECK(OptimizerConfig::parse("normuon:beta2=0.9").beta2 == 0.9);
@@ -250,7 +251,8 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
 
   const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
   REQUIRE(optimizer_names() ==
-          std::vector<std::string>{"adamw", "muon", "normuon", "sgd", "signsgd", "signum", "lion"});
+          std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd", "signsgd", "signum",
+                                   "lion"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);

@@ -1,4 +1,4 @@
-"""Runs torch.optim.AdamW and SGD for 20 steps on fixed gradients and saves every tensor.
+"""Runs torch.optim.AdamW, Adam and SGD for 20 steps on fixed gradients and saves every tensor.
 
 Usage: torch_optim_reference.py OUT.pt DTYPE
 Writes a plain dict readable by torch::pickle_load: theta0 (list), grads (list of lists, one per
@@ -27,6 +27,7 @@ def main():
     grads = [[torch.randn_like(t) for t in theta0] for _ in range(20)]
     cases = {
         "adamw": (torch.optim.AdamW, dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
+        "adam": (torch.optim.Adam, dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
         "sgd_nesterov": (torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
         "sgd_dampened": (torch.optim.SGD, dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.0)),
     }

@@ -27,6 +27,10 @@ void CheckpointArgs::add_to(CLI::App& app) {
                  "AdamW and size-sorted Muon groups), trainer (the Hugging Face Trainer's decayed "
                  "and undecayed groups) or file:PATH (one name per line)")
       ->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "The optimizer that saved the runs' states, checked against each state instead "
+                 "of recognised by its keys: adamw, adam, sgd, muon or lion, optionally with "
+                 "KEY=VALUE,... over the saved hyper-parameters (docs/optimizers.md)");
   app.add_option("--steps", steps,
                  "Checkpoint steps to probe: FIRST:LAST, FIRST:, :LAST (inclusive)");
   app.add_option("--stride", stride, "Probe every K-th selected checkpoint")
@@ -44,6 +48,7 @@ void CheckpointArgs::to_options(ProbeRunOptions& options) const {
   options.runs = runs;
   options.layout = parse_checkpoint_layout(layout);
   options.param_order = param_order;
+  options.optimizer = optimizer;
   options.steps = StepSelection::parse(steps, stride);
   options.allow_extra = allow_extra;
   options.prefetch = !no_prefetch;

@@ -17,6 +17,7 @@ struct CheckpointArgs {
   std::vector<std::string> runs;
   std::string layout = "auto";
   std::string param_order = "auto";
+  std::string optimizer;
   std::string steps;
   int64_t stride = 1;
   bool allow_extra = false;

@@ -18,6 +18,7 @@
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
 #include "curv/io/h5_file.h"
+#include "curv/optim/optimizers.h"
 
 namespace fs = std::filesystem;
 
@@ -42,6 +43,7 @@ void ProbeRunOptions::validate() const {
   if (runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
   if (directions.empty()) throw InvalidOption("{0} is empty", {{"ProbeRunOptions.directions", ""}});
   validate_param_order(param_order);
+  NamedOptimizer::parse(optimizer);
   taylor.validate();
   token_buckets.validate();
   if (within) within_options.validate();
@@ -415,7 +417,12 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   state.last_state_reader = needs.last_state_reader;
   state.ckpt = pass.reader.load(info, needs.parts());
   const ModelStructure structure = engine.objective().structure();
+  const NamedOptimizer named = NamedOptimizer::parse(o.optimizer);
+  name_optimizer(state.ckpt, named.rule, named.hyper, named.muon_params);
   resolve_optimizer_state(state.ckpt, space, o.param_order, &structure);
+  if (named.muon_params && state.ckpt.meta.optimizer) {
+    state.ckpt.meta.optimizer->muon_params = named.muon_params;
+  }
   state.saved = saved_optimizer(state.ckpt);
   DirectionContext& context = state.context;
   context.engine = &engine;
@@ -462,6 +469,8 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
     const int64_t peak = as_unit(label, report.path(), engine.device(), [&] {
       context.note.clear();
       context.partition.clear();
+      context.optimizer_rule.clear();
+      context.optimizer_recognition.clear();
       ParamVector u = d.compute(context);
       if (k == state.last_state_reader) state.release_state();
       UnitContext unit{engine, pass.blocks, report, run.name, info.step, direction, u};
@@ -476,6 +485,10 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
       if (!context.note.empty()) group.attribute("note", context.note);
       // Which rule each parameter got (aligned with the root attribute param_names).
       if (!context.partition.empty()) group.attribute("partition", context.partition);
+      if (!context.optimizer_rule.empty()) {
+        group.attribute("optimizer_rule", context.optimizer_rule);
+        group.attribute("optimizer_recognition", context.optimizer_recognition);
+      }
     });
     // On a device whose allocator keeps statistics: the unit's peak, for budgeting runs.
     if (peak >= 0) {

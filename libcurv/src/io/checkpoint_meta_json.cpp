@@ -93,6 +93,12 @@ OptimizerRecord parse_optimizer_record(const nlohmann::json& opt, const std::str
            opt["param_order"]);
     r.param_order = opt["param_order"].get<std::string>();
   }
+  for (const auto& [key, field] : {std::pair{"recognition", &r.recognition},
+                                   std::pair{"refusal", &r.refusal}}) {
+    if (!opt.contains(key)) continue;
+    expect(opt[key].is_string(), origin, std::string("optimizer.") + key, "a string", opt[key]);
+    *field = opt[key].get<std::string>();
+  }
   if (opt.contains("partition")) {
     const auto& partition = opt["partition"];
     expect(partition.is_object(), origin, "optimizer.partition", "an object", partition);
@@ -165,6 +171,9 @@ std::string checkpoint_meta_json(const CheckpointMeta& meta) {
     if (r.step_count) opt["step_count"] = *r.step_count;
     if (r.muon_params) opt["muon_params"] = *r.muon_params;
     if (!r.param_order.empty()) opt["param_order"] = r.param_order;
+    if (!r.recognition.empty()) opt["recognition"] = r.recognition;
+    if (!r.refusal.empty()) opt["refusal"] = r.refusal;
+    if (r.name.empty()) opt.erase("name");
     if (!r.partition.empty()) {
       nlohmann::json partition = nlohmann::json::object();
       for (const auto& [param, rule] : r.partition) partition[param] = rule;

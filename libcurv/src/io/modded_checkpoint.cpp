@@ -131,6 +131,9 @@ std::string rank_share(const std::vector<int64_t>& muon_indices, const std::vect
 nlohmann::json merged_record(const IndexedOptimizerState& out, const nlohmann::json& adam_meta) {
   nlohmann::json opt = nlohmann::json::object();
   opt["name"] = "muon";
+  opt["recognition"] =
+      "modded-nanogpt's ['optimizers'] (train_gpt_simple.py's AdamW and Muon), by the file's "
+      "code and model";
   nlohmann::json hyper = out.groups.back().hyper;
   for (const auto& g : out.groups) {
     if (g.use_muon.value_or(false)) {

@@ -14,6 +14,7 @@
 #include "curv/io/checkpoint.h"
 #include "curv/io/param_order.h"
 #include "curv/io/torch_file.h"
+#include "io/torch_optimizer_rules.h"
 
 namespace curv {
 
@@ -44,6 +45,8 @@ struct IndexedOptimizerState {
   // first (use_muon false), then Muon's with its indices after AdamW's (the "modded" rule).
   bool modded = false;
   int64_t muon_offset = 0;  // Muon's index k is k + muon_offset here
+  // What recognition reads (name_optimizer recognises again with the user's rule).
+  torch_state::OptimizerKeys keys;
   // Why the state cannot be used (e.g. Muon state sharded across ranks): resolve_optimizer_state
   // throws it, so that the model still loads for directions that need no optimizer state.
   std::string problem;
@@ -67,8 +70,9 @@ NamedTensors state_dict(const PyValue& dict, const std::string& origin);
 // Whether `dict` is a non-empty dict of string keys to tensors (a bare state dict).
 bool all_tensors(const PyValue& dict);
 // optimizer.state_dict(): {'state': {index: {key: tensor | number}}, 'param_groups': [...]}.
-// Also fills meta["optimizer"] with the name inferred from the state keys (torch does not save
-// the optimizer's class), group 0's hyper-parameters and the step count.
+// Also fills meta["optimizer"] with the rule recognised from the keys (torch does not save the
+// optimizer's class: recognise_optimizer) or the refusal, group 0's hyper-parameters and the
+// step count.
 std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& origin,
                                                             nlohmann::json& meta);
@@ -85,6 +89,12 @@ struct SavedCheckpoint {
 nlohmann::json nanogpt_model_config(const PyValue& args, const std::string& file);
 // modded-nanogpt's dict(step, code, model, optimizers) (train_gpt_simple.py): whether `root`
 // is one, and its model config and merged optimizer state into `out`.
+// Recognises `state` by its keys and what its file implies about the writer (state.keys), and
+// puts the outcome into meta["optimizer"]: name, recognition or refusal; marks the groups Muon
+// orthogonalises (use_muon).
+void recognise_into(IndexedOptimizerState& state, nlohmann::json& meta);
+// meta["optimizer"]["hyper"] of a state: group 0's, or for Muon the first group of each kind.
+nlohmann::json record_hyper(const IndexedOptimizerState& state);
 bool is_modded_save(const PyValue& root, const NamedTensors& model);
 void read_modded_save(const PyValue& root, const std::string& file, SavedCheckpoint& out);
 // A checkpoint file written whole by torch.save (nanoGPT's, step_<N>.pt). `named_by_step`: the

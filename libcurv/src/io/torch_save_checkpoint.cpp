@@ -58,6 +58,13 @@ SavedCheckpoint interpret(const PyValue& root, const std::string& file) {
   if (const PyValue* args = root.find("model_args")) {
     out.meta["model"] = nanogpt_model_config(require(args, file, "model_args", Kind::kDict), file);
     out.model_config_origin = file + " ['model_args']";
+    if (out.optimizer) {
+      // nanoGPT's train.py builds torch.optim.AdamW: that settles Adam against AdamW where the
+      // groups do not record decoupled_weight_decay (torch < 2.7).
+      out.optimizer->keys.implied_rule = "adamw";
+      out.optimizer->keys.implied_by = "nanoGPT's train.py builds torch.optim.AdamW";
+      recognise_into(*out.optimizer, out.meta);
+    }
   }
   if (is_modded_save(root, out.model)) read_modded_save(root, file, out);
   if (const PyValue* step = root.find("step"); step && step->is(Kind::kInt)) {

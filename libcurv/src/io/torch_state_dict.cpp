@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "curv/core/error.h"
@@ -110,10 +111,10 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
 }
 
 // One of param_groups: its indices (each new to `indices`), hyper-parameters by libcurv's names
-// (a MuonWithAuxAdam AdamW group's as adam_*, torch.optim.Muon's Newton–Schulz settings) and the
-// names it recorded.
+// (a MuonWithAuxAdam AdamW group's as adam_*), the names it recorded, and its keys for
+// recognition (`keys`).
 IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const std::string& origin,
-                                         std::set<int64_t>& indices) {
+                                         std::set<int64_t>& indices, torch_state::GroupKeys& keys) {
   const std::string where = fmt::format("param_groups[{}]", g);
   const auto& group = *groups.items[g];
   if (!group.is(Kind::kDict)) {
@@ -130,6 +131,14 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
     parsed.params.push_back(p->integer);
   }
   parsed.hyper = group_hyper(group, origin);
+  for (const auto& [k, v] : group.entries) {
+    if (!k->is(Kind::kString) || k->text == "params" || k->text == "param_names") continue;
+    keys.keys.insert(k->text);
+    if (v->is(Kind::kBool)) keys.flags[k->text] = v->boolean;
+  }
+  if (parsed.hyper.contains("weight_decay")) {
+    keys.weight_decay = parsed.hyper["weight_decay"].get<double>();
+  }
   if (const PyValue* flag = group.find("use_muon"); flag && flag->is(Kind::kBool)) {
     parsed.use_muon = flag->boolean;
     if (!flag->boolean) {
@@ -139,22 +148,6 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
         adam[key == "weight_decay" ? "adam_weight_decay" : "adam_" + key] = value;
       }
       parsed.hyper = adam;
-    }
-  }
-  // torch.optim.Muon: the sum form of momentum, and optionally the RMS-matching scale.
-  if (const PyValue* ns = group.find("ns_coefficients")) {
-    parsed.hyper["sum_momentum"] = 1.0;
-    if ((ns->is(Kind::kTuple) || ns->is(Kind::kList)) && ns->items.size() == 3) {
-      const std::string key = where + ".ns_coefficients";
-      parsed.hyper["ns_a"] = number(*ns->items[0], origin, key);
-      parsed.hyper["ns_b"] = number(*ns->items[1], origin, key);
-      parsed.hyper["ns_c"] = number(*ns->items[2], origin, key);
-    }
-    const PyValue* adjust = group.find("adjust_lr_fn");
-    parsed.hyper["rms_scale"] =
-        adjust && adjust->is(Kind::kString) && adjust->text == "match_rms_adamw" ? 1.0 : 0.0;
-    if (const PyValue* steps = group.find("ns_steps"); steps && steps->is(Kind::kInt)) {
-      parsed.hyper["ns_steps"] = static_cast<double>(steps->integer);
     }
   }
   if (const PyValue* names = group.find("param_names")) {
@@ -175,19 +168,13 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
   return parsed;
 }
 
-// Keys of every per-parameter state tensor, and the largest per-parameter 'step'.
-struct StateSummary {
-  std::set<std::string> keys;
+// The state tensors by index, each group's state keys (into out.keys) and the largest
+// per-parameter 'step'.
+std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t, size_t>& group_of,
+                                   const std::string& origin, IndexedOptimizerState& out) {
   std::optional<int64_t> step_count;
-};
-
-StateSummary parse_state(const PyValue& state, const std::set<int64_t>& indices,
-                         const std::string& origin, IndexedOptimizerState& out) {
-  StateSummary summary;
-  std::set<std::string>& keys = summary.keys;
-  std::optional<int64_t>& step_count = summary.step_count;
   for (const auto& [k, v] : state.entries) {
-    if (!k->is(Kind::kInt) || !indices.count(k->integer)) {
+    if (!k->is(Kind::kInt) || !group_of.count(k->integer)) {
       throw FormatError(fmt::format("{}: 'state' key {} is not a parameter index of param_groups",
                                     origin, k->brief()));
     }
@@ -196,6 +183,7 @@ StateSummary parse_state(const PyValue& state, const std::set<int64_t>& indices,
       throw FormatError(
           fmt::format("{}: '{}' is a {}, expected a dict", origin, where, v->type_name()));
     }
+    std::set<std::string>& keys = out.keys.groups[group_of.at(k->integer)].state;
     NamedTensors tensors;
     for (const auto& [sk, sv] : v->entries) {
       if (!sk->is(Kind::kString)) continue;
@@ -204,60 +192,53 @@ StateSummary parse_state(const PyValue& state, const std::set<int64_t>& indices,
                                        std::llround(number(*sv, origin, where + ".step")));
         continue;
       }
-      if (!sv->is(Kind::kTensor)) continue;  // per-parameter scalars other than step carry no state
-      keys.insert(sk->text);
-      tensors.emplace_back(sk->text, sv->tensor);
+      // Every key counts for recognition (SOAP's Q is a list of tensors); tensors are the state.
+      if (!sv->is(Kind::kNone)) keys.insert(sk->text);
+      if (sv->is(Kind::kTensor)) tensors.emplace_back(sk->text, sv->tensor);
     }
     out.state.emplace(k->integer, std::move(tensors));
   }
-  return summary;
-}
-
-// meta["optimizer"] of a state: the name inferred from the state keys and the groups (torch does
-// not save the optimizer's class), group 0's hyper-parameters (for Muon, the first group of each
-// kind) and the step count.
-nlohmann::json optimizer_record(const IndexedOptimizerState& out, const PyValue& groups,
-                                const StateSummary& summary, bool amsgrad) {
-  nlohmann::json opt = nlohmann::json::object();
-  const nlohmann::json first = out.groups.empty() ? nlohmann::json::object() : out.groups[0].hyper;
-  // Muon keeps a momentum buffer like SGD, but its groups have no dampening (SGD's always do).
-  const bool muon = std::any_of(out.groups.begin(), out.groups.end(),
-                                [](const auto& g) { return g.use_muon.has_value(); }) ||
-                    (summary.keys.count("momentum_buffer") && !groups.items.empty() &&
-                     !groups.items[0]->find("dampening"));
-  std::string name;
-  nlohmann::json hyper = first;
-  if (muon) {
-    name = "muon";
-    // One hyper object for both rules: the first orthogonalised group's, the first AdamW group's.
-    hyper = nlohmann::json::object();
-    for (bool want : {true, false}) {
-      for (const auto& g : out.groups) {
-        if (g.use_muon.value_or(true) == want) {
-          hyper.update(g.hyper);
-          break;
-        }
-      }
-    }
-  } else if (summary.keys.count("exp_avg_sq") ||
-             (summary.keys.empty() && first.contains("beta2") && first.contains("eps"))) {
-    name = "adamw";
-  } else if (summary.keys.count("momentum_buffer") ||
-             (summary.keys.empty() && first.contains("momentum"))) {
-    name = "sgd";
-  } else if (summary.keys.count("exp_avg") && first.contains("beta2")) {
-    name = "lion";
-  }
-  // AMSGrad divides by the running maximum of v̂, a step libcurv does not rebuild: the distinct
-  // name makes a rebuilt adamw direction refuse the state instead of misreading it.
-  if (name == "adamw" && amsgrad) name = "adamw-amsgrad";
-  if (!name.empty()) opt["name"] = name;
-  opt["hyper"] = hyper;
-  if (summary.step_count) opt["step_count"] = *summary.step_count;
-  return opt;
+  return step_count;
 }
 
 }  // namespace
+
+// meta["optimizer"]'s hyper-parameters: group 0's, or for Muon the first group of each kind.
+nlohmann::json record_hyper(const IndexedOptimizerState& out) {
+  if (out.groups.empty()) return nlohmann::json::object();
+  const bool muon = std::any_of(out.groups.begin(), out.groups.end(),
+                                [](const auto& g) { return g.use_muon.has_value(); });
+  if (!muon) return out.groups[0].hyper;
+  nlohmann::json hyper = nlohmann::json::object();
+  for (bool want : {true, false}) {
+    for (const auto& g : out.groups) {
+      if (g.use_muon.value_or(true) == want) {
+        hyper.update(g.hyper);
+        break;
+      }
+    }
+  }
+  return hyper;
+}
+
+void recognise_into(IndexedOptimizerState& state, nlohmann::json& meta) {
+  const Recognition r = recognise_optimizer(state.keys, state.origin);
+  nlohmann::json& opt = meta["optimizer"];
+  if (!opt.is_object()) opt = nlohmann::json::object();
+  opt.erase("name");
+  opt.erase("recognition");
+  opt.erase("refusal");
+  if (r.rule.empty()) {
+    opt["refusal"] = r.refusal;
+    return;
+  }
+  opt["name"] = r.rule;
+  opt["recognition"] = fmt::format("{}, {}", r.writer, r.how);
+  for (size_t g = 0; g < state.groups.size() && g < r.orthogonalised.size(); ++g) {
+    if (r.orthogonalised[g] && !state.groups[g].use_muon) state.groups[g].use_muon = true;
+  }
+  opt["hyper"] = record_hyper(state);
+}
 
 std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& origin,
@@ -267,15 +248,78 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   const auto& state = require(dict.find("state"), origin, "state", Kind::kDict);
   const auto& groups = require(dict.find("param_groups"), origin, "param_groups", Kind::kList);
   std::set<int64_t> indices;
-  bool amsgrad = false;
+  std::map<int64_t, size_t> group_of;
   for (size_t g = 0; g < groups.items.size(); ++g) {
-    out->groups.push_back(parse_group(groups, g, origin, indices));
-    const PyValue* flag = groups.items[g]->find("amsgrad");
-    amsgrad = amsgrad || (flag && flag->is(Kind::kBool) && flag->boolean);
+    out->keys.groups.emplace_back();
+    out->groups.push_back(parse_group(groups, g, origin, indices, out->keys.groups.back()));
+    for (int64_t p : out->groups.back().params) group_of[p] = g;
   }
-  const StateSummary summary = parse_state(state, indices, origin, *out);
-  meta["optimizer"] = optimizer_record(*out, groups, summary, amsgrad);
+  const std::optional<int64_t> step_count = parse_state(state, group_of, origin, *out);
+  nlohmann::json opt = nlohmann::json::object();
+  opt["hyper"] = record_hyper(*out);
+  if (step_count) opt["step_count"] = *step_count;
+  meta["optimizer"] = opt;
+  recognise_into(*out, meta);
   return out;
 }
 
 }  // namespace curv::torch_state
+
+namespace curv {
+
+namespace {
+
+void set_hyper(std::vector<std::pair<std::string, double>>& hyper, const std::string& key,
+               double value) {
+  for (auto& [k, v] : hyper) {
+    if (k == key) {
+      v = value;
+      return;
+    }
+  }
+  hyper.emplace_back(key, value);
+}
+
+}  // namespace
+
+void name_optimizer(Checkpoint& ckpt, const std::string& rule,
+                    const std::vector<std::pair<std::string, double>>& hyper,
+                    const std::optional<std::string>& muon_params) {
+  if (rule.empty()) return;
+  if (!ckpt.meta.optimizer && !ckpt.indexed_optimizer && ckpt.optimizer.empty()) return;
+  if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
+  OptimizerRecord& record = *ckpt.meta.optimizer;
+  if (ckpt.indexed_optimizer) {
+    auto state = std::make_shared<IndexedOptimizerState>(*ckpt.indexed_optimizer);
+    const torch_state::Recognition r =
+        torch_state::recognise_optimizer(state->keys, state->origin, rule);
+    if (r.rule.empty()) throw InvalidArgument(r.refusal);
+    for (size_t g = 0; g < state->groups.size() && g < r.orthogonalised.size(); ++g) {
+      if (r.orthogonalised[g] && !state->groups[g].use_muon) state->groups[g].use_muon = true;
+    }
+    for (auto& group : state->groups) {
+      for (const auto& [key, value] : hyper) group.hyper[key] = value;
+    }
+    record.name = r.rule;
+    record.recognition = fmt::format("{}, {}", r.writer, r.how);
+    record.refusal.clear();
+    record.hyper.clear();
+    for (const auto& [key, value] : torch_state::record_hyper(*state).items()) {
+      record.hyper.emplace_back(key, value.get<double>());
+    }
+    ckpt.indexed_optimizer = std::move(state);
+  } else if (record.name.empty()) {
+    record.name = rule;
+    record.recognition = fmt::format("named (--optimizer {})", rule);
+  } else if (record.name != rule) {
+    throw InvalidArgument(fmt::format("{}: the checkpoint records optimizer '{}'; --optimizer {}",
+                                      ckpt.meta_file, record.name, rule));
+  }
+  for (const auto& [key, value] : hyper) {
+    set_hyper(record.hyper, key, value);
+    for (auto& group : record.param_groups) set_hyper(group.hyper, key, value);
+  }
+  if (muon_params) record.muon_params = *muon_params;
+}
+
+}  // namespace curv

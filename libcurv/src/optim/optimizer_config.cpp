@@ -131,6 +131,26 @@ std::vector<std::pair<std::string, double>> OptimizerConfig::hyper() const {
   return out;
 }
 
+NamedOptimizer NamedOptimizer::parse(const std::string& spec) {
+  NamedOptimizer out;
+  if (spec.empty()) return out;
+  const OptimizerConfig config = OptimizerConfig::parse(spec);
+  out.rule = config.name;
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) return out;
+  const auto stored = config.hyper();
+  for (const auto& [key, value] : parse_key_values(spec.substr(colon + 1), "--optimizer " + spec)) {
+    if (key == "muon_params") {
+      out.muon_params = config.muon_params;
+      continue;
+    }
+    for (const auto& [k, v] : stored) {
+      if (k == key) out.hyper.emplace_back(k, v);
+    }
+  }
+  return out;
+}
+
 std::string OptimizerConfig::to_json() const {
   nlohmann::json j;
   j["name"] = name;

@@ -95,6 +95,9 @@ class OptimizerDirection : public Direction {
   // "update": the direction of the optimizer the checkpoint names, with this one's overrides.
   ParamVector update_step(DirectionContext& c) const {
     const std::string saved = c.saved ? c.saved->record.name : "";
+    if (saved.empty() && c.saved && !c.saved->record.refusal.empty()) {
+      throw InvalidArgument(fmt::format("direction update at {}: {}", where(c), c.saved->record.refusal));
+    }
     if (saved.empty()) {
       throw InvalidArgument(
           fmt::format("direction update at {}: the checkpoint's meta.json "
@@ -121,7 +124,8 @@ class OptimizerDirection : public Direction {
     }
     const std::string& name = saved->record.name;
     if (name.empty()) {
-      *why = "its meta.json names no optimizer";
+      *why = saved->record.refusal.empty() ? "its meta.json names no optimizer"
+                                           : saved->record.refusal;
       return nullptr;
     }
     if (name != family_) {
@@ -180,6 +184,10 @@ class OptimizerDirection : public Direction {
     const ParamVector& g = c.engine->gradient();
     c.note =
         fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
+    c.optimizer_rule = family_;
+    c.optimizer_recognition = saved.record.recognition.empty()
+                                  ? "recorded in " + saved.meta_file
+                                  : saved.record.recognition;
     c.partition = optimizer.partition();
     const auto& groups = saved.record.param_groups;
     if (groups.empty()) return optimizer.step(c.theta, g);

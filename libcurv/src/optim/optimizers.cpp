@@ -205,6 +205,23 @@ class AdamW : public Optimizer {
   }
 };
 
+// PyTorch's Adam: weight decay coupled as an L2 term added to the gradient before both moments
+// (torch/optim/adam.py with decoupled_weight_decay=False), then AdamW's step without its own decay.
+class Adam : public Optimizer {
+ public:
+  Adam(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Adam>(*this); }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+    const auto& c = config_;
+    const at::Tensor d = c.weight_decay != 0 ? g + c.weight_decay * theta : g;
+    return adamw_update(theta, d, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr, c.beta1,
+                        c.beta2, c.eps, 0.0);
+  }
+};
+
 class Sgd : public Optimizer {
  public:
   Sgd(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
@@ -387,6 +404,12 @@ const std::vector<OptimizerEntry>& optimizer_table() {
                        c.weight_decay = 1e-2;
                      }),
          make<AdamW>},
+        {"adam",
+         "Adam (PyTorch semantics: bias correction, weight decay coupled as an L2 term in the "
+         "gradient)",
+         {"lr", "weight_decay", "beta1", "beta2", "eps"},
+         defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         make<Adam>},
         {"muon",
          "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
          "rest",

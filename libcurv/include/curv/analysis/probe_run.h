@@ -63,6 +63,10 @@ struct ProbeRunOptions {
   std::vector<std::string> runs;  // checkpoint directories, one run each
   CheckpointLayout layout = CheckpointLayout::kAuto;
   std::string param_order = "auto";  // how a torch optimizer's indices map to names
+  // The optimizer that saved the runs' states, as a spec (OptimizerConfig::parse: "adam",
+  // "muon:ns_steps=5"): checked against each state instead of recognising it by its keys, its
+  // key=values over the saved hyper-parameters; "" recognises (name_optimizer).
+  std::string optimizer;
   StepSelection steps;               // which checkpoints of each run
   bool allow_extra = false;          // ignore checkpoint tensors that are not model parameters
   // Direction specs (analysis/direction_registry.h), each at most once.

@@ -42,6 +42,13 @@ struct OptimizerRecord {
   // for torch checkpoints); empty when the optimizer had one.
   std::vector<OptimizerParamGroup> param_groups;
   std::string param_order;  // "param_order": the rule that named torch's indices, "" if none
+  // "recognition": how `name` was chosen for a torch state ("recognised by keys: state exp_avg,
+  // ...", "named (--optimizer adam)"); "" where the checkpoint's writer recorded the name.
+  std::string recognition;
+  // "refusal": why a saved state has no rule (no rule fits, two fit alike, or one that is not
+  // rebuilt), one line naming the file; `name` is then "". Directions rebuilt from saved state
+  // fail with it.
+  std::string refusal;
 
   // hyper[key] if present, else `fallback`. FormatError naming `origin`, "optimizer.hyper.<key>"
   // and the stored value when that value is not a number.

@@ -34,6 +34,9 @@ struct DirectionContext {
   std::string note;  // set by compute(): how the direction was obtained
   // Set by optimizer directions: the rule applied to each parameter ("muon", "adamw", ...).
   std::vector<std::string> partition;
+  // Set by directions rebuilt from saved state: the rule, and how it was chosen ("recorded in
+  // meta.json", "recognised by keys: ...", "named (--optimizer adam)").
+  std::string optimizer_rule, optimizer_recognition;
 };
 
 class Direction {

@@ -191,6 +191,16 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto",
                              const ModelStructure* structure = nullptr);
+// The rule of `ckpt`'s saved optimizer state, named by the user (--optimizer) rather than
+// recognised from its keys: a torch state is checked against `rule` (its state keys and
+// param_group keys must be the rule's: InvalidArgument naming the file and what differs), a
+// state whose meta.json names another rule is an InvalidArgument naming both. `hyper` (libcurv's
+// field names) replaces those saved values in every group; `muon_params` the partition. No-op for
+// a checkpoint without optimizer state, or with `rule` empty.
+void name_optimizer(Checkpoint& ckpt, const std::string& rule,
+                    const std::vector<std::pair<std::string, double>>& hyper = {},
+                    const std::optional<std::string>& muon_params = std::nullopt);
+
 // InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, modded, trainer or
 // file:PATH with PATH an existing file: lets a tool check the rule before any checkpoint is read.
 void validate_param_order(const std::string& param_order);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +71,16 @@ struct OptimizerConfig {
   std::vector<std::pair<std::string, double>> hyper() const;
   std::string to_json() const;  // {"name": ..., "hyper": {...}, "muon_params": ...}
   void validate() const;
+};
+
+// The optimizer a run was saved by, as the user names it (ndsprobe's --optimizer, a
+// ProbeRunOptions::optimizer): "adam", "muon:ns_steps=5". The keys are checked as
+// OptimizerConfig::parse checks them (InvalidArgument naming the key or value); "" names none.
+struct NamedOptimizer {
+  std::string rule;
+  std::vector<std::pair<std::string, double>> hyper;  // the keys the spec sets, booleans as 0/1
+  std::optional<std::string> muon_params;
+  static NamedOptimizer parse(const std::string& spec);
 };
 
 class Optimizer {

@@ -1,0 +1,340 @@
+#include "io/torch_optimizer_rules.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/strings.h"
+
+namespace curv::torch_state {
+
+namespace {
+
+// One kind of param_group a rule's writer makes.
+struct GroupShape {
+  std::vector<std::string> state;    // per-parameter state, all present once a parameter has any
+  std::vector<std::string> reads;    // param_group keys the rebuilt step reads
+  std::vector<std::string> markers;  // keys the writer always records: recognition needs them
+  // Boolean keys accepted with one value only (absent is fine unless a marker).
+  std::vector<std::pair<std::string, bool>> flags;
+  bool orthogonalised = false;  // its parameters take the Muon step
+};
+
+struct Rule {
+  std::string name;    // libcurv's rule, what --optimizer names
+  std::string writer;  // the class (and package) that saves this state
+  std::vector<GroupShape> shapes;
+  // Recognised but not rebuilt: the reason, given instead of a step.
+  std::string refusal;
+  // Its writer records nothing another rule's would not: it is read only when named.
+  bool named_only = false;
+};
+
+// Keys no rule reads and every rule may meet: implementation switches that leave the step as it
+// is (foreach, fused, capturable, differentiable), the scheduler's initial_lr, and the indices
+// and names of the group's parameters.
+const std::vector<std::string> kIgnored = {"params",     "param_names", "initial_lr", "foreach",
+                                           "fused",      "capturable",  "differentiable"};
+// torch.optim's maximize ascends; false is the only value a rebuilt step follows.
+const std::pair<std::string, bool> kNotMaximize = {"maximize", false};
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = [] {
+    const std::vector<std::string> adam_state = {"exp_avg", "exp_avg_sq"};
+    const std::vector<std::string> adam_reads = {"lr", "betas", "eps", "weight_decay"};
+    GroupShape adamw{adam_state,
+                     adam_reads,
+                     {"amsgrad", "decoupled_weight_decay"},
+                     {{"amsgrad", false}, kNotMaximize, {"decoupled_weight_decay", true}}};
+    GroupShape adam{adam_state,
+                    adam_reads,
+                    {"amsgrad", "decoupled_weight_decay"},
+                    {{"amsgrad", false}, kNotMaximize, {"decoupled_weight_decay", false}}};
+    GroupShape sgd{{"momentum_buffer"},
+                   {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+                   {"dampening", "nesterov"},
+                   {kNotMaximize}};
+    GroupShape muon_group{{"momentum_buffer"},
+                          {"lr", "momentum", "weight_decay"},
+                          {"use_muon"},
+                          {{"use_muon", true}},
+                          true};
+    GroupShape aux_adam{adam_state,
+                        {"lr", "betas", "eps", "weight_decay"},
+                        {"use_muon"},
+                        {{"use_muon", false}}};
+    // Keller Jordan's plain Muon records nothing SGD or another momentum method would not: it is
+    // read only when named.
+    GroupShape plain_muon{{"momentum_buffer"}, {"lr", "momentum", "weight_decay"}, {}, {}, true};
+    GroupShape lion{{"exp_avg"}, {"lr", "betas", "weight_decay"}, {"betas"}, {}};
+    GroupShape torch_muon{{"momentum_buffer"},
+                          {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
+                           "ns_steps", "eps", "adjust_lr_fn"},
+                          {"ns_coefficients", "adjust_lr_fn"},
+                          {kNotMaximize}};
+    return std::vector<Rule>{
+        {"adamw", "torch.optim.AdamW", {adamw}, ""},
+        {"adam", "torch.optim.Adam", {adam}, ""},
+        {"sgd", "torch.optim.SGD", {sgd}, ""},
+        {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
+        {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
+        {"lion", "lion-pytorch's Lion", {lion}, ""},
+        {"torch-muon", "torch.optim.Muon", {torch_muon},
+         "torch.optim.Muon's step (moving-average momentum, Newton-Schulz in bfloat16, its eps "
+         "and adjust_lr_fn) is not rebuilt; audit its runs along delta"},
+    };
+  }();
+  return table;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& key) {
+  return std::find(v.begin(), v.end(), key) != v.end();
+}
+
+const char* python_bool(bool b) { return b ? "True" : "False"; }
+
+using curv::join;
+std::string join(const std::set<std::string>& parts, const std::string& separator) {
+  return curv::join(std::vector<std::string>(parts.begin(), parts.end()), separator);
+}
+
+// How `group` differs from `shape` ("" when it fits), ignoring markers.
+std::string misfit(const GroupKeys& group, const GroupShape& shape) {
+  std::vector<std::string> excess, wrong, lacking, extra_state;
+  for (const auto& key : group.keys) {
+    const bool flag = std::any_of(shape.flags.begin(), shape.flags.end(),
+                                  [&](const auto& f) { return f.first == key; }) ||
+                      key == kNotMaximize.first;
+    if (!flag && !contains(shape.reads, key) && !contains(shape.markers, key) &&
+        !contains(kIgnored, key)) {
+      excess.push_back(key);
+    }
+  }
+  auto check_flag = [&](const std::pair<std::string, bool>& f) {
+    const auto it = group.flags.find(f.first);
+    if (group.keys.count(f.first) && (it == group.flags.end() || it->second != f.second)) {
+      wrong.push_back(fmt::format("{} is not {}", f.first, python_bool(f.second)));
+    }
+  };
+  for (const auto& f : shape.flags) check_flag(f);
+  check_flag(kNotMaximize);
+  for (const auto& key : group.state) {
+    if (!contains(shape.state, key)) extra_state.push_back(key);
+  }
+  if (!group.state.empty()) {
+    for (const auto& key : shape.state) {
+      if (!group.state.count(key)) lacking.push_back(key);
+    }
+  }
+  std::vector<std::string> parts;
+  if (!extra_state.empty()) parts.push_back("state has " + join(extra_state, ", ") + " in excess");
+  if (!lacking.empty()) parts.push_back("state lacks " + join(lacking, ", "));
+  if (!excess.empty()) parts.push_back("param_groups have " + join(excess, ", ") + " in excess");
+  if (!wrong.empty()) parts.push_back(join(wrong, ", "));
+  return join(parts, "; ");
+}
+
+// Whether `group` records every marker of `shape` (with the flag value the shape accepts).
+bool marked(const GroupKeys& group, const GroupShape& shape) {
+  return std::all_of(shape.markers.begin(), shape.markers.end(),
+                     [&](const std::string& key) { return group.keys.count(key) > 0; });
+}
+
+struct Fit {
+  const Rule* rule = nullptr;
+  std::string misfit;       // "" when every group fits a shape
+  bool marked = false;      // every group fits a shape whose markers it records
+  std::vector<bool> ortho;  // per group, from the shape it fits
+};
+
+Fit fit(const Rule& rule, const OptimizerKeys& keys) {
+  Fit f;
+  f.rule = &rule;
+  f.marked = !rule.named_only;
+  for (size_t g = 0; g < keys.groups.size(); ++g) {
+    std::string first_misfit;
+    bool fits = false, is_marked = false, ortho = false;
+    for (const auto& shape : rule.shapes) {
+      const std::string why = misfit(keys.groups[g], shape);
+      if (!why.empty()) {
+        if (first_misfit.empty()) first_misfit = why;
+        continue;
+      }
+      if (!fits || (!is_marked && marked(keys.groups[g], shape))) ortho = shape.orthogonalised;
+      fits = true;
+      is_marked = is_marked || marked(keys.groups[g], shape);
+    }
+    if (!fits) {
+      f.misfit = keys.groups.size() > 1 ? fmt::format("group {}: {}", g, first_misfit)
+                                        : first_misfit;
+      f.marked = false;
+      return f;
+    }
+    f.marked = f.marked && is_marked;
+    f.ortho.push_back(ortho);
+  }
+  return f;
+}
+
+// "state exp_avg, exp_avg_sq; param_groups amsgrad=False, decoupled_weight_decay=True": what the
+// recognised state records, for the output's recognition line.
+std::string evidence(const OptimizerKeys& keys) {
+  std::set<std::string> state, group_keys;
+  for (const auto& g : keys.groups) {
+    state.insert(g.state.begin(), g.state.end());
+    for (const auto& key : g.keys) {
+      if (contains(kIgnored, key)) continue;
+      const auto flag = g.flags.find(key);
+      group_keys.insert(flag == g.flags.end() ? key
+                                              : key + "=" + python_bool(flag->second));
+    }
+  }
+  return fmt::format("state {}; param_groups {}", state.empty() ? "(none yet)" : join(state, ", "),
+                     join(group_keys, ", "));
+}
+
+bool all_without_decay(const OptimizerKeys& keys) {
+  return std::all_of(keys.groups.begin(), keys.groups.end(),
+                     [](const GroupKeys& g) { return g.weight_decay.value_or(1) == 0; });
+}
+
+Recognition accepted(const Fit& f, const std::string& origin, std::string how) {
+  Recognition r;
+  if (!f.rule->refusal.empty()) {
+    r.refusal = origin + ": " + f.rule->refusal;
+    r.writer = f.rule->writer;
+    r.how = std::move(how);
+    return r;
+  }
+  r.rule = f.rule->name;
+  r.writer = f.rule->writer;
+  r.how = std::move(how);
+  r.orthogonalised = f.ortho;
+  return r;
+}
+
+std::string names_of(const std::vector<Fit>& fits) {
+  std::vector<std::string> names;
+  for (const auto& f : fits) names.push_back(fmt::format("{} ({})", f.rule->name, f.rule->writer));
+  return join(names, ", ");
+}
+
+// "--optimizer sgd or --optimizer muon": each rule name once, in table order.
+std::string choices_of(const std::vector<Fit>& fits) {
+  std::vector<std::string> names;
+  for (const auto& f : fits) {
+    const std::string flag = "--optimizer " + f.rule->name;
+    if (f.rule->refusal.empty() && !contains(names, flag)) names.push_back(flag);
+  }
+  return join(names, " or ");
+}
+
+Recognition refused(std::string text) {
+  Recognition r;
+  r.refusal = std::move(text);
+  return r;
+}
+
+Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
+                       const std::string& named) {
+  std::vector<std::string> misfits, known;
+  for (const auto& rule : rules()) {
+    if (!contains(known, rule.name)) known.push_back(rule.name);
+    if (rule.name != named) continue;
+    Fit f = fit(rule, keys);
+    if (f.misfit.empty()) return accepted(f, origin, fmt::format("named (--optimizer {})", named));
+    misfits.push_back(fmt::format("{}: {}", rule.writer, f.misfit));
+  }
+  if (misfits.empty()) {
+    return refused(fmt::format(
+        "{}: --optimizer {}: no rule of that name reads torch optimizer states; rules: {}",
+        origin, named, join(known, ", ")));
+  }
+  return refused(fmt::format("{}: optimizer state is not {}'s: {}", origin, named,
+                             join(misfits, "; ")));
+}
+
+}  // namespace
+
+Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& origin,
+                                const std::string& named) {
+  if (!named.empty()) return named_rule(keys, origin, named);
+  std::vector<Fit> fitting, marked_fits;
+  std::vector<std::string> tried;
+  for (const auto& rule : rules()) {
+    Fit f = fit(rule, keys);
+    if (!f.misfit.empty()) {
+      tried.push_back(fmt::format("{} ({}): {}", rule.name, rule.writer, f.misfit));
+      continue;
+    }
+    (f.marked ? marked_fits : fitting).push_back(f);
+  }
+  const std::string seen = evidence(keys);
+  if (marked_fits.size() == 1) {
+    return accepted(marked_fits[0], origin, "recognised by keys: " + seen);
+  }
+  if (marked_fits.size() > 1) {
+    return refused(fmt::format("{}: optimizer state fits {} alike ({}); name one: {}", origin,
+                               names_of(marked_fits), seen, choices_of(marked_fits)));
+  }
+  if (fitting.empty()) {
+    std::set<std::string> unknown;
+    for (const auto& g : keys.groups) {
+      for (const auto& key : g.state) {
+        const bool known = std::any_of(rules().begin(), rules().end(), [&](const Rule& r) {
+          return std::any_of(r.shapes.begin(), r.shapes.end(),
+                             [&](const GroupShape& s) { return contains(s.state, key); });
+        });
+        if (!known) unknown.insert(key);
+      }
+    }
+    return refused(fmt::format(
+        "{}: optimizer state fits no rule libcurv rebuilds{}; tried {}; audit it along delta, "
+        "or name its rule with --optimizer",
+        origin, unknown.empty() ? "" : " (state keys " + join(unknown, ", ") + " unknown to all)",
+        join(tried, "; ")));
+  }
+  // Rules that fit, none recording its markers.
+  const auto is = [&](const char* a, const char* b) {
+    return fitting.size() == 2 && fitting[0].rule->name == a && fitting[1].rule->name == b;
+  };
+  if (is("adamw", "adam")) {
+    if (keys.implied_rule == "adamw") {
+      return accepted(fitting[0], origin,
+                      fmt::format("recognised by keys: {}; Adam or AdamW: {}", seen,
+                                  keys.implied_by));
+    }
+    if (all_without_decay(keys)) {
+      return accepted(fitting[0], origin,
+                      fmt::format("recognised by keys: {}; Adam and AdamW take the same step "
+                                  "at weight_decay 0",
+                                  seen));
+    }
+    return refused(fmt::format(
+        "{}: optimizer state is torch.optim.Adam's or AdamW's, which differ by their weight "
+        "decay, and its param_groups do not record decoupled_weight_decay (torch < 2.7); name "
+        "it: --optimizer adamw (decoupled decay) or --optimizer adam (L2 decay in the gradient)",
+        origin));
+  }
+  return refused(
+      fmt::format("{}: optimizer state fits {} alike, and records none of their markers ({}); "
+                  "name one: {}",
+                  origin, names_of(fitting), seen, choices_of(fitting)));
+}
+
+std::vector<RuleDescription> torch_optimizer_rules() {
+  std::vector<RuleDescription> out;
+  for (const auto& rule : rules()) {
+    for (const auto& shape : rule.shapes) {
+      std::vector<std::string> flags;
+      for (const auto& [key, value] : shape.flags) flags.push_back(key + "=" + python_bool(value));
+      out.push_back({rule.name, rule.writer, join(shape.state, ", "), join(shape.reads, ", "),
+                     join(shape.markers, ", "), join(flags, ", ")});
+    }
+  }
+  return out;
+}
+
+std::string ignored_group_keys() { return join(kIgnored, ", "); }
+
+}  // namespace curv::torch_state
