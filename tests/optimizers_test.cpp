@@ -242,17 +242,17 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
                     Catch::Matchers::Contains("lrr") && Catch::Matchers::Contains("'lr'"));
   CURV_CHECK_THROWS(make_direction("adamw.whatif:momentum=0.9"), InvalidArgument,
                     Catch::Matchers::Contains("momentum"));
-  CURV_CHECK_THROWS(OptimizerConfig::defaults("adamx"), InvalidArgument,
-                    Catch::Matchers::Contains("adamw, adam, muon, normuon, sgd, signsgd, signum, lion"));
+  CURV_CHECK_THROWS(
+      OptimizerConfig::defaults("adamx"), InvalidArgument,
+      Catch::Matchers::Contains("adamw, adam, muon, normuon, sgd, signsgd, signum, lion"));
   // The Muon family's AdamW part reads the adam_* keys; NorMuon's second moment reads beta2.
   CHECK(OptimizerConfig::parse("muon:adam_beta2=0.9,muon_params=h").adam_beta2 == 0.9);
   CHECK(OptimizerConfig::parse("normuon:beta2=0.9").beta2 == 0.9);
   CHECK_THROWS_AS(OptimizerConfig::parse("muon:beta2=0.9"), InvalidArgument);
 
   const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
-  REQUIRE(optimizer_names() ==
-          std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd", "signsgd", "signum",
-                                   "lion"});
+  REQUIRE(optimizer_names() == std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd",
+                                                        "signsgd", "signum", "lion"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);

@@ -109,6 +109,22 @@ TEST_CASE("torch layouts load into the same Checkpoint as the native layout",
       continue;
     }
     REQUIRE(ckpt.indexed_optimizer);
+    const bool trainer_folder = std::string(run).rfind("hf", 0) == 0;
+    if (trainer_folder) {
+      // torch 1.13's AdamW records no decoupled_weight_decay, and nothing else in a Trainer
+      // folder says Adam or AdamW: refused until named.
+      CHECK(ckpt.optimizer_name().empty());
+      CHECK_THAT(ckpt.meta.optimizer->refusal,
+                 Catch::Matchers::Contains("optimizer.pt") &&
+                     Catch::Matchers::Contains("decoupled_weight_decay") &&
+                     Catch::Matchers::Contains("--optimizer adamw"));
+      name_optimizer(ckpt, "adamw");
+      CHECK_THAT(ckpt.meta.optimizer->recognition,
+                 Catch::Matchers::Contains("named (--optimizer adamw)"));
+    } else {
+      // nanoGPT's train.py builds AdamW: that settles it.
+      CHECK_THAT(ckpt.meta.optimizer->recognition, Catch::Matchers::Contains("nanoGPT"));
+    }
     resolve_optimizer_state(ckpt, space);
     CHECK_FALSE(ckpt.indexed_optimizer);
     check_same_tensors(ckpt.optimizer, native.optimizer);
@@ -118,7 +134,7 @@ TEST_CASE("torch layouts load into the same Checkpoint as the native layout",
     CHECK(meta["optimizer"]["param_order"] == "ndim");
     CHECK(meta["optimizer"]["hyper"] == native_meta["optimizer"]["hyper"]);
     CHECK(meta["optimizer"]["param_groups"] == native_meta["optimizer"]["param_groups"]);
-    if (std::string(run).rfind("hf", 0) != 0) {
+    if (!trainer_folder) {
       // nanoGPT's model_args become the built-in GPT's config.
       CHECK(ModelConfig::from_json(ckpt.model_config_json(), run).to_json() ==
             ModelConfig::from_json(native.model_config_json(), "native").to_json());
@@ -204,7 +220,7 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
       {"native", "", "delta,gradient,adamw"},
       {"nanogpt", "", "delta,gradient,adamw"},
       {"compiled", " --layout nanogpt --param-order ndim", "delta,gradient,adamw"},
-      {"hf", " --model " + model_json, "delta,gradient,adamw"},
+      {"hf", " --model " + model_json + " --optimizer adamw", "delta,gradient,adamw"},
       {"pt", " --model " + model_json + " --layout pt", "delta,gradient"},
   };
   const auto reference = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
@@ -220,6 +236,15 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
     const std::string step = std::string("/runs/") + run.name + "/step_2";
     CHECK(reader.attribute_double(step, "loss") ==
           Approx(reference["loss"].get<double>()).epsilon(kTolFloat64));
+    if (run.directions.find("adamw") != std::string::npos) {
+      // How the rule was chosen, per layout.
+      const std::string how = reader.attribute_string(step + "/adamw", "optimizer_recognition");
+      CHECK(reader.attribute_string(step + "/adamw", "optimizer_rule") == "adamw");
+      const std::string name = run.name;
+      CHECK_THAT(how, Catch::Matchers::Contains(name == "native" ? "recorded in"
+                                                : name == "hf"   ? "named (--optimizer adamw)"
+                                                                 : "nanoGPT's train.py"));
+    }
     for (const char* direction : {"delta", "gradient", "adamw"}) {
       if (run.directions.find(direction) == std::string::npos) continue;
       INFO(direction);
@@ -235,6 +260,18 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
       }
     }
   }
+
+  // Without --optimizer, torch 1.13's AdamW state in a Trainer folder is refused, not guessed:
+  // a non-zero exit naming the file and the choice; the direction that needs no state still runs.
+  int status = 0;
+  const std::string refused = ndsprobe(fixture("hf") + common + " --model " + model_json +
+                                           " --directions update -o " + out.file("refused.h5"),
+                                       &status);
+  CHECK(status != 0);
+  CHECK_THAT(refused, Contains("checkpoint-2/optimizer.pt") && Contains("--optimizer adamw") &&
+                          Contains("decoupled_weight_decay"));
+  ndsprobe(fixture("hf") + common + " --model " + model_json + " --directions delta -o " +
+           out.file("delta_only.h5"));
 
   // Half-precision weights (bfloat16 matrices, float16 vectors) in a .pt and in safetensors.
   const std::string half = common + " --model " + model_json + " --directions delta,gradient";

@@ -93,8 +93,8 @@ OptimizerRecord parse_optimizer_record(const nlohmann::json& opt, const std::str
            opt["param_order"]);
     r.param_order = opt["param_order"].get<std::string>();
   }
-  for (const auto& [key, field] : {std::pair{"recognition", &r.recognition},
-                                   std::pair{"refusal", &r.refusal}}) {
+  for (const auto& [key, field] :
+       {std::pair{"recognition", &r.recognition}, std::pair{"refusal", &r.refusal}}) {
     if (!opt.contains(key)) continue;
     expect(opt[key].is_string(), origin, std::string("optimizer.") + key, "a string", opt[key]);
     *field = opt[key].get<std::string>();

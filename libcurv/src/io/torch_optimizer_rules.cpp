@@ -33,8 +33,8 @@ struct Rule {
 // Keys no rule reads and every rule may meet: implementation switches that leave the step as it
 // is (foreach, fused, capturable, differentiable), the scheduler's initial_lr, and the indices
 // and names of the group's parameters.
-const std::vector<std::string> kIgnored = {"params",     "param_names", "initial_lr", "foreach",
-                                           "fused",      "capturable",  "differentiable"};
+const std::vector<std::string> kIgnored = {"params", "param_names", "initial_lr",    "foreach",
+                                           "fused",  "capturable",  "differentiable"};
 // torch.optim's maximize ascends; false is the only value a rebuilt step follows.
 const std::pair<std::string, bool> kNotMaximize = {"maximize", false};
 
@@ -59,10 +59,8 @@ const std::vector<Rule>& rules() {
                           {"use_muon"},
                           {{"use_muon", true}},
                           true};
-    GroupShape aux_adam{adam_state,
-                        {"lr", "betas", "eps", "weight_decay"},
-                        {"use_muon"},
-                        {{"use_muon", false}}};
+    GroupShape aux_adam{
+        adam_state, {"lr", "betas", "eps", "weight_decay"}, {"use_muon"}, {{"use_muon", false}}};
     // Keller Jordan's plain Muon records nothing SGD or another momentum method would not: it is
     // read only when named.
     GroupShape plain_muon{{"momentum_buffer"}, {"lr", "momentum", "weight_decay"}, {}, {}, true};
@@ -79,7 +77,9 @@ const std::vector<Rule>& rules() {
         {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
         {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
         {"lion", "lion-pytorch's Lion", {lion}, ""},
-        {"torch-muon", "torch.optim.Muon", {torch_muon},
+        {"torch-muon",
+         "torch.optim.Muon",
+         {torch_muon},
          "torch.optim.Muon's step (moving-average momentum, Newton-Schulz in bfloat16, its eps "
          "and adjust_lr_fn) is not rebuilt; audit its runs along delta"},
     };
@@ -165,8 +165,8 @@ Fit fit(const Rule& rule, const OptimizerKeys& keys) {
       is_marked = is_marked || marked(keys.groups[g], shape);
     }
     if (!fits) {
-      f.misfit = keys.groups.size() > 1 ? fmt::format("group {}: {}", g, first_misfit)
-                                        : first_misfit;
+      f.misfit =
+          keys.groups.size() > 1 ? fmt::format("group {}: {}", g, first_misfit) : first_misfit;
       f.marked = false;
       return f;
     }
@@ -185,8 +185,7 @@ std::string evidence(const OptimizerKeys& keys) {
     for (const auto& key : g.keys) {
       if (contains(kIgnored, key)) continue;
       const auto flag = g.flags.find(key);
-      group_keys.insert(flag == g.flags.end() ? key
-                                              : key + "=" + python_bool(flag->second));
+      group_keys.insert(flag == g.flags.end() ? key : key + "=" + python_bool(flag->second));
     }
   }
   return fmt::format("state {}; param_groups {}", state.empty() ? "(none yet)" : join(state, ", "),
@@ -247,11 +246,11 @@ Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
   }
   if (misfits.empty()) {
     return refused(fmt::format(
-        "{}: --optimizer {}: no rule of that name reads torch optimizer states; rules: {}",
-        origin, named, join(known, ", ")));
+        "{}: --optimizer {}: no rule of that name reads torch optimizer states; rules: {}", origin,
+        named, join(known, ", ")));
   }
-  return refused(fmt::format("{}: optimizer state is not {}'s: {}", origin, named,
-                             join(misfits, "; ")));
+  return refused(
+      fmt::format("{}: optimizer state is not {}'s: {}", origin, named, join(misfits, "; ")));
 }
 
 }  // namespace
@@ -300,9 +299,9 @@ Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& or
   };
   if (is("adamw", "adam")) {
     if (keys.implied_rule == "adamw") {
-      return accepted(fitting[0], origin,
-                      fmt::format("recognised by keys: {}; Adam or AdamW: {}", seen,
-                                  keys.implied_by));
+      return accepted(
+          fitting[0], origin,
+          fmt::format("recognised by keys: {}; Adam or AdamW: {}", seen, keys.implied_by));
     }
     if (all_without_decay(keys)) {
       return accepted(fitting[0], origin,

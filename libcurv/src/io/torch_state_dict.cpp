@@ -304,7 +304,8 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
     record.recognition = fmt::format("{}, {}", r.writer, r.how);
     record.refusal.clear();
     record.hyper.clear();
-    for (const auto& [key, value] : torch_state::record_hyper(*state).items()) {
+    const nlohmann::json saved_hyper = torch_state::record_hyper(*state);
+    for (const auto& [key, value] : saved_hyper.items()) {
       record.hyper.emplace_back(key, value.get<double>());
     }
     ckpt.indexed_optimizer = std::move(state);

@@ -96,7 +96,8 @@ class OptimizerDirection : public Direction {
   ParamVector update_step(DirectionContext& c) const {
     const std::string saved = c.saved ? c.saved->record.name : "";
     if (saved.empty() && c.saved && !c.saved->record.refusal.empty()) {
-      throw InvalidArgument(fmt::format("direction update at {}: {}", where(c), c.saved->record.refusal));
+      throw InvalidArgument(
+          fmt::format("direction update at {}: {}", where(c), c.saved->record.refusal));
     }
     if (saved.empty()) {
       throw InvalidArgument(
@@ -185,9 +186,8 @@ class OptimizerDirection : public Direction {
     c.note =
         fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
     c.optimizer_rule = family_;
-    c.optimizer_recognition = saved.record.recognition.empty()
-                                  ? "recorded in " + saved.meta_file
-                                  : saved.record.recognition;
+    c.optimizer_recognition = saved.record.recognition.empty() ? "recorded in " + saved.meta_file
+                                                               : saved.record.recognition;
     c.partition = optimizer.partition();
     const auto& groups = saved.record.param_groups;
     if (groups.empty()) return optimizer.step(c.theta, g);

@@ -67,8 +67,8 @@ struct ProbeRunOptions {
   // "muon:ns_steps=5"): checked against each state instead of recognising it by its keys, its
   // key=values over the saved hyper-parameters; "" recognises (name_optimizer).
   std::string optimizer;
-  StepSelection steps;               // which checkpoints of each run
-  bool allow_extra = false;          // ignore checkpoint tensors that are not model parameters
+  StepSelection steps;       // which checkpoints of each run
+  bool allow_extra = false;  // ignore checkpoint tensors that are not model parameters
   // Direction specs (analysis/direction_registry.h), each at most once.
   std::vector<std::string> directions = {"delta", "gradient", "random"};
   // Optimizer directions without usable saved state take a what-if step instead of failing.

@@ -1,0 +1,182 @@
+// Which rule rebuilds a saved torch optimizer state: the real classes' states (torch 2.x,
+// pytorch-optimizer), saved by torch.save and in a Hugging Face Trainer folder, are each
+// recognised as their own rule or refused by name, never rebuilt by another rule
+// (tests/python/make_optimizer_states.py; docs/optimizers.md#saved-torch-states).
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "curv/core/error.h"
+#include "curv/io/checkpoint.h"
+#include "curv/io/safetensors.h"
+#include "curv/optim/optimizers.h"
+#include "test_support.h"
+
+using namespace curv;
+using namespace curv_test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The states, written once per test run.
+const std::string& states() {
+  static TempDir dir;
+  static const bool made = [] {
+    run_transformers_python("make_optimizer_states.py", {dir.path()});
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
+bool has_case(const std::string& name) {
+  const auto cases = nlohmann::json::parse(std::ifstream(states() + "/cases.json"))["cases"];
+  return std::find(cases.begin(), cases.end(), name) != cases.end();
+}
+
+// The case's checkpoint in the pt layout ("") or the Trainer folder ("_hf").
+Checkpoint load(const std::string& name, const std::string& layout) {
+  return load_checkpoint(list_checkpoints(states() + "/" + name + layout)[0]);
+}
+
+// The checkpoint's parameters (only its matrices with `matrices`) in file order.
+ParamSpace space_of(const Checkpoint& ckpt, bool matrices = false) {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> values;
+  for (const auto& [name, t] : ckpt.model) {
+    if (matrices && t.dim() != 2) continue;
+    names.push_back(name);
+    values.push_back(t);
+  }
+  return ParamSpace(names, values);
+}
+
+// The step the recorded rule rebuilds from the saved state with the case's gradient, against the
+// step the optimizer itself took: the relative error.
+double rebuilt_step_error(Checkpoint ckpt, const std::string& name) {
+  const ParamSpace space = space_of(ckpt);
+  resolve_optimizer_state(ckpt, space, "model");
+  const SavedOptimizer saved = saved_optimizer(ckpt);
+  OptimizerConfig config = OptimizerConfig::defaults(saved.record.name);
+  for (const auto& [key, fallback] : config.hyper()) {
+    config.set_stored(key, fmt::format("{}", saved.hyper(key, fallback)));
+  }
+  auto optimizer = make_optimizer(config, space);
+  optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
+  SafetensorsReader next(states() + "/" + name + "_next_step.safetensors");
+  ParamVector theta, grad;
+  for (const auto& [param, value] : ckpt.model) {
+    theta.push_back(value.clone());
+    grad.push_back(next.tensor("g." + param));
+  }
+  const ParamVector u = optimizer->step(theta, grad);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < space.size(); ++i) {
+    const at::Tensor want = next.tensor("u." + space[i].name);
+    diff += (u[i] - want).pow(2).sum().item<double>();
+    ref += want.pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / ref);
+}
+
+}  // namespace
+
+TEST_CASE("each torch state is recognised as its own rule, in both layouts", "[optimizers]") {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> recognised = {
+      {"adamw", {"adamw", "torch.optim.AdamW", "decoupled_weight_decay=True"}},
+      {"adam", {"adam", "torch.optim.Adam", "decoupled_weight_decay=False"}},
+      {"adam_no_decay", {"adam", "torch.optim.Adam", "recognised by keys"}},
+      {"sgd", {"sgd", "torch.optim.SGD", "dampening"}},
+      {"legacy_adamw_no_decay", {"adamw", "same step at weight_decay 0", "recognised by keys"}},
+  };
+  for (const std::string layout : {"", "_hf"}) {
+    for (const auto& [name, want] : recognised) {
+      INFO(name << layout);
+      const Checkpoint ckpt = load(name, layout);
+      REQUIRE(ckpt.meta.optimizer);
+      CHECK(ckpt.meta.optimizer->refusal.empty());
+      CHECK(ckpt.optimizer_name() == want[0]);
+      for (size_t k = 1; k < want.size(); ++k) {
+        CHECK_THAT(ckpt.meta.optimizer->recognition, Contains(want[k]));
+      }
+    }
+  }
+  // The recognised rule takes the optimizer's own next step (torch's Adam: the decay in the
+  // gradient; AdamW: decoupled).
+  for (const std::string name : {"adamw", "adam", "adam_no_decay", "sgd"}) {
+    INFO(name);
+    CHECK(rebuilt_step_error(load(name, ""), name) < 1e-13);
+  }
+}
+
+TEST_CASE("states no rule fits, or two fit alike, are refused by name", "[optimizers]") {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
+      {"amsgrad", {"fits no rule", "max_exp_avg_sq", "amsgrad is not False"}},
+      {"torch_muon", {"torch.optim.Muon", "not rebuilt", "delta"}},
+      {"extra_key", {"fits no rule", "lookahead_k in excess"}},
+      {"legacy_adamw", {"decoupled_weight_decay", "--optimizer adamw", "--optimizer adam "}},
+      {"keller_muon", {"none of their markers", "--optimizer sgd or --optimizer muon"}},
+      {"soap", {"fits no rule", "GG", "Q", "shampoo_beta"}},
+  };
+  for (const std::string layout : {"", "_hf"}) {
+    for (const auto& [name, want] : refused) {
+      if (!has_case(name))
+        continue;  // SOAP needs pytorch-optimizer (scripts/requirements-pypi.txt)
+      INFO(name << layout);
+      const Checkpoint ckpt = load(name, layout);
+      REQUIRE(ckpt.meta.optimizer);
+      CHECK(ckpt.optimizer_name().empty());
+      const std::string& why = ckpt.meta.optimizer->refusal;
+      CHECK_THAT(why, Contains(layout.empty() ? "step_3.pt ['optimizer']" : "optimizer.pt"));
+      for (const auto& part : want) CHECK_THAT(why, Contains(part));
+      // The refusal survives a round trip through meta.json.
+      CHECK(parse_checkpoint_meta(ckpt.meta_json(), "meta").optimizer->refusal == why);
+    }
+  }
+  CHECK(has_case("soap"));
+}
+
+TEST_CASE("a named rule is checked against the state, and decides an ambiguity", "[optimizers]") {
+  // AdamW's state from torch < 2.7: adamw gives AdamW's own step, adam a different one.
+  Checkpoint legacy = load("legacy_adamw", "");
+  name_optimizer(legacy, "adamw");
+  CHECK(legacy.optimizer_name() == "adamw");
+  CHECK_THAT(legacy.meta.optimizer->recognition,
+             Contains("torch.optim.AdamW") && Contains("named (--optimizer adamw)"));
+  CHECK(legacy.meta.optimizer->refusal.empty());
+  CHECK(rebuilt_step_error(legacy, "legacy_adamw") < 1e-13);
+  Checkpoint as_adam = load("legacy_adamw", "");
+  name_optimizer(as_adam, "adam");
+  CHECK(as_adam.optimizer_name() == "adam");
+  CHECK(rebuilt_step_error(as_adam, "legacy_adamw") > 1e-3);
+
+  // Keller Jordan's plain Muon, named: every group is orthogonalised.
+  Checkpoint muon = load("keller_muon", "_hf");
+  name_optimizer(muon, "muon");
+  CHECK(muon.optimizer_name() == "muon");
+  CHECK_THAT(muon.meta.optimizer->recognition, Contains("Keller Jordan's"));
+  resolve_optimizer_state(muon, space_of(muon, true), "model");
+  REQUIRE(muon.meta.optimizer->muon_params);
+  CHECK(*muon.meta.optimizer->muon_params == "^(0\\.weight|2\\.weight)$");
+
+  // A named rule that does not fit the state is an error naming the file and what differs.
+  Checkpoint adamw = load("adamw", "");
+  CURV_CHECK_THROWS(
+      name_optimizer(adamw, "sgd"), InvalidArgument,
+      Contains("step_3.pt") && Contains("not sgd's") && Contains("exp_avg, exp_avg_sq in excess"));
+  CURV_CHECK_THROWS(name_optimizer(adamw, "signum"), InvalidArgument,
+                    Contains("no rule of that name") && Contains("adamw, adam, sgd, muon, lion"));
+  Checkpoint torch_muon = load("torch_muon", "");
+  CURV_CHECK_THROWS(name_optimizer(torch_muon, "muon"), InvalidArgument,
+                    Contains("not muon's") && Contains("ns_coefficients"));
+  // Named hyper-parameters replace the saved ones in every group.
+  Checkpoint sgd = load("sgd", "");
+  name_optimizer(sgd, "sgd", {{"lr", 0.5}});
+  CHECK(sgd.hyper("lr", 0) == 0.5);
+  CHECK_THROWS_AS(NamedOptimizer::parse("sgd:beta1=0.5"), InvalidArgument);
+  CHECK(NamedOptimizer::parse("muon:ns_steps=7,muon_params=h").hyper ==
+        std::vector<std::pair<std::string, double>>{{"ns_steps", 7.0}});
+}

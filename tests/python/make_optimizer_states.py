@@ -1,0 +1,135 @@
+"""Saved optimizer states of the real classes, for the recognition tests.
+
+Usage: make_optimizer_states.py OUT
+
+For each case, a tiny two-layer model trained three steps by the optimizer, saved two ways:
+OUT/<case>/step_3.pt (torch.save of {'model', 'optimizer'}: the pt layout) and
+OUT/<case>_hf/checkpoint-3/ (pytorch_model.bin, optimizer.pt, trainer_state.json: a Hugging Face
+Trainer folder). Cases whose writer is older than this torch (groups without
+decoupled_weight_decay, torch < 2.7) or hand-made (an unknown key) are edited state dicts of the
+real classes. OUT/<case>_next_step.safetensors holds, per parameter, a gradient g.<name> and the
+step u.<name> the optimizer itself takes from the saved state with it. OUT/cases.json lists the
+cases with the torch version.
+"""
+import copy
+import json
+import os
+import sys
+
+import safetensors.torch
+import torch
+from torch import nn
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)).double()
+
+
+def trained(make_optimizer, steps=3):
+    """The model and its optimizer's state_dict after `steps` steps, and the next step the
+    optimizer takes with a fixed gradient: {g.<name>, u.<name>}."""
+    m = model()
+    opt = make_optimizer(m)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    y = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    for _ in range(steps):
+        opt.zero_grad()
+        ((m(x) - y) ** 2).mean().backward()
+        opt.step()
+    saved = ({k: v.clone() for k, v in m.state_dict().items()}, copy.deepcopy(opt.state_dict()))
+    step = {}
+    for name, p in m.named_parameters():
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        step["g." + name] = p.grad.clone()
+    before = {name: p.detach().clone() for name, p in m.named_parameters()}
+    opt.step()
+    for name, p in m.named_parameters():
+        step["u." + name] = p.detach() - before[name]
+    return saved[0], saved[1], step
+
+
+def without(key):
+    def edit(osd):
+        for group in osd["param_groups"]:
+            group.pop(key, None)
+        return osd
+    return edit
+
+
+def with_key(key, value):
+    def edit(osd):
+        for group in osd["param_groups"]:
+            group[key] = value
+        return osd
+    return edit
+
+
+class KellerMuon(torch.optim.Optimizer):
+    """Keller Jordan's plain Muon as its groups and state record it (lr, momentum, weight_decay;
+    momentum_buffer); the step itself does not matter here."""
+
+    def __init__(self, params, lr=0.02, weight_decay=0.0, momentum=0.95):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                p.add_(buf, alpha=-group["lr"])
+
+
+def matrices(m):
+    return [p for p in m.parameters() if p.dim() == 2]
+
+
+def cases():
+    out = {
+        "adamw": (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1), None),
+        "adam": (lambda m: torch.optim.Adam(m.parameters(), lr=1e-2, weight_decay=0.1), None),
+        "adam_no_decay": (lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), None),
+        "sgd": (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), None),
+        "amsgrad": (lambda m: torch.optim.AdamW(m.parameters(), amsgrad=True), None),
+        "torch_muon": (lambda m: torch.optim.Muon(matrices(m), lr=0.02), None),
+        "extra_key": (lambda m: torch.optim.AdamW(m.parameters()), with_key("lookahead_k", 5)),
+        "legacy_adamw": (lambda m: torch.optim.AdamW(m.parameters(), weight_decay=0.1),
+                         without("decoupled_weight_decay")),
+        "legacy_adamw_no_decay": (lambda m: torch.optim.AdamW(m.parameters(), weight_decay=0.0),
+                                  without("decoupled_weight_decay")),
+        "keller_muon": (lambda m: KellerMuon(matrices(m)), None),
+    }
+    try:
+        import pytorch_optimizer
+        out["soap"] = (lambda m: pytorch_optimizer.SOAP(m.parameters(), lr=3e-3,
+                                                        precondition_frequency=1), None)
+    except ImportError:
+        pass
+    return out
+
+
+def main():
+    out = sys.argv[1]
+    written = []
+    for name, (make, edit) in cases().items():
+        weights, osd, step = trained(make)
+        if edit:
+            osd = edit(osd)
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        torch.save({"model": weights, "optimizer": osd}, f"{out}/{name}/step_3.pt")
+        safetensors.torch.save_file(step, f"{out}/{name}_next_step.safetensors")
+        hf = f"{out}/{name}_hf/checkpoint-3"
+        os.makedirs(hf, exist_ok=True)
+        torch.save(weights, f"{hf}/pytorch_model.bin")
+        torch.save(osd, f"{hf}/optimizer.pt")
+        with open(f"{hf}/trainer_state.json", "w") as f:
+            json.dump({"global_step": 3, "log_history": []}, f)
+        written.append(name)
+    with open(f"{out}/cases.json", "w") as f:
+        json.dump({"torch": torch.__version__, "cases": written}, f)
+
+
+if __name__ == "__main__":
+    main()
