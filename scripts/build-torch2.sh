@@ -3,7 +3,8 @@
 # inside the pinned torch wheel of scripts/setup-pypi.sh (with CUDA: its CUDA code paths compile
 # and link here without a GPU), into build-torch2/ (Release, Ninja). Every other dependency is
 # Debian's, as in scripts/build.sh. CURV_TORCH_PREFIX builds against another LibTorch instead
-# (an official archive's folder, for example).
+# (an official archive's folder, for example). Arguments are passed to CMake's configure
+# (scripts/test-torch2.sh: -DCURV_BUILD_BENCH=OFF).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build-torch2}"
@@ -13,13 +14,11 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 if [ -n "${CURV_TORCH_PREFIX:-}" ]; then
   prefix="$CURV_TORCH_PREFIX"
 else
-  # The wheel's CMake folder (torch/share/cmake) and the wheel's torch folder itself: TorchConfig
-  # looks its libraries up with find_library, which searches the system's folders before the
-  # wheel's, so with Debian's libtorch-dev installed it would otherwise pick Debian's libc10.so
-  # and libtorch.so. A prefix's lib/ comes before the system's.
-  cmake_dir=$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-  prefix="$cmake_dir;$(dirname "$(dirname "$cmake_dir")")"
+  # The wheel's CMake folder, as docs/building.md's by-hand command gives it: CMakeLists.txt adds
+  # the wheel's torch folder itself (cmake/TorchLinking.cmake), so that TorchConfig's
+  # find_library takes the wheel's libraries even with Debian's libtorch-dev installed.
+  prefix=$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
-  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" "-DCURV_TORCHRUN=$venv/bin/torchrun" >/dev/null
+  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" "-DCURV_TORCHRUN=$venv/bin/torchrun" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"

@@ -321,19 +321,4 @@ Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& or
                   origin, names_of(fitting), seen, choices_of(fitting)));
 }
 
-std::vector<RuleDescription> torch_optimizer_rules() {
-  std::vector<RuleDescription> out;
-  for (const auto& rule : rules()) {
-    for (const auto& shape : rule.shapes) {
-      std::vector<std::string> flags;
-      for (const auto& [key, value] : shape.flags) flags.push_back(key + "=" + python_bool(value));
-      out.push_back({rule.name, rule.writer, join(shape.state, ", "), join(shape.reads, ", "),
-                     join(shape.markers, ", "), join(flags, ", ")});
-    }
-  }
-  return out;
-}
-
-std::string ignored_group_keys() { return join(kIgnored, ", "); }
-
 }  // namespace curv::torch_state

@@ -43,14 +43,4 @@ struct Recognition {
 Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& origin,
                                 const std::string& named = "");
 
-// The rules as docs/optimizers.md lists them, one row per kind of param_group (the docs test
-// compares): the state each parameter holds, the keys read, the keys the writer always records
-// (recognition needs them), the flags accepted with one value only ("amsgrad=False").
-struct RuleDescription {
-  std::string rule, writer, state, reads, markers, flags;
-};
-std::vector<RuleDescription> torch_optimizer_rules();
-// The param_group keys every rule ignores ("params, param_names, initial_lr, foreach, ...").
-std::string ignored_group_keys();
-
 }  // namespace curv::torch_state
