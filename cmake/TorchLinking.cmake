@@ -12,7 +12,8 @@
 # - LibTorch's own dependencies (NCCL, cuBLAS, cuDNN, ...) resolve, at link time, from the
 #   folders the install ships them in (a wheel's nvidia/*/lib, an archive's lib/) before any
 #   other copy on the machine, such as the CUDA toolkit's older NCCL: -rpath-link puts
-#   CURV_TORCH_LIBRARY_DIRS first. At run time LibTorch's own RPATHs find the same copies;
+#   CURV_TORCH_LIBRARY_DIRS first. At run time LibTorch's own RPATHs find the same copies, and
+#   libcurv's CUDA kernels link LibTorch's CUDA runtime (CURV_TORCH_CUDART) where it ships one;
 # - a tiny program linked against LibTorch at configure time turns a page of undefined
 #   references into one line naming the library, the copies found and the setting that picks one.
 
@@ -107,6 +108,16 @@ function(curv_check_torch_linking)
   foreach(dir ${CURV_TORCH_LIBRARY_DIRS})
     add_link_options("LINKER:-rpath-link,${dir}")
   endforeach()
+  # The CUDA runtime libcurv's own kernels link: the one LibTorch loads (a wheel ships it in
+  # nvidia/*/lib), so that one process holds one copy; else the toolkit's (CUDA::cudart).
+  set(cudart "")
+  foreach(dir ${CURV_TORCH_LIBRARY_DIRS})
+    file(GLOB found "${dir}/libcudart.so.[0-9]*")
+    if(found AND NOT cudart)
+      list(GET found 0 cudart)
+    endif()
+  endforeach()
+  set(CURV_TORCH_CUDART "${cudart}" PARENT_SCOPE)
   set(CURV_TORCH_LINK_OPTIONS "")
   foreach(dir ${CURV_TORCH_LIBRARY_DIRS})
     list(APPEND CURV_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${dir}")

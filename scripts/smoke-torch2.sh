@@ -26,10 +26,7 @@ for object in cuda_test fused_kernels_cuda_test; do
   targets+=("tests/CMakeFiles/curv_tests.dir/$object.cpp.o")
 done
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-if ldd "$build/tools/ndsprobe/ndsprobe" | grep -q 'libc10.so.1'; then
-  echo "ndsprobe links Debian's libc10 beside torch $version's" >&2
-  exit 1
-fi
+"$root/scripts/check-torch-runtime.sh" "$build"
 work="$build/smoke"
 rm -rf "$work"
 mkdir -p "$work"

@@ -7,6 +7,7 @@ build="${CURV_BUILD_DIR:-$root/build-torch2}"
 if [ "${CURV_SKIP_SETUP:-0}" != 1 ]; then "$root/scripts/setup-pypi.sh"; fi
 # The benchmarks have no tests: CI leaves them out of this build.
 CURV_BUILD_DIR="$build" "$root/scripts/build-torch2.sh" -DCURV_BUILD_BENCH=OFF
+"$root/scripts/check-torch-runtime.sh" "$build"
 echo "== the test suite against LibTorch $(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")"
 (cd "$build" && ctest --output-on-failure -j "$(nproc)")
 echo "all checks passed against LibTorch 2.x"

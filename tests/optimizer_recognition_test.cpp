@@ -157,7 +157,7 @@ TEST_CASE("a named rule is checked against the state, and decides an ambiguity",
   Checkpoint muon = load("keller_muon", "_hf");
   name_optimizer(muon, "muon");
   CHECK(muon.optimizer_name() == "muon");
-  CHECK_THAT(muon.meta.optimizer->recognition, Contains("Keller Jordan's"));
+  CHECK_THAT(muon.meta.optimizer->recognition, Contains("Keller Jordan's Muon, named"));
   resolve_optimizer_state(muon, space_of(muon, true), "model");
   REQUIRE(muon.meta.optimizer->muon_params);
   CHECK(*muon.meta.optimizer->muon_params == "^(0\\.weight|2\\.weight)$");

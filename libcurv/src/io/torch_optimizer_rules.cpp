@@ -237,12 +237,25 @@ Recognition refused(std::string text) {
 Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
                        const std::string& named) {
   std::vector<std::string> misfits, known;
+  std::vector<Fit> fits;
   for (const auto& rule : rules()) {
     if (!contains(known, rule.name)) known.push_back(rule.name);
     if (rule.name != named) continue;
     Fit f = fit(rule, keys);
-    if (f.misfit.empty()) return accepted(f, origin, fmt::format("named (--optimizer {})", named));
-    misfits.push_back(fmt::format("{}: {}", rule.writer, f.misfit));
+    if (f.misfit.empty()) {
+      fits.push_back(f);
+    } else {
+      misfits.push_back(fmt::format("{}: {}", rule.writer, f.misfit));
+    }
+  }
+  // Of the writers of that name the state fits: one whose markers it records, else one that has
+  // none to record (Keller Jordan's plain Muon rather than MuonWithAuxAdam without use_muon).
+  for (const auto prefer : {+[](const Fit& f) { return f.marked; },
+                            +[](const Fit& f) { return f.rule->named_only; },
+                            +[](const Fit&) { return true; }}) {
+    for (const auto& f : fits) {
+      if (prefer(f)) return accepted(f, origin, fmt::format("named (--optimizer {})", named));
+    }
   }
   if (misfits.empty()) {
     return refused(fmt::format(
