@@ -250,9 +250,9 @@ Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
   }
   // Of the writers of that name the state fits: one whose markers it records, else one that has
   // none to record (Keller Jordan's plain Muon rather than MuonWithAuxAdam without use_muon).
-  for (const auto prefer : {+[](const Fit& f) { return f.marked; },
-                            +[](const Fit& f) { return f.rule->named_only; },
-                            +[](const Fit&) { return true; }}) {
+  for (const auto prefer :
+       {+[](const Fit& f) { return f.marked; }, +[](const Fit& f) { return f.rule->named_only; },
+        +[](const Fit&) { return true; }}) {
     for (const auto& f : fits) {
       if (prefer(f)) return accepted(f, origin, fmt::format("named (--optimizer {})", named));
     }
