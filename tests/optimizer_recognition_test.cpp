@@ -21,11 +21,22 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The states, written once per test run.
+// The states of torch 2.x (.venv's, with pytorch-optimizer), written once per test run.
 const std::string& states() {
   static TempDir dir;
   static const bool made = [] {
     run_transformers_python("make_optimizer_states.py", {dir.path()});
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
+// The same cases written by Debian's torch 1.13.
+const std::string& states_1_13() {
+  static TempDir dir;
+  static const bool made = [] {
+    run_python("make_optimizer_states.py", {dir.path()});
     return true;
   }();
   (void)made;
@@ -38,8 +49,9 @@ bool has_case(const std::string& name) {
 }
 
 // The case's checkpoint in the pt layout ("") or the Trainer folder ("_hf").
-Checkpoint load(const std::string& name, const std::string& layout) {
-  return load_checkpoint(list_checkpoints(states() + "/" + name + layout)[0]);
+Checkpoint load(const std::string& name, const std::string& layout,
+                const std::string& dir = states()) {
+  return load_checkpoint(list_checkpoints(dir + "/" + name + layout)[0]);
 }
 
 // The checkpoint's parameters (only its matrices with `matrices`) in file order.
@@ -56,7 +68,8 @@ ParamSpace space_of(const Checkpoint& ckpt, bool matrices = false) {
 
 // The step the recorded rule rebuilds from the saved state with the case's gradient, against the
 // step the optimizer itself took: the relative error.
-double rebuilt_step_error(Checkpoint ckpt, const std::string& name) {
+double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
+                          const std::string& dir = states()) {
   const ParamSpace space = space_of(ckpt);
   resolve_optimizer_state(ckpt, space, "model");
   const SavedOptimizer saved = saved_optimizer(ckpt);
@@ -66,7 +79,7 @@ double rebuilt_step_error(Checkpoint ckpt, const std::string& name) {
   }
   auto optimizer = make_optimizer(config, space);
   optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
-  SafetensorsReader next(states() + "/" + name + "_next_step.safetensors");
+  SafetensorsReader next(dir + "/" + name + "_next_step.safetensors");
   ParamVector theta, grad;
   for (const auto& [param, value] : ckpt.model) {
     theta.push_back(value.clone());
@@ -179,4 +192,35 @@ TEST_CASE("a named rule is checked against the state, and decides an ambiguity",
   CHECK_THROWS_AS(NamedOptimizer::parse("sgd:beta1=0.5"), InvalidArgument);
   CHECK(NamedOptimizer::parse("muon:ns_steps=7,muon_params=h").hyper ==
         std::vector<std::pair<std::string, double>>{{"ns_steps", 7.0}});
+}
+
+TEST_CASE("torch 1.13's states: SGD recognised, Adam and AdamW refused until named",
+          "[optimizers]") {
+  const std::string& dir = states_1_13();
+  for (const std::string layout : {"", "_hf"}) {
+    INFO("layout " << layout);
+    CHECK(load("sgd", layout, dir).optimizer_name() == "sgd");
+    // AdamW and Adam record the same keys in torch 1.13 (no decoupled_weight_decay).
+    for (const std::string name : {"adamw", "adam"}) {
+      INFO(name);
+      const Checkpoint ckpt = load(name, layout, dir);
+      CHECK(ckpt.optimizer_name().empty());
+      CHECK_THAT(ckpt.meta.optimizer->refusal,
+                 Contains("--optimizer adamw") && Contains("--optimizer adam "));
+    }
+    // Without weight decay they take the same step.
+    CHECK(load("adam_no_decay", layout, dir).optimizer_name() == "adamw");
+  }
+  CHECK(rebuilt_step_error(load("sgd", "", dir), "sgd", dir) < 1e-13);
+  CHECK(rebuilt_step_error(load("adam_no_decay", "", dir), "adam_no_decay", dir) < 1e-13);
+  // Named, each is its optimizer's own next step; the other name gives another step.
+  for (const auto& [name, other] : {std::pair<std::string, std::string>{"adamw", "adam"},
+                                    std::pair<std::string, std::string>{"adam", "adamw"}}) {
+    INFO(name);
+    Checkpoint right = load(name, "", dir), wrong = load(name, "", dir);
+    name_optimizer(right, name);
+    name_optimizer(wrong, other);
+    CHECK(rebuilt_step_error(right, name, dir) < 1e-13);
+    CHECK(rebuilt_step_error(wrong, name, dir) > 1e-3);
+  }
 }

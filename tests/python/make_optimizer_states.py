@@ -2,6 +2,9 @@
 
 Usage: make_optimizer_states.py OUT
 
+Runs under any torch from 1.13 (Debian's) on; torch.optim.Muon (torch >= 2.9) and SOAP
+(pytorch-optimizer) only where they exist.
+
 For each case, a tiny two-layer model trained three steps by the optimizer, saved two ways:
 OUT/<case>/step_3.pt (torch.save of {'model', 'optimizer'}: the pt layout) and
 OUT/<case>_hf/checkpoint-3/ (pytorch_model.bin, optimizer.pt, trainer_state.json: a Hugging Face
@@ -16,9 +19,10 @@ import json
 import os
 import sys
 
-import safetensors.torch
 import torch
 from torch import nn
+
+from make_torch_fixtures import save_safetensors
 
 
 def model():
@@ -93,7 +97,6 @@ def cases():
         "adam_no_decay": (lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), None),
         "sgd": (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), None),
         "amsgrad": (lambda m: torch.optim.AdamW(m.parameters(), amsgrad=True), None),
-        "torch_muon": (lambda m: torch.optim.Muon(matrices(m), lr=0.02), None),
         "extra_key": (lambda m: torch.optim.AdamW(m.parameters()), with_key("lookahead_k", 5)),
         "legacy_adamw": (lambda m: torch.optim.AdamW(m.parameters(), weight_decay=0.1),
                          without("decoupled_weight_decay")),
@@ -101,6 +104,8 @@ def cases():
                                   without("decoupled_weight_decay")),
         "keller_muon": (lambda m: KellerMuon(matrices(m)), None),
     }
+    if hasattr(torch.optim, "Muon"):  # torch >= 2.9
+        out["torch_muon"] = (lambda m: torch.optim.Muon(matrices(m), lr=0.02), None)
     try:
         import pytorch_optimizer
         out["soap"] = (lambda m: pytorch_optimizer.SOAP(m.parameters(), lr=3e-3,
@@ -119,7 +124,7 @@ def main():
             osd = edit(osd)
         os.makedirs(f"{out}/{name}", exist_ok=True)
         torch.save({"model": weights, "optimizer": osd}, f"{out}/{name}/step_3.pt")
-        safetensors.torch.save_file(step, f"{out}/{name}_next_step.safetensors")
+        save_safetensors(f"{out}/{name}_next_step.safetensors", step)
         hf = f"{out}/{name}_hf/checkpoint-3"
         os.makedirs(hf, exist_ok=True)
         torch.save(weights, f"{hf}/pytorch_model.bin")
