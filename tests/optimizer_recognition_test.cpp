@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "curv/core/error.h"
@@ -21,26 +22,23 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The states of torch 2.x (.venv's, with pytorch-optimizer), written once per test run.
-const std::string& states() {
-  static TempDir dir;
-  static const bool made = [] {
-    run_transformers_python("make_optimizer_states.py", {dir.path()});
-    return true;
-  }();
-  (void)made;
-  return dir.path();
+// The states written by `run` (run_transformers_python: .venv's torch 2.x with
+// pytorch-optimizer; run_python: Debian's torch 1.13) into a folder of the test run.
+std::string written_by(void (*run)(const std::string&, const std::vector<std::string>&)) {
+  static std::vector<std::unique_ptr<TempDir>> dirs;
+  dirs.push_back(std::make_unique<TempDir>());
+  run("make_optimizer_states.py", {dirs.back()->path()});
+  return dirs.back()->path();
 }
 
-// The same cases written by Debian's torch 1.13.
+const std::string& states() {
+  static const std::string dir = written_by(run_transformers_python);
+  return dir;
+}
+
 const std::string& states_1_13() {
-  static TempDir dir;
-  static const bool made = [] {
-    run_python("make_optimizer_states.py", {dir.path()});
-    return true;
-  }();
-  (void)made;
-  return dir.path();
+  static const std::string dir = written_by(run_python);
+  return dir;
 }
 
 bool has_case(const std::string& name) {

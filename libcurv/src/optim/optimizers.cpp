@@ -191,35 +191,26 @@ at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor
   return theta * (-lr * wd) - step_size * (m / denom);
 }
 
+// AdamW, and PyTorch's Adam ("adam": decoupled_weight_decay=False), whose weight decay is an L2
+// term added to the gradient before both moments instead of AdamW's decoupled −lr·wd·θ.
 class AdamW : public Optimizer {
  public:
-  AdamW(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  AdamW(OptimizerConfig c, const ParamSpace& s)
+      : Optimizer(std::move(c), s), coupled_(config_.name == "adam") {}
   std::unique_ptr<Optimizer> clone() const override { return std::make_unique<AdamW>(*this); }
 
  protected:
   std::vector<std::string> slots(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
   at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
     const auto& c = config_;
-    return adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr, c.beta1,
-                        c.beta2, c.eps, c.weight_decay);
-  }
-};
-
-// PyTorch's Adam: weight decay coupled as an L2 term added to the gradient before both moments
-// (torch/optim/adam.py with decoupled_weight_decay=False), then AdamW's step without its own decay.
-class Adam : public Optimizer {
- public:
-  Adam(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
-  std::unique_ptr<Optimizer> clone() const override { return std::make_unique<Adam>(*this); }
-
- protected:
-  std::vector<std::string> slots(size_t) const override { return {"exp_avg", "exp_avg_sq"}; }
-  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
-    const auto& c = config_;
-    const at::Tensor d = c.weight_decay != 0 ? g + c.weight_decay * theta : g;
+    const bool l2 = coupled_ && c.weight_decay != 0;
+    const at::Tensor d = l2 ? g + c.weight_decay * theta : g;
     return adamw_update(theta, d, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr, c.beta1,
-                        c.beta2, c.eps, 0.0);
+                        c.beta2, c.eps, coupled_ ? 0.0 : c.weight_decay);
   }
+
+ private:
+  bool coupled_;
 };
 
 class Sgd : public Optimizer {
@@ -409,7 +400,7 @@ const std::vector<OptimizerEntry>& optimizer_table() {
          "gradient)",
          {"lr", "weight_decay", "beta1", "beta2", "eps"},
          defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         make<Adam>},
+         make<AdamW>},
         {"muon",
          "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
          "rest",
