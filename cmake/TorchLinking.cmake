@@ -108,6 +108,17 @@ function(curv_check_torch_linking)
   foreach(dir ${CURV_TORCH_LIBRARY_DIRS})
     add_link_options("LINKER:-rpath-link,${dir}")
   endforeach()
+  # The programs' run-time search path starts with the same folders: a library that libcurv or a
+  # program needs directly (the CUDA runtime of libcurv's kernels, the NVRTC TorchConfig adds)
+  # loads from the install, not from the toolkit's folder CMake also lists, and LibTorch then
+  # finds it already loaded. System folders (Debian's LibTorch) are left out.
+  set(rpath "")
+  foreach(dir ${CURV_TORCH_LIBRARY_DIRS})
+    if(NOT dir MATCHES "^/usr/lib" AND NOT dir MATCHES "^/lib")
+      list(APPEND rpath "${dir}")
+    endif()
+  endforeach()
+  set(CMAKE_BUILD_RPATH ${rpath} ${CMAKE_BUILD_RPATH} PARENT_SCOPE)
   # The CUDA runtime libcurv's own kernels link: the one LibTorch loads (a wheel ships it in
   # nvidia/*/lib), so that one process holds one copy; else the toolkit's (CUDA::cudart).
   set(cudart "")

@@ -44,11 +44,13 @@ std::string adam_preconditioner(const SavedOptimizer& saved, const ParamSpace& s
                                 AdamPreconditioner* out) {
   const std::string& name = saved.record.name;
   if (name != "adam" && name != "adamw") {
-    return name.empty() ? "meta.json names no optimizer"
-                        : fmt::format(
-                              "saved by optimizer '{}', which keeps no Adam second moment "
-                              "for every parameter",
-                              name);
+    if (name.empty()) {
+      return saved.record.refusal.empty() ? "meta.json names no optimizer" : saved.record.refusal;
+    }
+    return fmt::format(
+        "saved by optimizer '{}', which keeps no Adam second moment "
+        "for every parameter",
+        name);
   }
   if (saved.tensors.empty()) return "the checkpoint has no optimizer.safetensors";
   const int64_t t = saved.step_count();
