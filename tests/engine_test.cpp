@@ -183,23 +183,22 @@ TEST_CASE("a batch that does not fit the model is a ModelError naming the shapes
 }
 
 TEST_CASE("a loss without double backward, or without a gradient, is a ModelError", "[engine]") {
-  // grid_sampler's backward has no derivative in ATen: the gradient exists, the HVP does not.
-  struct GridSample : Objective {
-    GridSample()
-        : p{at::randn({1, 1, 4, 4}, at::kDouble).set_requires_grad(true)}, s({"image"}, p) {}
+  // multi_margin_loss's backward has no derivative in ATen (torch 1.13 to 2.15; grid_sampler_2d's,
+  // used here before, has one in torch 2.15): the gradient exists, the HVP does not.
+  struct MultiMargin : Objective {
+    MultiMargin() : p{at::randn({3, 4}, at::kDouble).set_requires_grad(true)}, s({"scores"}, p) {}
     const ParamSpace& space() const override { return s; }
     ParamVector parameters() override { return p; }
     at::Tensor loss(const Batch&) override {
-      auto grid = at::rand({1, 2, 2, 2}, at::kDouble) * 1.6 - 0.8;
-      return at::grid_sampler(p[0], grid, 0, 0, false).pow(2).sum();
+      return at::multi_margin_loss(p[0], at::arange(3, at::kLong), 1, 1.0);
     }
-    std::string describe() const override { return "grid-sample"; }
+    std::string describe() const override { return "multi-margin"; }
     ParamVector p;
     ParamSpace s;
-  } grid_sample;
-  CurvatureEngine engine(grid_sample, dummy_probe(2, 2));
+  } multi_margin;
+  CurvatureEngine engine(multi_margin, dummy_probe(2, 2));
   CHECK_NOTHROW(engine.gradient());
-  CURV_CHECK_THROWS(engine.hvp(random_direction(grid_sample, 1)), ModelError,
+  CURV_CHECK_THROWS(engine.hvp(random_direction(multi_margin, 1)), ModelError,
                     Catch::Matchers::Contains("twice differentiable"));
 
   // A loss that does not depend on the parameters has no gradient graph at all.
