@@ -99,6 +99,13 @@ TEST_CASE("modded-nanogpt optimizers map by the script's order and rebuild its n
   Checkpoint ckpt = f.load("run");
   LoadedModel model = model_of(ckpt);
   REQUIRE(model.config.arch() == "modded");
+  // Named by the file's code and model, not by keys: --optimizer muon agrees, another name does
+  // not.
+  CHECK_THAT(ckpt.meta.optimizer->recognition, Catch::Matchers::Contains("modded-nanogpt"));
+  name_optimizer(ckpt, "muon");
+  CURV_CHECK_THROWS(name_optimizer(ckpt, "adamw"), InvalidArgument,
+                    Catch::Matchers::Contains("records optimizer 'muon'") &&
+                        Catch::Matchers::Contains("--optimizer adamw"));
   const ParamSpace& space = model.objective->space();
   resolve_optimizer_state(ckpt, space);  // auto
   REQUIRE(ckpt.meta.optimizer);

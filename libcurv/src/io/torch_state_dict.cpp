@@ -289,7 +289,8 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
   if (!ckpt.meta.optimizer && !ckpt.indexed_optimizer && ckpt.optimizer.empty()) return;
   if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
   OptimizerRecord& record = *ckpt.meta.optimizer;
-  if (ckpt.indexed_optimizer) {
+  // A state read by its keys; modded-nanogpt's merged optimizers are named by their file instead.
+  if (ckpt.indexed_optimizer && !ckpt.indexed_optimizer->keys.groups.empty()) {
     auto state = std::make_shared<IndexedOptimizerState>(*ckpt.indexed_optimizer);
     const torch_state::Recognition r =
         torch_state::recognise_optimizer(state->keys, state->origin, rule);
