@@ -119,6 +119,8 @@ function(curv_check_torch_linking)
     endif()
   endforeach()
   set(CMAKE_BUILD_RPATH ${rpath} ${CMAKE_BUILD_RPATH} PARENT_SCOPE)
+  # The installed libcurv and tools keep them (find_package(curv) programs load the same copies).
+  set(CMAKE_INSTALL_RPATH ${rpath} ${CMAKE_INSTALL_RPATH} PARENT_SCOPE)
   # The CUDA runtime libcurv's own kernels link: the one LibTorch loads (a wheel ships it in
   # nvidia/*/lib), so that one process holds one copy; else the toolkit's (CUDA::cudart).
   set(cudart "")
