@@ -172,6 +172,11 @@ TEST_CASE("a named rule is checked against the state, and decides an ambiguity",
   resolve_optimizer_state(muon, space_of(muon, true), "model");
   REQUIRE(muon.meta.optimizer->muon_params);
   CHECK(*muon.meta.optimizer->muon_params == "^(0\\.weight|2\\.weight)$");
+  // A named partition replaces the one the groups give.
+  Checkpoint partial = load("keller_muon", "_hf");
+  name_optimizer(partial, "muon", {}, std::string("^0\\.weight$"));
+  resolve_optimizer_state(partial, space_of(partial, true), "model");
+  CHECK(partial.meta.optimizer->muon_params == std::optional<std::string>("^0\\.weight$"));
 
   // A named rule that does not fit the state is an error naming the file and what differs.
   Checkpoint adamw = load("adamw", "");

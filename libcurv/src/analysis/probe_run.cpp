@@ -420,9 +420,6 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   const NamedOptimizer named = NamedOptimizer::parse(o.optimizer);
   name_optimizer(state.ckpt, named.rule, named.hyper, named.muon_params);
   resolve_optimizer_state(state.ckpt, space, o.param_order, &structure);
-  if (named.muon_params && state.ckpt.meta.optimizer) {
-    state.ckpt.meta.optimizer->muon_params = named.muon_params;
-  }
   state.saved = saved_optimizer(state.ckpt);
   DirectionContext& context = state.context;
   context.engine = &engine;

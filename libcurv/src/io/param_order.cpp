@@ -307,7 +307,11 @@ void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& c
     record.param_groups.push_back(std::move(group));
   }
   record.param_order = chosen.rule;
-  if (!orthogonalised.empty()) record.muon_params = "^(" + join(orthogonalised, "|") + ")$";
+  if (ix.muon_params) {
+    record.muon_params = ix.muon_params;
+  } else if (!orthogonalised.empty()) {
+    record.muon_params = "^(" + join(orthogonalised, "|") + ")$";
+  }
   ckpt.optimizer = std::move(named);
   ckpt.indexed_optimizer.reset();
 }

@@ -47,6 +47,9 @@ struct IndexedOptimizerState {
   int64_t muon_offset = 0;  // Muon's index k is k + muon_offset here
   // What recognition reads (name_optimizer recognises again with the user's rule).
   torch_state::OptimizerKeys keys;
+  // The partition the user named (name_optimizer's muon_params): resolve_optimizer_state records
+  // it in place of the one the use_muon groups give.
+  std::optional<std::string> muon_params;
   // Why the state cannot be used (e.g. Muon state sharded across ranks): resolve_optimizer_state
   // throws it, so that the model still loads for directions that need no optimizer state.
   std::string problem;
@@ -72,10 +75,13 @@ bool all_tensors(const PyValue& dict);
 // optimizer.state_dict(): {'state': {index: {key: tensor | number}}, 'param_groups': [...]}.
 // Also fills meta["optimizer"] with the rule recognised from the keys (torch does not save the
 // optimizer's class: recognise_optimizer) or the refusal, group 0's hyper-parameters and the
-// step count.
+// step count. `implied_rule` and `implied_by`: the rule the file's writer always uses, where its
+// layout says (OptimizerKeys).
 std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& origin,
-                                                            nlohmann::json& meta);
+                                                            nlohmann::json& meta,
+                                                            const std::string& implied_rule = "",
+                                                            const std::string& implied_by = "");
 
 // A torch.save'd checkpoint file's content in the native form, before its step is checked.
 struct SavedCheckpoint {
@@ -89,12 +95,9 @@ struct SavedCheckpoint {
 nlohmann::json nanogpt_model_config(const PyValue& args, const std::string& file);
 // modded-nanogpt's dict(step, code, model, optimizers) (train_gpt_simple.py): whether `root`
 // is one, and its model config and merged optimizer state into `out`.
-// Recognises `state` by its keys and what its file implies about the writer (state.keys), and
-// puts the outcome into meta["optimizer"]: name, recognition or refusal; marks the groups Muon
-// orthogonalises (use_muon).
-void recognise_into(IndexedOptimizerState& state, nlohmann::json& meta);
-// meta["optimizer"]["hyper"] of a state: group 0's, or for Muon the first group of each kind.
-nlohmann::json record_hyper(const IndexedOptimizerState& state);
+// Marks the groups `r` orthogonalises (use_muon) and returns the state's hyper-parameters for
+// meta's optimizer.hyper: group 0's, or for Muon the first group of each kind.
+nlohmann::json adopt_recognition(IndexedOptimizerState& state, const Recognition& r);
 bool is_modded_save(const PyValue& root, const NamedTensors& model);
 void read_modded_save(const PyValue& root, const std::string& file, SavedCheckpoint& out);
 // A checkpoint file written whole by torch.save (nanoGPT's, step_<N>.pt). `named_by_step`: the

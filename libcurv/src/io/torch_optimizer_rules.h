@@ -36,6 +36,9 @@ struct Recognition {
   std::string refusal;  // when `rule` is empty: one line naming the file and what failed
   // Per group: whether its parameters are orthogonalised (the Muon family's groups).
   std::vector<bool> orthogonalised;
+
+  // "torch.optim.AdamW, recognised by keys: ...": meta's optimizer.recognition.
+  std::string text() const { return writer + ", " + how; }
 };
 
 // The rule of `keys`, or a refusal: by keys alone when `named` is empty, else the named rule

@@ -47,24 +47,22 @@ SavedCheckpoint interpret(const PyValue& root, const std::string& file) {
   const std::string model_origin = fmt::format("{} ['{}']", file, model_key);
   out.model_origin = model_origin;
   out.model = state_dict(require(root.find(model_key), file, model_key, Kind::kDict), model_origin);
+  // nanoGPT's train.py (its 'model_args') builds torch.optim.AdamW: that settles Adam against
+  // AdamW where the groups do not record decoupled_weight_decay (torch < 2.7).
+  const PyValue* args = root.find("model_args");
   for (const char* key : {"optimizer", "optimizer_state_dict"}) {
     const PyValue* opt = root.find(key);
     if (opt && !opt->is(Kind::kNone)) {
       const std::string origin = fmt::format("{} ['{}']", file, key);
-      out.optimizer = optimizer_state_dict(require(opt, file, key, Kind::kDict), origin, out.meta);
+      out.optimizer = optimizer_state_dict(
+          require(opt, file, key, Kind::kDict), origin, out.meta, args ? "adamw" : "",
+          args ? "nanoGPT's train.py builds torch.optim.AdamW" : "");
       break;
     }
   }
-  if (const PyValue* args = root.find("model_args")) {
+  if (args) {
     out.meta["model"] = nanogpt_model_config(require(args, file, "model_args", Kind::kDict), file);
     out.model_config_origin = file + " ['model_args']";
-    if (out.optimizer) {
-      // nanoGPT's train.py builds torch.optim.AdamW: that settles Adam against AdamW where the
-      // groups do not record decoupled_weight_decay (torch < 2.7).
-      out.optimizer->keys.implied_rule = "adamw";
-      out.optimizer->keys.implied_by = "nanoGPT's train.py builds torch.optim.AdamW";
-      recognise_into(*out.optimizer, out.meta);
-    }
   }
   if (is_modded_save(root, out.model)) read_modded_save(root, file, out);
   if (const PyValue* step = root.find("step"); step && step->is(Kind::kInt)) {

@@ -203,15 +203,17 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
 
 }  // namespace
 
-// meta["optimizer"]'s hyper-parameters: group 0's, or for Muon the first group of each kind.
-nlohmann::json record_hyper(const IndexedOptimizerState& out) {
-  if (out.groups.empty()) return nlohmann::json::object();
-  const bool muon = std::any_of(out.groups.begin(), out.groups.end(),
+nlohmann::json adopt_recognition(IndexedOptimizerState& state, const Recognition& r) {
+  for (size_t g = 0; g < state.groups.size() && g < r.orthogonalised.size(); ++g) {
+    if (r.orthogonalised[g] && !state.groups[g].use_muon) state.groups[g].use_muon = true;
+  }
+  if (state.groups.empty()) return nlohmann::json::object();
+  const bool muon = std::any_of(state.groups.begin(), state.groups.end(),
                                 [](const auto& g) { return g.use_muon.has_value(); });
-  if (!muon) return out.groups[0].hyper;
+  if (!muon) return state.groups[0].hyper;
   nlohmann::json hyper = nlohmann::json::object();
   for (bool want : {true, false}) {
-    for (const auto& g : out.groups) {
+    for (const auto& g : state.groups) {
       if (g.use_muon.value_or(true) == want) {
         hyper.update(g.hyper);
         break;
@@ -221,28 +223,11 @@ nlohmann::json record_hyper(const IndexedOptimizerState& out) {
   return hyper;
 }
 
-void recognise_into(IndexedOptimizerState& state, nlohmann::json& meta) {
-  const Recognition r = recognise_optimizer(state.keys, state.origin);
-  nlohmann::json& opt = meta["optimizer"];
-  if (!opt.is_object()) opt = nlohmann::json::object();
-  opt.erase("name");
-  opt.erase("recognition");
-  opt.erase("refusal");
-  if (r.rule.empty()) {
-    opt["refusal"] = r.refusal;
-    return;
-  }
-  opt["name"] = r.rule;
-  opt["recognition"] = fmt::format("{}, {}", r.writer, r.how);
-  for (size_t g = 0; g < state.groups.size() && g < r.orthogonalised.size(); ++g) {
-    if (r.orthogonalised[g] && !state.groups[g].use_muon) state.groups[g].use_muon = true;
-  }
-  opt["hyper"] = record_hyper(state);
-}
-
 std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& origin,
-                                                            nlohmann::json& meta) {
+                                                            nlohmann::json& meta,
+                                                            const std::string& implied_rule,
+                                                            const std::string& implied_by) {
   auto out = std::make_shared<IndexedOptimizerState>();
   out->origin = origin;
   const auto& state = require(dict.find("state"), origin, "state", Kind::kDict);
@@ -255,11 +240,19 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
     for (int64_t p : out->groups.back().params) group_of[p] = g;
   }
   const std::optional<int64_t> step_count = parse_state(state, group_of, origin, *out);
+  out->keys.implied_rule = implied_rule;
+  out->keys.implied_by = implied_by;
+  const Recognition r = recognise_optimizer(out->keys, origin);
   nlohmann::json opt = nlohmann::json::object();
-  opt["hyper"] = record_hyper(*out);
+  if (r.rule.empty()) {
+    opt["refusal"] = r.refusal;
+  } else {
+    opt["name"] = r.rule;
+    opt["recognition"] = r.text();
+  }
+  opt["hyper"] = adopt_recognition(*out, r);
   if (step_count) opt["step_count"] = *step_count;
   meta["optimizer"] = opt;
-  recognise_into(*out, meta);
   return out;
 }
 
@@ -295,17 +288,15 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
     const torch_state::Recognition r =
         torch_state::recognise_optimizer(state->keys, state->origin, rule);
     if (r.rule.empty()) throw InvalidArgument(r.refusal);
-    for (size_t g = 0; g < state->groups.size() && g < r.orthogonalised.size(); ++g) {
-      if (r.orthogonalised[g] && !state->groups[g].use_muon) state->groups[g].use_muon = true;
-    }
     for (auto& group : state->groups) {
       for (const auto& [key, value] : hyper) group.hyper[key] = value;
     }
+    state->muon_params = muon_params;
     record.name = r.rule;
-    record.recognition = fmt::format("{}, {}", r.writer, r.how);
+    record.recognition = r.text();
     record.refusal.clear();
     record.hyper.clear();
-    const nlohmann::json saved_hyper = torch_state::record_hyper(*state);
+    const nlohmann::json saved_hyper = torch_state::adopt_recognition(*state, r);
     for (const auto& [key, value] : saved_hyper.items()) {
       record.hyper.emplace_back(key, value.get<double>());
     }
