@@ -35,7 +35,8 @@ struct Rule {
 // and names of the group's parameters.
 const std::vector<std::string> kIgnored = {"params", "param_names", "initial_lr",    "foreach",
                                            "fused",  "capturable",  "differentiable"};
-// torch.optim's maximize ascends; false is the only value a rebuilt step follows.
+// torch.optim's maximize ascends; false is the only value a rebuilt step follows. Every rule
+// checks it (misfit), so no shape lists it among its flags.
 const std::pair<std::string, bool> kNotMaximize = {"maximize", false};
 
 const std::vector<Rule>& rules() {
@@ -45,22 +46,21 @@ const std::vector<Rule>& rules() {
     GroupShape adamw{adam_state,
                      adam_reads,
                      {"amsgrad", "decoupled_weight_decay"},
-                     {{"amsgrad", false}, kNotMaximize, {"decoupled_weight_decay", true}}};
+                     {{"amsgrad", false}, {"decoupled_weight_decay", true}}};
     GroupShape adam{adam_state,
                     adam_reads,
                     {"amsgrad", "decoupled_weight_decay"},
-                    {{"amsgrad", false}, kNotMaximize, {"decoupled_weight_decay", false}}};
+                    {{"amsgrad", false}, {"decoupled_weight_decay", false}}};
     GroupShape sgd{{"momentum_buffer"},
                    {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
                    {"dampening", "nesterov"},
-                   {kNotMaximize}};
+                   {}};
     GroupShape muon_group{{"momentum_buffer"},
                           {"lr", "momentum", "weight_decay"},
                           {"use_muon"},
                           {{"use_muon", true}},
                           true};
-    GroupShape aux_adam{
-        adam_state, {"lr", "betas", "eps", "weight_decay"}, {"use_muon"}, {{"use_muon", false}}};
+    GroupShape aux_adam{adam_state, adam_reads, {"use_muon"}, {{"use_muon", false}}};
     // Keller Jordan's plain Muon records nothing SGD or another momentum method would not: it is
     // read only when named.
     GroupShape plain_muon{{"momentum_buffer"}, {"lr", "momentum", "weight_decay"}, {}, {}, true};
@@ -69,7 +69,7 @@ const std::vector<Rule>& rules() {
                           {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
                            "ns_steps", "eps", "adjust_lr_fn"},
                           {"ns_coefficients", "adjust_lr_fn"},
-                          {kNotMaximize}};
+                          {}};
     return std::vector<Rule>{
         {"adamw", "torch.optim.AdamW", {adamw}, ""},
         {"adam", "torch.optim.Adam", {adam}, ""},
