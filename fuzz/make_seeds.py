@@ -212,5 +212,69 @@ def main():
                 u["i32"] = np.arange(3, dtype=np.int32)
 
 
+def dcp_seed(out):
+    """A DCP folder as fuzz_dcp takes it: .metadata, then the shard. Debian's torch has no
+    torch.distributed.checkpoint, so its classes are stood in for by classes of the same module
+    and name, which pickle as DCP's do (the tests use the real writer)."""
+    import dataclasses
+    import pickle
+    import types
+
+    def module(name, **classes):
+        m = types.ModuleType(name)
+        for cls_name, cls in classes.items():
+            cls.__module__, cls.__qualname__, cls.__name__ = name, cls_name, cls_name
+            setattr(m, cls_name, cls)
+        sys.modules[name] = m
+        return m
+
+    dc = dataclasses.dataclass
+    meta = module("torch.distributed.checkpoint.metadata",
+                  ChunkStorageMetadata=dc(type("C", (), {"__annotations__": {
+                      "offsets": object, "sizes": object}})),
+                  TensorStorageMetadata=dc(type("T", (), {"__annotations__": {
+                      "properties": object, "size": object, "chunks": object}})),
+                  BytesStorageMetadata=dc(type("B", (), {})),
+                  MetadataIndex=dc(frozen=True)(type("I", (), {"__annotations__": {
+                      "fqn": str, "offset": object, "index": object}})),
+                  Metadata=dc(type("M", (), {"__annotations__": {
+                      "state_dict_metadata": object, "planner_data": object,
+                      "storage_data": object}})))
+    props = type("TensorProperties", (), {
+        "__init__": lambda self, dtype: setattr(self, "dtype", dtype),
+        "__getstate__": lambda self: (self.dtype, torch.strided, False, 0, False),
+    })
+    module("torch.distributed.checkpoint.metadata", TensorProperties=props, **{
+        k: getattr(meta, k) for k in ("ChunkStorageMetadata", "TensorStorageMetadata",
+                                      "BytesStorageMetadata", "MetadataIndex", "Metadata")})
+    fs = module("torch.distributed.checkpoint.filesystem",
+                _StorageInfo=dc(type("S", (), {"__annotations__": {
+                    "relative_path": str, "offset": int, "length": int}})))
+    m = sys.modules["torch.distributed.checkpoint.metadata"]
+    shard, tensors, storage = b"", {}, {}
+    g = torch.Generator().manual_seed(3)
+    for name, t, at in [("w", torch.randn(4, 3, generator=g), (0, 0)),
+                        ("w", torch.randn(2, 3, generator=g), (4, 0)),
+                        ("step", torch.tensor(2.0), ())]:
+        record = torch_bytes(t)
+        key = m.MetadataIndex(name, torch.Size(at), 0)
+        storage[key] = fs._StorageInfo("__0_0.distcp", len(shard), len(record))
+        shard += record
+        chunk = m.ChunkStorageMetadata(torch.Size(at), t.shape)
+        if name in tensors:
+            tensors[name].chunks.append(chunk)
+        else:
+            size = torch.Size((6, 3)) if name == "w" else torch.Size(())
+            tensors[name] = m.TensorStorageMetadata(props(t.dtype), size, [chunk])
+    record = torch_bytes(1e-3)
+    storage[m.MetadataIndex("lr", None, None)] = fs._StorageInfo("__0_0.distcp", len(shard),
+                                                                 len(record))
+    shard += record
+    tensors["lr"] = m.BytesStorageMetadata()
+    pickled = pickle.dumps(m.Metadata(tensors, {}, storage), protocol=4)
+    put(out, "dcp", "two_chunks", pickled + b"\n--\n" + shard)
+
+
 if __name__ == "__main__":
     main()
+    dcp_seed(sys.argv[1])

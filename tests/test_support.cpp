@@ -1,12 +1,17 @@
 #include "test_support.h"
 
+#include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 namespace curv_test {
@@ -69,6 +74,45 @@ void run_transformers_python(const std::string& script, const std::vector<std::s
   INFO("the Python with transformers comes from scripts/setup-pypi.sh (" CURV_TRANSFORMERS_PYTHON
        ")");
   run_script(CURV_TRANSFORMERS_PYTHON, script, args);
+}
+
+std::string torchrun_fixture(const std::string& script, const std::string& env) {
+  std::string text;
+  for (const std::string& name :
+       {script, std::string("make_dcp_runs.py"), std::string("transformers_reference.py")}) {
+    std::ifstream in(std::string(CURV_TEST_PYDIR) + "/" + name, std::ios::binary);
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string cache = CURV_TEST_CACHE_DIR;
+  std::filesystem::create_directories(cache);
+  const std::string stem = script.substr(0, script.find('.'));
+  const std::string done =
+      cache + "/" + stem + "-" + std::to_string(std::hash<std::string>{}(text));
+  const int lock =
+      ::open((cache + "/" + stem + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  REQUIRE(lock >= 0);
+  ::flock(lock, LOCK_EX);
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }
+  } unlock{lock};
+  if (!std::filesystem::exists(done + "/reference.json")) {
+    const std::string making = done + ".making";
+    std::filesystem::remove_all(making);
+    std::filesystem::create_directories(making);
+    const std::string command = env + " OMP_NUM_THREADS=1 " + CURV_TRANSFORMERS_PYTHON +
+                                " -m torch.distributed.run --standalone --nproc_per_node 2 " +
+                                CURV_TEST_PYDIR + "/" + script + " " + making;
+    std::string output;
+    const int status = run_command(command, &output);
+    INFO("the pinned torch comes from scripts/setup-pypi.sh (" CURV_TRANSFORMERS_PYTHON ")\n"
+         << command << "\n"
+         << output);
+    REQUIRE(status == 0);
+    std::filesystem::remove_all(done);
+    std::filesystem::rename(making, done);
+  }
+  return done;
 }
 
 std::string tool_path(const std::string& name) {

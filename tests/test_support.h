@@ -41,6 +41,14 @@ void run_python(const std::string& script, const std::vector<std::string>& args)
 // (scripts/setup-pypi.sh; CMake's CURV_TRANSFORMERS_PYTHON).
 void run_transformers_python(const std::string& script, const std::vector<std::string>& args);
 
+// The output folder of `torchrun --standalone --nproc_per_node 2 tests/python/<script> OUT` run
+// by the pinned torch (CURV_TRANSFORMERS_PYTHON), `env` (VAR=value ...) before it: made once per
+// build, since multi-rank writers take most of a minute and the tests only read what they write.
+// It is kept in the build's test cache under a name that hashes the script and the fixture
+// scripts it imports, so a changed script makes it again; a lock makes test processes that start
+// together wait for the first one's run. Fails the test with the output when the script fails.
+std::string torchrun_fixture(const std::string& script, const std::string& env = "");
+
 // Runs a shell command, returns its exit status; stdout+stderr are captured into `output`.
 int run_command(const std::string& command, std::string* output = nullptr);
 

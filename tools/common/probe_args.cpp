@@ -40,8 +40,16 @@ void CheckpointArgs::add_to(CLI::App& app) {
                "Ignore checkpoint tensors that are not model parameters");
   app.add_flag("--no-prefetch", no_prefetch,
                "Read each checkpoint when its turn comes instead of reading the next one in the "
-               "background while the current one computes (holds up to two more checkpoints "
-               "in host memory)");
+               "background while the current one computes");
+  app.add_option("--prefetch-bytes", prefetch_bytes,
+                 "Host memory the checkpoints read ahead may hold (suffix K, M, G, T: powers of "
+                 "1024); a checkpoint that does not fit is opened ahead and read into the model "
+                 "tensor by tensor at its turn")
+      ->capture_default_str();
+  app.add_flag("--full-digest", full_digest,
+               "Guard --resume with a CRC-32 of every byte of every checkpoint file instead of "
+               "the digest of what the files record (sizes, zip CRCs, safetensors headers, DCP "
+               ".metadata, sampled blocks)");
 }
 
 void CheckpointArgs::to_options(ProbeRunOptions& options) const {
@@ -52,6 +60,8 @@ void CheckpointArgs::to_options(ProbeRunOptions& options) const {
   options.steps = StepSelection::parse(steps, stride);
   options.allow_extra = allow_extra;
   options.prefetch = !no_prefetch;
+  options.prefetch_bytes = parse_bytes(prefetch_bytes, "--prefetch-bytes");
+  options.full_digest = full_digest;
 }
 
 void ProbeDataArgs::add_to(CLI::App& app) {

@@ -22,6 +22,8 @@ struct CheckpointArgs {
   int64_t stride = 1;
   bool allow_extra = false;
   bool no_prefetch = false;
+  std::string prefetch_bytes = "4G";
+  bool full_digest = false;
 
   void add_to(CLI::App& app);
   void to_options(ProbeRunOptions& options) const;

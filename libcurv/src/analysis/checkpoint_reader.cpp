@@ -31,25 +31,57 @@ CheckpointReader::~CheckpointReader() {
 std::string CheckpointReader::digest(const CheckpointInfo& info) {
   auto it = entries_.find(info.path);
   if (it != entries_.end() && it->second.digest.valid()) return it->second.digest.get();
-  return checkpoint_digest(info);
+  return checkpoint_digest(info, digest_kind_);
 }
+
+void CheckpointReader::hold_if_it_fits(Checkpoint& ckpt, std::atomic<int64_t>& held) {
+  if (!ckpt.model_source) return;  // already whole in memory (a layout that reads whole)
+  const int64_t bytes = model_bytes(ckpt);
+  int64_t now = reserved_.load();
+  do {
+    if (now + bytes > budget_) return;
+  } while (!reserved_.compare_exchange_weak(now, now + bytes));
+  held += bytes;
+  ckpt.model = read_all(*ckpt.model_source);
+  ckpt.model_source.reset();
+}
+
+void CheckpointReader::release(Entry& entry) {
+  if (entry.held) reserved_ -= entry.held->exchange(0);
+}
+
+int64_t CheckpointReader::held_bytes() const { return reserved_.load(); }
 
 Checkpoint CheckpointReader::load(const CheckpointInfo& info, CheckpointParts parts) {
   auto it = entries_.find(info.path);
   if (it != entries_.end() && it->second.ckpt.valid() && covers(it->second.parts, parts)) {
-    const Shared shared = std::exchange(it->second.ckpt, {}).get();  // rethrows a read's error
+    Entry& entry = it->second;
+    const Shared shared = std::exchange(entry.ckpt, {}).get();  // rethrows a read's error
+    release(entry);  // the checkpoint is the caller's now
     Checkpoint ckpt = std::move(*shared);
     if (parts == CheckpointParts::kModelOnly) ckpt.optimizer.clear();
     ++reads_saved_;
     return ckpt;
   }
-  return load_checkpoint(info, parts);
+  return open_checkpoint(info, parts);
 }
 
 void CheckpointReader::keep(const CheckpointInfo& info, CheckpointParts parts, Checkpoint ckpt) {
   if (!prefetch_) return;
   Entry& entry = entries_[info.path];
   wait_quietly(entry.ckpt);
+  release(entry);
+  entry.held = std::make_shared<std::atomic<int64_t>>(0);
+  if (ckpt.model_source == nullptr && !ckpt.model.empty()) {
+    // Tensors already read: kept while they fit the budget, else left to be read again.
+    const int64_t bytes = model_bytes(ckpt);
+    if (reserved_ + bytes > budget_) {
+      entry.ckpt = {};
+      return;
+    }
+    reserved_ += bytes;
+    *entry.held = bytes;
+  }
   std::promise<Shared> ready;
   ready.set_value(std::make_shared<Checkpoint>(std::move(ckpt)));
   entry.ckpt = ready.get_future().share();
@@ -61,13 +93,19 @@ void CheckpointReader::prefetch(const CheckpointInfo& info, CheckpointParts part
   if (!prefetch_) return;
   Entry& entry = entries_[info.path];
   if (with_digest && !entry.digest.valid()) {
-    entry.digest =
-        std::async(std::launch::async, [info] { return checkpoint_digest(info); }).share();
+    entry.digest = std::async(std::launch::async, [info, kind = digest_kind_] {
+                     return checkpoint_digest(info, kind);
+                   }).share();
   }
   if (!entry.ckpt.valid() || !covers(entry.parts, parts)) {
     wait_quietly(entry.ckpt);
-    entry.ckpt = std::async(std::launch::async, [info, parts] {
-                   return std::make_shared<Checkpoint>(load_checkpoint(info, parts));
+    release(entry);
+    auto held = std::make_shared<std::atomic<int64_t>>(0);
+    entry.held = held;
+    entry.ckpt = std::async(std::launch::async, [this, info, parts, held] {
+                   auto ckpt = std::make_shared<Checkpoint>(open_checkpoint(info, parts));
+                   hold_if_it_fits(*ckpt, *held);
+                   return ckpt;
                  }).share();
     entry.parts = parts;
   }
@@ -85,6 +123,7 @@ void CheckpointReader::retain(const std::set<std::string>& paths) {
     } else {
       wait_quietly(it->second.digest);
       wait_quietly(it->second.ckpt);
+      release(it->second);
       it = entries_.erase(it);
     }
   }

@@ -44,6 +44,10 @@ void ProbeRunOptions::validate() const {
   if (directions.empty()) throw InvalidOption("{0} is empty", {{"ProbeRunOptions.directions", ""}});
   validate_param_order(param_order);
   NamedOptimizer::parse(optimizer);
+  if (prefetch_bytes < 0) {
+    throw InvalidOption("{0} must be >= 0",
+                        {{"ProbeRunOptions.prefetch_bytes", std::to_string(prefetch_bytes)}});
+  }
   taylor.validate();
   token_buckets.validate();
   if (within) within_options.validate();
@@ -163,7 +167,9 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
     }
   }
   analyses_ = make_unit_analyses(options_);
-  reader_ = std::make_unique<CheckpointReader>(options_.prefetch);
+  reader_ = std::make_unique<CheckpointReader>(
+      options_.prefetch, options_.prefetch_bytes,
+      options_.full_digest ? DigestKind::kFull : DigestKind::kRecorded);
 }
 
 void ProbeRun::keep_checkpoint(const CheckpointInfo& info, Checkpoint ckpt) {
@@ -331,8 +337,12 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   CurvatureEngine& engine = pass.engine;
   // Results already in the file belong to the checkpoint as it was then: a checkpoint that
   // changed since (overwritten, re-saved by a resumed training run) is refused by name.
-  const std::string digest = pass.reader.digest(info);
+  std::string digest = pass.reader.digest(info);
   const std::string recorded = report.checkpoint_digest(run.name, info.step);
+  // A file written with the other kind of digest is compared with its kind.
+  if (!recorded.empty() && digest_kind_of(recorded) != digest_kind_of(digest)) {
+    digest = checkpoint_digest(info, digest_kind_of(recorded));
+  }
   if (!recorded.empty() && recorded != digest) {
     throw InvalidArgument(fmt::format(
         "cannot resume '{}': checkpoint '{}' (run '{}', step {}) changed since its results were "
@@ -374,6 +384,13 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
           report.add_checkpoint(run.name, info.step, loss, std::nullopt, digest);
         }
       });
+  // Which of the checkpoint's files the audited weights are (a DeepSpeed run's fp32 master
+  // weights rather than its module's), relative to the checkpoint.
+  const std::string& weights = state.ckpt.model_file;
+  report.checkpoint_group(run.name, info.step)
+      .attribute("weights", weights.rfind(info.path + "/", 0) == 0
+                                ? weights.substr(info.path.size() + 1)
+                                : weights);
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
   if (options_.matmul_precision != MatmulPrecision::kHighest &&
       pass.precision_measured.insert(run.name).second) {
@@ -429,8 +446,12 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   context.whatif_fallback = o.whatif_fallback;
   for (const auto& b : pass.blocks.blocks()) context.blocks.push_back(b.params);
   const ParamVector like = engine.objective().parameters();
-  engine.set_parameters(parameters_from(state.ckpt, space, like, o.allow_extra, &structure));
+  // Each tensor straight from its file into the model's own parameters: no copy of the whole
+  // checkpoint is held.
+  fill_parameters(state.ckpt, space, like, o.allow_extra, &structure);
+  engine.parameters_changed();
   state.ckpt.model.clear();
+  state.ckpt.model_source.reset();
   // θ is the engine's own parameters (views, no copy): nothing here writes to them, and the
   // engine's excursions to θ + u restore them exactly.
   context.theta = detached(like);
@@ -541,10 +562,10 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   // refuses a missing one), so the model's own are not drawn.
   LoadedModel model = [&] {
     const CheckpointInfo& info = run.runs().front().chosen.front();
-    Checkpoint first = load_checkpoint(info, CheckpointParts::kModelOnly);
+    Checkpoint first = open_checkpoint(info, CheckpointParts::kModelOnly);
     StoredWeights weights;
     weights.elements = 0;
-    for (const auto& entry : first.model) weights.elements += entry.second.numel();
+    for (const auto& entry : first.model_source->entries()) weights.elements += entry.numel();
     weights.origin = first.model_file;
     ModelSource source = job.model;
     source.init.draw = false;

@@ -162,6 +162,10 @@ ParamVector CurvatureEngine::parameters() const { return clone(state_->params); 
 
 void CurvatureEngine::set_parameters(const ParamVector& theta) {
   load_parameters(objective_, theta);
+  parameters_changed();
+}
+
+void CurvatureEngine::parameters_changed() {
   state_->have_first_order = false;
   state_->grad.clear();
   release_graphs();

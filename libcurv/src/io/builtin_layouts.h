@@ -14,6 +14,9 @@ std::shared_ptr<const CheckpointLayoutReader> native_layout();       // step_<N>
 std::shared_ptr<const CheckpointLayoutReader> nanogpt_layout();      // ckpt.pt, ckpt_<X>.pt
 std::shared_ptr<const CheckpointLayoutReader> hf_layout();           // checkpoint-<N>/ folders
 std::shared_ptr<const CheckpointLayoutReader> torch_steps_layout();  // step_<N>.pt files
+std::shared_ptr<const CheckpointLayoutReader> torchtitan_layout();   // step-<N>/ DCP folders
+std::shared_ptr<const CheckpointLayoutReader> accelerate_layout();   // checkpoint-<N>/ FSDP DCP
+std::shared_ptr<const CheckpointLayoutReader> deepspeed_layout();    // global_step<N>/ ZeRO
 
 // A non-negative decimal integer, all of `text`, as steps are written in names; nullopt otherwise
 // (18 digits at most, so it cannot overflow).

@@ -1,6 +1,7 @@
 #include "curv/io/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
+#include "curv/io/torch_file.h"
 #include "io/builtin_layouts.h"
 
 namespace curv {
@@ -146,31 +148,112 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
   return saved;
 }
 
-std::string checkpoint_digest(const CheckpointInfo& info) {
-  std::vector<fs::path> files;
-  if (fs::is_directory(info.path)) {
-    for (const auto& entry : fs::directory_iterator(info.path)) {
-      if (entry.is_regular_file()) files.push_back(entry.path());
+namespace {
+
+// Every regular file of a checkpoint: a folder's, in its subfolders too, by relative path; or the
+// file itself.
+std::vector<std::pair<std::string, fs::path>> checkpoint_files(const std::string& path) {
+  std::vector<std::pair<std::string, fs::path>> files;
+  if (fs::is_directory(path)) {
+    for (const auto& entry : fs::recursive_directory_iterator(path)) {
+      if (entry.is_regular_file()) {
+        files.emplace_back(fs::relative(entry.path(), path).string(), entry.path());
+      }
     }
     std::sort(files.begin(), files.end());
   } else {
-    files.push_back(info.path);
+    files.emplace_back(fs::path(path).filename().string(), path);
   }
+  return files;
+}
+
+// Reads and hashes ranges of one file; FormatError naming it when a read fails.
+class FileHasher {
+ public:
+  explicit FileHasher(const fs::path& file) : path_(file.string()), in_(file, std::ios::binary) {
+    if (!in_) throw FormatError(fmt::format("cannot read '{}'", path_));
+  }
+  void add(uLong& crc, uint64_t offset, uint64_t n) {
+    std::vector<char> buffer(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)));
+    in_.seekg(static_cast<std::streamoff>(offset));
+    while (n > 0 && in_) {
+      in_.read(buffer.data(), static_cast<std::streamsize>(std::min<uint64_t>(n, buffer.size())));
+      const auto got = static_cast<uInt>(in_.gcount());
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), got);
+      n -= got;
+      if (got == 0) break;
+    }
+    if (n > 0) throw FormatError(fmt::format("cannot read '{}'", path_));
+  }
+  std::string head(uint64_t n) {
+    std::string out(n, '\0');
+    in_.seekg(0);
+    in_.read(out.data(), static_cast<std::streamsize>(n));
+    out.resize(static_cast<size_t>(in_.gcount()));
+    in_.clear();
+    return out;
+  }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+};
+
+void add_text(uLong& crc, const std::string& text) {
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size()));
+}
+
+// What one file records about its content (DigestKind::kRecorded).
+void add_recorded(uLong& crc, const fs::path& file, uint64_t size) {
+  constexpr uint64_t kSmall = uint64_t{1} << 20, kBlock = uint64_t{64} << 10, kBlocks = 16;
+  FileHasher hasher(file);
+  if (size <= kSmall) {
+    hasher.add(crc, 0, size);
+    return;
+  }
+  const std::string head = hasher.head(8);
+  const std::string name = file.filename().string();
+  if (head.compare(0, 4, "PK\x03\x04") == 0 && name.size() > 7 &&
+      name.substr(name.size() - 7) != ".distcp") {
+    try {
+      add_text(crc, fmt::format("zip:{:08x}", torch_file_directory_crc(file.string())));
+      return;
+    } catch (const FormatError&) {
+      // Not one zip archive (records concatenated): sampled below.
+    }
+  }
+  if (head.size() == 8 && name.size() > 12 && name.substr(name.size() - 12) == ".safetensors") {
+    uint64_t header = 0;
+    for (int i = 7; i >= 0; --i) header = (header << 8) | static_cast<uint8_t>(head[i]);
+    if (header <= size - 8) hasher.add(crc, 0, 8 + header);
+  }
+  for (uint64_t i = 0; i < kBlocks; ++i)
+    hasher.add(crc, i * (size - kBlock) / (kBlocks - 1), kBlock);
+}
+
+}  // namespace
+
+std::string checkpoint_digest(const CheckpointInfo& info, DigestKind kind) {
   uLong crc = crc32(0L, Z_NULL, 0);
   uint64_t total = 0;
-  std::vector<char> buffer(1 << 20);
-  for (const auto& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw FormatError(fmt::format("cannot read '{}'", file.string()));
-    while (in) {
-      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-      const auto n = static_cast<uInt>(in.gcount());
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), n);
-      total += n;
+  for (const auto& [relative, file] : checkpoint_files(info.path)) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(file, ec);
+    if (ec) throw FormatError(fmt::format("cannot read '{}'", file.string()));
+    total += size;
+    if (kind == DigestKind::kFull) {
+      FileHasher(file).add(crc, 0, size);
+      continue;
     }
-    if (in.bad()) throw FormatError(fmt::format("cannot read '{}'", file.string()));
+    add_text(crc, fmt::format("{}:{}:", relative, size));
+    add_recorded(crc, file, size);
   }
-  return fmt::format("crc32:{:08x} bytes:{}", static_cast<uint32_t>(crc), total);
+  return fmt::format("{}:{:08x} bytes:{}", kind == DigestKind::kFull ? "crc32" : "recorded",
+                     static_cast<uint32_t>(crc), total);
+}
+
+DigestKind digest_kind_of(const std::string& digest) {
+  return digest.rfind("crc32:", 0) == 0 ? DigestKind::kFull : DigestKind::kRecorded;
 }
 
 std::string Checkpoint::optimizer_name() const {
@@ -193,24 +276,23 @@ std::string Checkpoint::meta_json() const { return checkpoint_meta_json(meta); }
 // ---------------------------------------------------------------------------------------------
 // Matching a checkpoint to a model
 
-ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
-                            const ParamVector& like, bool allow_extra,
-                            const ModelStructure* structure) {
-  const std::string file = origin_of(ckpt, ckpt.model_file, kModelFile);
-  if (!like.empty() && like.size() != space.size()) {
-    throw InvalidArgument(fmt::format("parameters_from({}): `like` has {} tensors, the model {}",
-                                      file, like.size(), space.size()));
-  }
-  std::unordered_map<std::string, size_t> in_file;
-  std::vector<std::string> file_names;
-  for (size_t i = 0; i < ckpt.model.size(); ++i) {
-    in_file.emplace(ckpt.model[i].first, i);
-    file_names.push_back(ckpt.model[i].first);
-  }
+namespace {
 
+// The model tensors of `ckpt` as a source: its model_source, or its tensors in memory.
+SharedTensorSource model_tensors(const Checkpoint& ckpt) {
+  if (ckpt.model_source) return ckpt.model_source;
+  return memory_tensor_source(ckpt.model, origin_of(ckpt, ckpt.model_file, kModelFile));
+}
+
+// InvalidArgument naming `file` unless `source` holds every parameter of `space` with its shape
+// and a floating dtype, and nothing else (see parameters_from).
+void check_fit(const TensorSource& source, const std::string& file, const ParamSpace& space,
+               bool allow_extra, const ModelStructure* structure) {
+  std::vector<std::string> file_names;
+  for (const auto& e : source.entries()) file_names.push_back(e.name);
   std::vector<std::string> missing;
   for (const auto& p : space.params()) {
-    if (!in_file.count(p.name)) missing.push_back(p.name);
+    if (!source.find(p.name)) missing.push_back(p.name);
   }
   if (!missing.empty()) {
     throw InvalidArgument(fmt::format(
@@ -233,12 +315,10 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
   for (const auto& name : file_names) {
     if (space.find(name)) continue;
     const auto pair = std::find_if(tied.begin(), tied.end(), [&](const auto& p) {
-      return p.first == name && space.find(p.second) && in_file.count(p.second);
+      return p.first == name && space.find(p.second) && source.find(p.second);
     });
     if (pair != tied.end()) {
-      const auto& copy = ckpt.model[in_file.at(name)].second;
-      const auto& source = ckpt.model[in_file.at(pair->second)].second;
-      if (at::equal(copy, source)) continue;
+      if (at::equal(source.read(name), source.read(pair->second))) continue;
       if (!allow_extra) {
         throw InvalidArgument(fmt::format(
             "{}: '{}' differs from '{}', so the checkpoint has an untied head but the model is "
@@ -259,24 +339,65 @@ ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
         extra.size() == 1 ? " is" : "s are", join(described, ", "),
         extra.size() > kMaxListed ? fmt::format(", ... ({} in all)", extra.size()) : ""));
   }
+  for (const auto& p : space.params()) {
+    const TensorEntry& e = *source.find(p.name);
+    if (e.shape != p.shape) {
+      throw InvalidArgument(
+          fmt::format("{}: parameter '{}' has shape {} in the file, {} in the model", file, p.name,
+                      shape_string(e.shape), shape_string(p.shape)));
+    }
+    if (!at::isFloatingType(e.dtype)) {
+      throw InvalidArgument(fmt::format("{}: parameter '{}' has non-floating dtype {}", file,
+                                        p.name, c10::toString(e.dtype)));
+    }
+  }
+}
 
+}  // namespace
+
+ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
+                            const ParamVector& like, bool allow_extra,
+                            const ModelStructure* structure) {
+  const SharedTensorSource source = model_tensors(ckpt);
+  const std::string file = origin_of(ckpt, ckpt.model_file, kModelFile);
+  if (!like.empty() && like.size() != space.size()) {
+    throw InvalidArgument(fmt::format("parameters_from({}): `like` has {} tensors, the model {}",
+                                      file, like.size(), space.size()));
+  }
+  check_fit(*source, file, space, allow_extra, structure);
   ParamVector out;
   out.reserve(space.size());
   for (size_t i = 0; i < space.size(); ++i) {
-    const auto& p = space[i];
-    const auto& t = ckpt.model[in_file.at(p.name)].second;
-    if (t.sizes().vec() != p.shape) {
-      throw InvalidArgument(
-          fmt::format("{}: parameter '{}' has shape {} in the file, {} in the model", file, p.name,
-                      shape_string(t.sizes().vec()), shape_string(p.shape)));
-    }
-    if (!at::isFloatingType(t.scalar_type())) {
-      throw InvalidArgument(fmt::format("{}: parameter '{}' has non-floating dtype {}", file,
-                                        p.name, c10::toString(t.scalar_type())));
-    }
-    out.push_back(like.empty() ? t : t.to(like[i].device(), like[i].scalar_type()));
+    const TensorEntry& e = *source->find(space[i].name);
+    const auto options =
+        like.empty() ? at::TensorOptions().dtype(e.dtype)
+                     : at::TensorOptions().dtype(like[i].scalar_type()).device(like[i].device());
+    at::Tensor t = at::empty(e.shape, options);
+    source->read_into(e.name, {}, t);
+    out.push_back(std::move(t));
   }
   return out;
+}
+
+void fill_parameters(const Checkpoint& ckpt, const ParamSpace& space, const ParamVector& dest,
+                     bool allow_extra, const ModelStructure* structure) {
+  const SharedTensorSource source = model_tensors(ckpt);
+  const std::string file = origin_of(ckpt, ckpt.model_file, kModelFile);
+  if (dest.size() != space.size()) {
+    throw InvalidArgument(fmt::format("fill_parameters({}): {} destination tensors, the model {}",
+                                      file, dest.size(), space.size()));
+  }
+  check_fit(*source, file, space, allow_extra, structure);
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < space.size(); ++i) source->read_into(space[i].name, {}, dest[i].detach());
+}
+
+int64_t model_bytes(const Checkpoint& ckpt) {
+  if (ckpt.model_source) return ckpt.model_source->total_bytes();
+  int64_t total = 0;
+  for (const auto& [name, t] : ckpt.model)
+    total += t.numel() * static_cast<int64_t>(t.element_size());
+  return total;
 }
 
 at::Tensor optimizer_state(const Checkpoint& ckpt, const std::string& param,

@@ -27,7 +27,9 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;
-    out->entries = {native_layout(), nanogpt_layout(), hf_layout(), torch_steps_layout()};
+    out->entries = {native_layout(),      nanogpt_layout(),    hf_layout(),
+                    torch_steps_layout(), torchtitan_layout(), accelerate_layout(),
+                    deepspeed_layout()};
     return out;
   }();
   return *r;
@@ -199,12 +201,64 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, const StepS
   return select_some(sorted_unique(std::move(found), dir, reader), selection, dir);
 }
 
-Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
-  Checkpoint ckpt = find_checkpoint_layout(info.layout).load(info, parts);
+namespace {
+
+// open() and load() are each made from the other by default; a layout that overrides neither
+// would recurse, which this depth guard turns into an error naming it.
+// Per layout object, so that a layout delegating to another is not mistaken for one.
+thread_local std::vector<const CheckpointLayoutReader*> in_default;
+
+struct DefaultGuard {
+  explicit DefaultGuard(const CheckpointLayoutReader& layout) : layout_(&layout) {
+    if (std::find(in_default.begin(), in_default.end(), layout_) != in_default.end()) {
+      throw InvalidArgument(
+          fmt::format("checkpoint layout '{}' overrides neither open() nor load()", layout.name()));
+    }
+    in_default.push_back(layout_);
+  }
+  ~DefaultGuard() { in_default.pop_back(); }
+  const CheckpointLayoutReader* layout_;
+  DefaultGuard(const DefaultGuard&) = delete;
+  DefaultGuard& operator=(const DefaultGuard&) = delete;
+};
+
+void drop_optimizer(Checkpoint& ckpt, CheckpointParts parts) {
   if (parts == CheckpointParts::kModelOnly) {
     ckpt.optimizer.clear();
     ckpt.indexed_optimizer.reset();
   }
+}
+
+}  // namespace
+
+Checkpoint CheckpointLayoutReader::open(const CheckpointInfo& info, CheckpointParts parts) const {
+  const DefaultGuard guard(*this);
+  Checkpoint ckpt = load(info, parts);
+  const std::string origin = ckpt.model_file.empty() ? info.path : ckpt.model_file;
+  ckpt.model_source = memory_tensor_source(std::move(ckpt.model), origin);
+  ckpt.model.clear();
+  return ckpt;
+}
+
+Checkpoint CheckpointLayoutReader::load(const CheckpointInfo& info, CheckpointParts parts) const {
+  const DefaultGuard guard(*this);
+  Checkpoint ckpt = open(info, parts);
+  if (ckpt.model_source) {
+    ckpt.model = read_all(*ckpt.model_source);
+    ckpt.model_source.reset();
+  }
+  return ckpt;
+}
+
+Checkpoint load_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
+  Checkpoint ckpt = find_checkpoint_layout(info.layout).load(info, parts);
+  drop_optimizer(ckpt, parts);
+  return ckpt;
+}
+
+Checkpoint open_checkpoint(const CheckpointInfo& info, CheckpointParts parts) {
+  Checkpoint ckpt = find_checkpoint_layout(info.layout).open(info, parts);
+  drop_optimizer(ckpt, parts);
   return ckpt;
 }
 

@@ -12,6 +12,7 @@
 
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
+#include "curv/io/tensor_source.h"
 #include "io/builtin_layouts.h"
 #include "io/param_order_rules.h"
 #include "io/torch_checkpoint.h"
@@ -33,26 +34,41 @@ std::string hf_model_file(const std::string& folder) {
   return "";
 }
 
-// A safetensors or torch.save weights file, saved buffers dropped.
-NamedTensors read_weights(const std::string& path) {
+// Keeps the tensors of `source` that are not saved buffers.
+SharedTensorSource without_buffers(SharedTensorSource source) {
+  std::vector<std::pair<std::string, std::string>> kept;
+  for (const auto& e : source->entries()) {
+    if (!torch_state::is_saved_buffer(e.name, e.shape.size())) kept.emplace_back(e.name, e.name);
+  }
+  return renamed_tensor_source(std::move(source), std::move(kept));
+}
+
+// The tensors of torch.save weights files, read whole (a pickle gives no tensor alone).
+SharedTensorSource torch_weights(const std::vector<std::string>& files, const std::string& origin) {
   NamedTensors out;
-  if (torch_state::has_suffix(path, ".safetensors")) {
-    for (auto& [name, t] : SafetensorsReader(path).tensors()) {
-      if (!torch_state::is_saved_buffer(name, t.dim())) out.emplace_back(name, t);
+  for (const auto& path : files) {
+    const auto root = load_torch_file(path);
+    if (!root->is(Kind::kDict)) {
+      throw FormatError(
+          fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
     }
-    return out;
+    for (auto& named : torch_state::state_dict(*root, path)) out.push_back(std::move(named));
   }
-  const auto root = load_torch_file(path);
-  if (!root->is(Kind::kDict)) {
-    throw FormatError(
-        fmt::format("{}: holds a {}, expected a state dict", path, root->type_name()));
+  return memory_tensor_source(std::move(out), origin);
+}
+
+// A safetensors or torch.save weights file, saved buffers dropped; safetensors tensors stay in
+// the file until read.
+SharedTensorSource read_weights(const std::string& path) {
+  if (torch_state::has_suffix(path, ".safetensors")) {
+    return without_buffers(safetensors_source({path}));
   }
-  return torch_state::state_dict(*root, path);
+  return without_buffers(torch_weights({path}, path));
 }
 
 // Every tensor of a sharded save: the shards named by the index's "weight_map", in order of
 // first mention; each tensor must be in the shard the index names.
-NamedTensors read_sharded_weights(const std::string& index_path) {
+SharedTensorSource read_sharded_weights(const std::string& index_path) {
   std::ifstream in(index_path);
   const auto index = nlohmann::json::parse(in, nullptr, false);
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
@@ -73,18 +89,28 @@ NamedTensors read_sharded_weights(const std::string& index_path) {
     }
   }
   const std::string folder = fs::path(index_path).parent_path().string();
-  NamedTensors out;
+  std::vector<std::string> files;
+  for (const auto& shard : shards) files.push_back(folder + "/" + shard);
+  const bool safetensors = torch_state::has_suffix(index_path, ".safetensors.index.json");
+  // Which shard holds each tensor: checked against the index, shard by shard.
+  const auto& map = index["weight_map"];
   for (const auto& shard : shards) {
-    for (auto& [name, t] : read_weights(folder + "/" + shard)) {
-      const auto& map = index["weight_map"];
+    const std::string path = folder + "/" + shard;
+    std::vector<std::string> names;
+    if (safetensors) {
+      names = SafetensorsReader(path).names();
+    } else {
+      for (const auto& e : torch_weights({path}, path)->entries()) names.push_back(e.name);
+    }
+    for (const auto& name : names) {
       if (map.contains(name) && map[name] != shard) {
         throw FormatError(fmt::format("{}: tensor '{}' is in {}, but the index places it in {}",
                                       index_path, name, shard, map[name].dump()));
       }
-      out.emplace_back(name, t);
     }
   }
-  return out;
+  return without_buffers(safetensors ? safetensors_source(files, index_path)
+                                     : torch_weights(files, index_path));
 }
 
 std::optional<int64_t> hf_step(const std::string& entry) {
@@ -109,7 +135,7 @@ class HuggingFaceLayout : public CheckpointLayoutReader {
     return !hf_model_file(dir).empty();
   }
 
-  Checkpoint load(const CheckpointInfo& info, CheckpointParts) const override {
+  Checkpoint open(const CheckpointInfo& info, CheckpointParts) const override {
     Checkpoint ckpt;
     ckpt.step = info.step;
     ckpt.path = info.path;
@@ -121,9 +147,9 @@ class HuggingFaceLayout : public CheckpointLayoutReader {
                       "index of either)",
                       info.path));
     }
-    parts.model = torch_state::has_suffix(ckpt.model_file, ".index.json")
-                      ? read_sharded_weights(ckpt.model_file)
-                      : read_weights(ckpt.model_file);
+    ckpt.model_source = torch_state::has_suffix(ckpt.model_file, ".index.json")
+                            ? read_sharded_weights(ckpt.model_file)
+                            : read_weights(ckpt.model_file);
     ckpt.optimizer_file = info.path + "/optimizer.pt";
     if (fs::is_regular_file(ckpt.optimizer_file)) {
       const auto root = load_torch_file(ckpt.optimizer_file);
@@ -161,7 +187,6 @@ class HuggingFaceLayout : public CheckpointLayoutReader {
       }
     }
     parts.meta["step"] = info.step;
-    ckpt.model = std::move(parts.model);
     ckpt.indexed_optimizer = parts.optimizer;
     ckpt.meta = parse_checkpoint_meta(parts.meta.dump(), ckpt.meta_file);
     return ckpt;

@@ -10,6 +10,7 @@
 
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
+#include "curv/io/tensor_source.h"
 #include "io/builtin_layouts.h"
 
 namespace curv {
@@ -44,14 +45,15 @@ class NativeLayout : public CheckpointLayoutReader {
   // libcurv's own layout wins: a run directory may keep exports of other tools beside it.
   bool outranks_others() const override { return true; }
 
-  Checkpoint load(const CheckpointInfo& info, CheckpointParts parts) const override {
+  // The model stays in model.safetensors, read tensor by tensor into the parameters.
+  Checkpoint open(const CheckpointInfo& info, CheckpointParts parts) const override {
     Checkpoint ckpt;
     ckpt.step = info.step;
     ckpt.path = info.path;
     ckpt.model_file = info.path + "/model.safetensors";
     ckpt.optimizer_file = info.path + "/optimizer.safetensors";
     ckpt.meta_file = info.path + "/meta.json";
-    ckpt.model = SafetensorsReader(ckpt.model_file).tensors();
+    ckpt.model_source = safetensors_source({ckpt.model_file});
     if (parts == CheckpointParts::kAll && fs::exists(ckpt.optimizer_file)) {
       ckpt.optimizer = SafetensorsReader(ckpt.optimizer_file).tensors();
     }

@@ -220,7 +220,7 @@ struct FdCloser {
 
 }  // namespace
 
-SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+SafetensorsReader::SafetensorsReader(const std::string& path, uint64_t offset) : path_(path) {
   // O_NONBLOCK so that a FIFO given by mistake is refused below instead of blocking open().
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, fmt::format("cannot open safetensors file: {}", std::strerror(errno)));
@@ -229,19 +229,27 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   if (::fstat(fd, &st) != 0) fail(path, fmt::format("cannot stat: {}", std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) fail(path, "is a directory, not a safetensors file");
   if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (static_cast<uint64_t>(st.st_size) < offset) {
+    fail(path, fmt::format("file is {} bytes, too short for a safetensors blob at byte {}",
+                           st.st_size, offset));
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size) - offset;
   if (file_size < 8) {
     fail(path, fmt::format("file is {} bytes, too short for the 8-byte header length of a "
                            "safetensors file",
                            file_size));
   }
-  void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // mmap's offset must be a multiple of the page size: map from the page the blob starts in.
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t skip = offset % page;
+  void* map = ::mmap(nullptr, file_size + skip, PROT_READ, MAP_PRIVATE, fd,
+                     static_cast<off_t>(offset - skip));
   if (map == MAP_FAILED) fail(path, fmt::format("cannot mmap: {}", std::strerror(errno)));
   map_ = map;
-  map_size_ = file_size;
+  map_size_ = file_size + skip;
 
   try {
-    const auto* bytes = static_cast<const uint8_t*>(map_);
+    const auto* bytes = static_cast<const uint8_t*>(map_) + skip;
     const auto header_size = load_le<uint64_t>(bytes);
     if (header_size > kMaxHeaderBytes) {
       fail(path, fmt::format("header length {} is absurd (limit {} bytes); not a safetensors file?",
@@ -390,6 +398,26 @@ void parallel_copy(void* dst, const uint8_t* src, size_t n) {
 }
 
 }  // namespace
+
+at::ScalarType SafetensorsReader::scalar_type(const std::string& name) const {
+  const std::string& tag = entry(name).dtype;
+  if (auto type = direct_scalar_type(tag)) return *type;
+  if (tag == "BOOL") return at::kBool;
+  if (tag == "U16") return at::kInt;
+  if (tag == "U32" || tag == "U64") return at::kLong;
+  return at::kFloat;  // F8_E4M3, F8_E5M2
+}
+
+void SafetensorsReader::release(const std::string& name) const {
+  // The whole pages inside the tensor's bytes; the mapping is private and read-only, so
+  // dropping them loses nothing (a later read faults them in again).
+  const SafetensorsEntry& e = entry(name);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data_ + e.begin);
+  const auto end = reinterpret_cast<uintptr_t>(data_ + e.end);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
 
 at::Tensor SafetensorsReader::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);

@@ -3,13 +3,17 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <caffe2/serialize/inline_container.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "core/strings.h"
@@ -62,18 +66,76 @@ uLong parallel_crc32(const Bytef* p, size_t size) {
 
 using Ref = PyValue::Ref;
 using Kind = PyValue::Kind;
+
+// `length` bytes of a file from `offset` (the whole file, or one record of a DCP shard), read with
+// pread: what LibTorch's archive reader and the checksums read, and nothing more.
+class FileRange : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  FileRange(const std::string& path, uint64_t offset, std::optional<uint64_t> length)
+      : path_(path), offset_(offset) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      ::close(fd_);
+      throw FormatError(fmt::format("{}: cannot stat: {}", path, std::strerror(errno)));
+    }
+    const auto file_size = static_cast<uint64_t>(st.st_size);
+    if (offset > file_size || (length && *length > file_size - offset)) {
+      ::close(fd_);
+      throw FormatError(
+          fmt::format("{}: bytes {} to {} lie beyond the end of the file ({} bytes; "
+                      "truncated file?)",
+                      path, offset, offset + length.value_or(0), file_size));
+    }
+    size_ = length ? *length : file_size - offset;
+  }
+  ~FileRange() override { ::close(fd_); }
+  FileRange(const FileRange&) = delete;
+  FileRange& operator=(const FileRange&) = delete;
+
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* = "") const override {
+    if (pos >= size_) return 0;
+    n = std::min<uint64_t>(n, size_ - pos);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(buf) + done, n - done,
+                                  static_cast<off_t>(offset_ + pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+  // Exactly `n` bytes at `pos`; FormatError naming the file otherwise.
+  std::string bytes(uint64_t pos, uint64_t n, const char* what) const {
+    std::string out(n, '\0');
+    if (pos > size_ || n > size_ - pos || read(pos, out.data(), n) != n) {
+      throw FormatError(fmt::format("{}: zip archive: cannot read the {}", path_, what));
+    }
+    return out;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  uint64_t offset_;
+  uint64_t size_ = 0;
+  int fd_ = -1;
+};
+
 // The CRC-32 of every record of a zip archive, from its central directory, by the name below the
 // archive's top folder ("data.pkl", "data/0"). torch.save writes a CRC-32 for every record and
 // LibTorch's reader does not check it, so a flipped bit inside a tensor would load silently.
 class ZipChecksums {
  public:
-  explicit ZipChecksums(const std::string& path) : path_(path) {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    if (!in) fail("cannot open");
-    const uint64_t size = static_cast<uint64_t>(in.tellg());
+  // `origin` names the archive in messages (the file, or the file and record of a DCP shard).
+  ZipChecksums(const FileRange& in, const std::string& origin) : path_(origin) {
+    const uint64_t size = in.size();
     // The end-of-central-directory record: 22 bytes and a comment of up to 65535.
     const uint64_t tail_size = std::min<uint64_t>(size, 22 + 65535 + 20);
-    const std::string tail = read(in, size - tail_size, tail_size);
+    const std::string tail = in.bytes(size - tail_size, tail_size, "end of the archive");
     size_t eocd = std::string::npos;
     for (size_t i = tail.size() >= 22 ? tail.size() - 22 + 1 : 0; i-- > 0;) {
       if (u32(tail, i) == 0x06054b50) {
@@ -87,14 +149,19 @@ class ZipChecksums {
     if (entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) {
       // ZIP64: a locator just before the record points at the ZIP64 end record.
       if (eocd < 20 || u32(tail, eocd - 20) != 0x07064b50) fail("no ZIP64 end-record locator");
-      const std::string end64 = read(in, u64(tail, eocd - 20 + 8), 56);
+      const std::string end64 = in.bytes(u64(tail, eocd - 20 + 8), 56, "ZIP64 end record");
       if (u32(end64, 0) != 0x06064b50) fail("no ZIP64 end-of-central-directory record");
       entries = u64(end64, 32);
       cd_size = u64(end64, 40);
       cd_offset = u64(end64, 48);
     }
     if (cd_offset > size || cd_size > size - cd_offset) fail("central directory out of the file");
-    const std::string cd = read(in, cd_offset, cd_size);
+    const std::string cd = in.bytes(cd_offset, cd_size, "central directory");
+    // The central directory records every entry's CRC-32 and sizes: its own CRC is a digest of
+    // the archive's content that costs one small read.
+    directory_crc_ =
+        static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(cd.data()),
+                                    static_cast<uInt>(std::min<size_t>(cd.size(), 0xFFFFFFFFu))));
     size_t at = 0;
     for (uint64_t k = 0; k < entries; ++k) {
       if (at + 46 > cd.size() || u32(cd, at) != 0x02014b50) fail("damaged central directory");
@@ -131,13 +198,6 @@ class ZipChecksums {
   [[noreturn]] void fail(const std::string& why) const {
     throw FormatError(fmt::format("{}: zip archive: {}", path_, why));
   }
-  std::string read(std::ifstream& in, uint64_t offset, uint64_t n) const {
-    std::string out(n, '\0');
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(out.data(), static_cast<std::streamsize>(n));
-    if (static_cast<uint64_t>(in.gcount()) != n) fail("cannot read the central directory");
-    return out;
-  }
   static uint64_t le(const std::string& s, size_t at, int bytes) {
     uint64_t v = 0;
     for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(s[at + i]);
@@ -158,6 +218,10 @@ class ZipChecksums {
 
   std::string path_;
   std::map<std::string, uint32_t> crcs_;
+  uint32_t directory_crc_ = 0;
+
+ public:
+  uint32_t directory_crc() const { return directory_crc_; }
 };
 [[noreturn]] void pickle_error(const std::string& path, const std::string& why) {
   throw FormatError(fmt::format("{}: data.pkl: {}", path, why));
@@ -194,19 +258,10 @@ at::Tensor read_storage(const std::string& path, caffe2::serialize::PyTorchStrea
       holder->get(), {numel}, [holder](void*) {}, options);
 }
 
-std::string first_bytes(const std::string& path, size_t n) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::string out(n, '\0');
-  in.read(out.data(), static_cast<std::streamsize>(n));
-  out.resize(static_cast<size_t>(in.gcount()));
-  return out;
-}
-
 }  // namespace
 
 const PyValue* PyValue::find(const std::string& key) const {
-  if (kind != Kind::kDict) return nullptr;
+  if (kind != Kind::kDict && kind != Kind::kObject) return nullptr;
   for (const auto& [k, v] : entries) {
     if (k->kind == Kind::kString && k->text == key) return v.get();
   }
@@ -239,6 +294,8 @@ std::string PyValue::type_name() const {
       return "global";
     case Kind::kStorage:
       return "storage";
+    case Kind::kObject:
+      return text;
   }
   return "?";
 }
@@ -296,6 +353,8 @@ std::string PyValue::brief_at(int level) const {
       return text;
     case Kind::kStorage:
       return fmt::format("storage('{}')", text);
+    case Kind::kObject:
+      return fmt::format("{}(...)", text.substr(text.rfind('.') + 1));
   }
   return "?";
 }
@@ -306,14 +365,19 @@ std::vector<std::string> allowed_torch_globals() {
   return out;
 }
 
-PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& options) {
-  const std::string head = first_bytes(path, 4);
-  if (head.size() < 4 || head.compare(0, 4, "PK\x03\x04") != 0) {
+namespace {
+
+PyValue::Ref load_archive(const std::string& path, uint64_t offset, std::optional<uint64_t> length,
+                          const std::string& origin, const TorchFileOptions& options) {
+  auto range = std::make_shared<FileRange>(path, offset, length);
+  char head[4] = {};
+  const size_t got = range->read(0, head, 4);
+  if (got < 4 || std::memcmp(head, "PK\x03\x04", 4) != 0) {
     // The legacy format (PyTorch < 1.6, or _use_new_zipfile_serialization=False) starts with a
     // pickled magic number; reading it would need the unrestricted unpickler.
-    const bool legacy = head.size() >= 2 && static_cast<uint8_t>(head[0]) == 0x80;
+    const bool legacy = got >= 2 && static_cast<uint8_t>(head[0]) == 0x80;
     throw FormatError(fmt::format(
-        "{}: not a zip archive written by torch.save{}", path,
+        "{}: not a zip archive written by torch.save{}", origin,
         legacy ? ": this is the legacy (pre-1.6) torch.save format; re-save it in Python with "
                  "torch.save(torch.load(path), path) on PyTorch >= 1.6"
                : " (corrupt or not a PyTorch checkpoint)"));
@@ -322,10 +386,10 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
   std::unique_ptr<ZipChecksums> checksums;
   std::string pickle;
   try {
-    archive = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
-    checksums = std::make_unique<ZipChecksums>(path);
+    checksums = std::make_unique<ZipChecksums>(*range, origin);
+    archive = std::make_unique<caffe2::serialize::PyTorchStreamReader>(range);
     if (!archive->hasRecord("data.pkl")) {
-      throw FormatError(fmt::format("{}: the archive has no data.pkl record", path));
+      throw FormatError(fmt::format("{}: the archive has no data.pkl record", origin));
     }
     if (archive->hasRecord("byteorder")) {
       auto [bytes, size] = archive->getRecord("byteorder");
@@ -335,23 +399,43 @@ PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& op
         throw FormatError(
             fmt::format("{}: byteorder is '{}'; only little-endian checkpoints are "
                         "read (re-save it on a little-endian machine)",
-                        path, order));
+                        origin, order));
       }
     }
     auto [bytes, size] = archive->getRecord("data.pkl");
     checksums->check("data.pkl", bytes.get(), size);
     pickle.assign(static_cast<const char*>(bytes.get()), size);
   } catch (const c10::Error& e) {
-    throw FormatError(fmt::format("{}: corrupt torch.save archive: {}", path, brief_what(e)));
+    throw FormatError(fmt::format("{}: corrupt torch.save archive: {}", origin, brief_what(e)));
   }
-  if (!options.load_tensors) return unpickle(path, pickle, nullptr);
+  const PickleGlobals globals =
+      options.deepspeed_classes ? PickleGlobals::kDeepSpeed : PickleGlobals::kTorchSave;
+  if (!options.load_tensors) return unpickle(origin, pickle, nullptr, globals);
   caffe2::serialize::PyTorchStreamReader& zip = *archive;
   const ZipChecksums& crcs = *checksums;
-  return unpickle(path, pickle,
-                  [&](const std::string& key, at::ScalarType dtype, int64_t numel,
-                      const std::string& type_name) {
-                    return read_storage(path, zip, crcs, key, dtype, numel, type_name);
-                  });
+  return unpickle(
+      origin, pickle,
+      [&](const std::string& key, at::ScalarType dtype, int64_t numel,
+          const std::string& type_name) {
+        return read_storage(origin, zip, crcs, key, dtype, numel, type_name);
+      },
+      globals);
+}
+
+}  // namespace
+
+PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& options) {
+  return load_archive(path, 0, std::nullopt, path, options);
+}
+
+PyValue::Ref load_torch_record(const std::string& path, uint64_t offset, uint64_t length,
+                               const std::string& origin, const TorchFileOptions& options) {
+  return load_archive(path, offset, length, origin, options);
+}
+
+uint32_t torch_file_directory_crc(const std::string& path) {
+  const FileRange range(path, 0, std::nullopt);
+  return ZipChecksums(range, path).directory_crc();
 }
 
 }  // namespace curv

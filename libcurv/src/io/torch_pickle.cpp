@@ -30,8 +30,9 @@ Ref make(Kind kind) {
 // an allowed global and is carried out by C++ code, so no Python-level code can run.
 class Unpickler {
  public:
-  Unpickler(const std::string& path, const std::string& data, StorageReader read_storage)
-      : path_(path), data_(data), read_storage_(std::move(read_storage)) {}
+  Unpickler(const std::string& path, const std::string& data, StorageReader read_storage,
+            PickleGlobals globals)
+      : path_(path), data_(data), read_storage_(std::move(read_storage)), globals_(globals) {}
 
   // A pickle can make a container hold itself (L = []; L.append(L)); shared references alone
   // would then never be released. A failed run, or a tree rejected as cyclic, empties every
@@ -104,11 +105,22 @@ class Unpickler {
       }
       case 'b': {  // BUILD
         auto state = pop();
+        if (top()->is(Kind::kObject)) {
+          dcp_pickle::build_object(path_, *top(), state);
+          break;
+        }
         // OrderedDict state dicts carry `_metadata` (module versions) as instance state; it
         // has no bearing on the tensors, so it is dropped.
         if (!top()->is(Kind::kDict)) {
           fail(fmt::format("BUILD on a {}", top()->type_name()));
         }
+        break;
+      }
+      case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), for the allowed classes only
+        auto args = pop();
+        auto cls = pop();
+        if (globals_ == PickleGlobals::kTorchSave) fail("NEWOBJ: no class may be built here");
+        push(dcp_pickle::new_object(path_, *cls, *args, globals_));
         break;
       }
       default:
@@ -285,7 +297,9 @@ class Unpickler {
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    throw FormatError(fmt::format("{}: data.pkl: {}", path_, why));
+    // torch.save's pickle is a record of the archive; DCP's .metadata is the whole file.
+    throw FormatError(fmt::format(
+        "{}: {}{}", path_, globals_ != PickleGlobals::kDcpMetadata ? "data.pkl: " : "", why));
   }
 
   uint8_t byte() {
@@ -328,7 +342,9 @@ class Unpickler {
   }
 
   void push(Ref v) {
-    if (v->is(Kind::kList) || v->is(Kind::kTuple) || v->is(Kind::kDict)) containers_.push_back(v);
+    const Kind k = v->kind;
+    if (k == Kind::kList || k == Kind::kTuple || k == Kind::kDict || k == Kind::kObject)
+      containers_.push_back(v);
     stack_.push_back(std::move(v));
   }
 
@@ -452,14 +468,8 @@ class Unpickler {
   }
 
   Ref global(const std::string& name) const {
-    const auto& callables = torch_callable_globals();
-    if (std::find(callables.begin(), callables.end(), name) == callables.end() &&
-        !torch_storage_types().count(name)) {
-      fail(
-          fmt::format("the pickle names the global '{}', which is not allowed (only plain data, "
-                      "tensors and state dicts are read; allowed: {})",
-                      name, join(allowed_torch_globals(), ", ")));
-    }
+    const std::string refusal = global_refusal(name, globals_);
+    if (!refusal.empty()) fail(refusal);
     auto v = make(Kind::kGlobal);
     v->text = name;
     return v;
@@ -492,61 +502,12 @@ class Unpickler {
     return storage;
   }
 
-  std::vector<int64_t> int_tuple(const PyValue& v, const char* what) const {
-    if (!v.is(Kind::kTuple) && !v.is(Kind::kList)) {
-      fail(fmt::format("tensor {} is a {}, expected a tuple of ints", what, v.type_name()));
-    }
-    std::vector<int64_t> out;
-    for (const auto& item : v.items) {
-      if (!item->is(Kind::kInt)) fail(fmt::format("tensor {} holds a {}", what, item->type_name()));
-      out.push_back(item->integer);
-    }
-    return out;
-  }
-
-  Ref rebuild_tensor(const PyValue& args) const {
-    if (!args.is(Kind::kTuple) || args.items.size() < 4 || !args.items[0]->is(Kind::kStorage) ||
-        !args.items[1]->is(Kind::kInt)) {
-      fail(fmt::format("_rebuild_tensor_v2 with arguments {}", args.brief()));
-    }
-    const PyValue& storage = *args.items[0];
-    const int64_t offset = args.items[1]->integer;
-    const auto size = int_tuple(*args.items[2], "size");
-    const auto stride = int_tuple(*args.items[3], "stride");
-    if (size.size() != stride.size()) fail("tensor size and stride differ in length");
-    // Every element the view can reach must lie inside the storage.
-    int64_t last = offset, numel = 1;
-    bool bad = offset < 0;
-    for (size_t i = 0; i < size.size() && !bad; ++i) {
-      int64_t reach = 0;
-      bad = size[i] < 0 || stride[i] < 0 || __builtin_mul_overflow(numel, size[i], &numel) ||
-            (size[i] > 0 && (__builtin_mul_overflow(size[i] - 1, stride[i], &reach) ||
-                             __builtin_add_overflow(last, reach, &last)));
-    }
-    if (bad || (numel > 0 && last >= storage.shape[0])) {
-      fail(fmt::format(
-          "tensor view (offset {}, size {}, stride {}) lies outside storage '{}' of {} "
-          "elements",
-          offset, shape_string(size), shape_string(stride), storage.text, storage.shape[0]));
-    }
-    auto v = make(Kind::kTensor);
-    v->dtype = storage.dtype;
-    v->shape = size;
-    if (storage.tensor.defined()) {
-      // A view of a whole storage in order is the storage itself; anything else is copied out,
-      // so a small slice does not keep a large storage alive.
-      auto view = storage.tensor.as_strided(size, stride, offset);
-      v->tensor = offset == 0 && numel == storage.shape[0] && view.is_contiguous()
-                      ? view
-                      : view.clone(at::MemoryFormat::Contiguous);
-    }
-    return v;
-  }
-
   Ref reduce(const PyValue& callable, const PyValue& args) const {
     if (!callable.is(Kind::kGlobal)) fail(fmt::format("REDUCE on a {}", callable.type_name()));
     if (!args.is(Kind::kTuple)) fail(fmt::format("REDUCE with arguments {}", args.brief()));
     const std::string& name = callable.text;
+    if (dcp_pickle::callable(name, globals_))
+      return dcp_pickle::reduce(path_, name, args, globals_);
     if (name == "collections.OrderedDict") {
       auto dict = make(Kind::kDict);
       if (!args.items.empty()) {
@@ -560,7 +521,9 @@ class Unpickler {
       }
       return dict;
     }
-    if (name == "torch._utils._rebuild_tensor_v2") return rebuild_tensor(args);
+    if (name == "torch._utils._rebuild_tensor_v2") {
+      return rebuild_tensor(args, [this](const std::string& why) { fail(why); });
+    }
     if (name == "torch._utils._rebuild_parameter" ||
         name == "torch._utils._rebuild_parameter_with_state") {
       if (args.items.empty() || !args.items[0]->is(Kind::kTensor)) {
@@ -574,6 +537,7 @@ class Unpickler {
   std::string path_;
   const std::string& data_;
   StorageReader read_storage_;
+  PickleGlobals globals_;
   size_t pos_ = 0;
   std::vector<Ref> stack_;
   std::vector<size_t> marks_;
@@ -586,8 +550,8 @@ class Unpickler {
 }  // namespace
 
 PyValue::Ref unpickle(const std::string& path, const std::string& pickle,
-                      StorageReader read_storage) {
-  return Unpickler(path, pickle, std::move(read_storage)).run();
+                      StorageReader read_storage, PickleGlobals globals) {
+  return Unpickler(path, pickle, std::move(read_storage), globals).run();
 }
 
 }  // namespace curv

@@ -90,9 +90,16 @@ struct ProbeRunOptions {
   std::vector<std::string> analyses;
   // Read the checkpoints the next turn of the loop needs on background threads while the current
   // one's units compute, and keep the delta's successor read for its own turn: each file read
-  // once, its reading hidden behind the HVPs, for up to two more checkpoints in host memory.
-  // Off on the CPU when the engine has a memory bound (EngineOptions::max_memory).
+  // once, its reading hidden behind the HVPs. Off on the CPU when the engine has a memory bound
+  // (EngineOptions::max_memory).
   bool prefetch = true;
+  // The host bytes the checkpoints read ahead may hold (their model tensors): a checkpoint that
+  // does not fit is only opened ahead (its listing and optimizer state) and its model read into
+  // the parameters at its turn, tensor by tensor. 0: none held.
+  int64_t prefetch_bytes = int64_t{4} << 30;
+  // The checkpoint digest that guards --resume: every byte of every file (true), or what the
+  // files record about themselves (false: DigestKind::kRecorded, a few kilobytes per file).
+  bool full_digest = false;
   // Float32 matrix products during execute() (curv/core/precision.h). Below kHighest, each run's
   // first probed checkpoint records matmul_precision_error's relative errors as its attributes.
   MatmulPrecision matmul_precision = MatmulPrecision::kHighest;

@@ -121,6 +121,9 @@ class CurvatureEngine {
   ParamVector parameters() const;
   // Moves the model to θ: copies values in and drops every cached quantity.
   void set_parameters(const ParamVector& theta);
+  // The model's parameters were written in place (a checkpoint read straight into them, io's
+  // fill_parameters): drops every cached quantity, as set_parameters does.
+  void parameters_changed();
 
   double loss();                  // L(θ), cached until the parameters change
   const ParamVector& gradient();  // ∇L(θ), cached likewise

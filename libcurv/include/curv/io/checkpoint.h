@@ -18,6 +18,7 @@
 #include "curv/core/param_space.h"
 #include "curv/core/structure.h"
 #include "curv/io/param_order.h"
+#include "curv/io/tensor_source.h"
 
 namespace curv {
 
@@ -61,11 +62,21 @@ struct CheckpointInfo {
   CheckpointLayout layout = CheckpointLayout::kNative;
 };
 
-// The checkpoint's content as "crc32:XXXXXXXX bytes:N": the CRC-32 of the bytes of every regular
-// file it consists of (a folder's files in name order, or the file), so that a resumed run can
-// tell whether a checkpoint changed since its results were written. Reads every byte once.
-// FormatError naming the file when one cannot be read.
-std::string checkpoint_digest(const CheckpointInfo& info);
+// What a checkpoint digest reads. kFull: every byte of every file, "crc32:XXXXXXXX bytes:N".
+// kRecorded: what the files record about themselves, a few kilobytes per file whatever its size,
+// "recorded:XXXXXXXX bytes:N": each file's name and size; a zip archive's central directory
+// (torch.save files: every record's CRC-32 and size); a safetensors header; small files
+// (.metadata, JSON, up to 1 MiB) whole; and of every larger file 16 blocks of 64 KiB spread over
+// it, so that a re-saved tensor, which changes nearly all its bytes, changes the digest.
+enum class DigestKind { kRecorded, kFull };
+// The checkpoint's content digest, so that a resumed run can tell whether a checkpoint changed
+// since its results were written: every regular file it consists of (a folder's files, in its
+// subfolders too, by relative path; or the file). FormatError naming the file when one cannot be
+// read.
+std::string checkpoint_digest(const CheckpointInfo& info, DigestKind kind = DigestKind::kRecorded);
+// The kind of a digest checkpoint_digest wrote ("crc32:" is kFull, as every digest written
+// before kRecorded existed), so that a resumed run compares like with like.
+DigestKind digest_kind_of(const std::string& digest);
 
 // Which checkpoints of a run to analyse: those with first <= step <= last, then every stride-th of
 // them by position (the first in range is always kept), so a run saved at irregular steps thins
@@ -109,8 +120,11 @@ struct IndexedOptimizerState;
 // meta made from what the file records (model_args, iter_num, param_groups).
 struct Checkpoint {
   int64_t step = 0;
-  std::string path;        // the step_<N> folder (or the checkpoint's folder or file)
-  NamedTensors model;      // model.safetensors, in file order
+  std::string path;  // the step_<N> folder (or the checkpoint's folder or file)
+  // The model's tensors as a source (open_checkpoint): read into the parameters one tensor at a
+  // time (fill_parameters, parameters_from). Unset once `model` holds them whole.
+  SharedTensorSource model_source;
+  NamedTensors model;      // model.safetensors, in file order, when read whole (load_checkpoint)
   NamedTensors optimizer;  // optimizer.safetensors; empty if the file is absent
   CheckpointMeta meta;     // meta.json as parsed; empty if the file is absent
   // Where each part came from, for messages: "<path>/model.safetensors", "<file> ['model']", ...
@@ -157,6 +171,11 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt);
 // does not read optimizer.safetensors, the PyTorch layouts drop the state after reading.
 enum class CheckpointParts { kAll, kModelOnly };
 Checkpoint load_checkpoint(const CheckpointInfo& info,
+                           CheckpointParts parts = CheckpointParts::kAll);
+// The same with the model's tensors left in their files: `model_source` lists them and reads each
+// on demand (`model` stays empty), so a model of any size is filled in place. Optimizer state and
+// meta are read as load_checkpoint reads them. The same errors, each when its part is read.
+Checkpoint open_checkpoint(const CheckpointInfo& info,
                            CheckpointParts parts = CheckpointParts::kAll);
 
 // Names a torch optimizer's index-keyed state after the model's parameters: fills
@@ -215,9 +234,17 @@ void validate_param_order(const std::string& param_order);
 //    state_dict does). The tied pairs are `structure`'s (ModelStructure::tied); without one, or
 //    when it names none, nanoGPT's ("lm_head.weight" tied to "transformer.wte.weight");
 //  - a shape that differs (parameter and both shapes), or a non-floating tensor.
+// Reads the model tensors from `ckpt.model_source` (or `ckpt.model`) when given either.
 ParamVector parameters_from(const Checkpoint& ckpt, const ParamSpace& space,
                             const ParamVector& like, bool allow_extra = false,
                             const ModelStructure* structure = nullptr);
+// The same checks, then each parameter read straight into `dest` (aligned with `space`: a model's
+// own parameters, on any device and in any dtype), one tensor at a time: no copy of the whole
+// checkpoint is ever held. Nothing is written when a check fails.
+void fill_parameters(const Checkpoint& ckpt, const ParamSpace& space, const ParamVector& dest,
+                     bool allow_extra = false, const ModelStructure* structure = nullptr);
+// The bytes of the model's tensors (model_source or model).
+int64_t model_bytes(const Checkpoint& ckpt);
 
 // optimizer_state (curv/core/checkpoint_meta.h) on saved_optimizer(ckpt): the same lookups,
 // messages naming optimizer.safetensors (or the file the state came from).

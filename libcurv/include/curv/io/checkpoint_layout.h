@@ -36,11 +36,15 @@ class CheckpointLayoutReader {
   // Whether detection chooses this layout whenever the directory holds one of its checkpoints,
   // whatever else it holds (the native layout: a run may keep other tools' exports beside it).
   virtual bool outranks_others() const { return false; }
-  // The checkpoint `info` (listed by this layout) in the native form: model tensors by name, meta
-  // made from what the files record, a torch optimizer's state indexed until
-  // resolve_optimizer_state names it. kModelOnly may skip reading the optimizer state
-  // (load_checkpoint drops it either way). FormatError naming the file and key.
-  virtual Checkpoint load(const CheckpointInfo& info, CheckpointParts parts) const = 0;
+  // The checkpoint `info` (listed by this layout) in the native form, its model tensors as a
+  // source (Checkpoint::model_source, read on demand by fill_parameters), meta made from what the
+  // files record, a torch optimizer's state indexed until resolve_optimizer_state names it.
+  // kModelOnly may skip reading the optimizer state (open_checkpoint drops it either way).
+  // FormatError naming the file and key. A layout overrides open() or load() (or both): by
+  // default each is made from the other.
+  virtual Checkpoint open(const CheckpointInfo& info, CheckpointParts parts) const;
+  // The same with the model tensors read whole into Checkpoint::model (load_checkpoint).
+  virtual Checkpoint load(const CheckpointInfo& info, CheckpointParts parts) const;
 };
 
 // Adds a layout, after the built-ins in detection order; InvalidArgument if its name is taken

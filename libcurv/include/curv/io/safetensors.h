@@ -31,7 +31,9 @@ struct SafetensorsEntry {
 class SafetensorsReader {
  public:
   // Throws FormatError naming `path` (and the tensor key and bad value, where there is one).
-  explicit SafetensorsReader(const std::string& path);
+  // `offset`: where the safetensors data starts in the file (0 for a .safetensors file; DCP's
+  // safetensors shards may hold other records before it).
+  explicit SafetensorsReader(const std::string& path, uint64_t offset = 0);
   ~SafetensorsReader();
   SafetensorsReader(SafetensorsReader&& other) noexcept;
   SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
@@ -49,6 +51,11 @@ class SafetensorsReader {
 
   // An owning, contiguous CPU tensor: a copy out of the mapping, so it outlives the reader.
   at::Tensor tensor(const std::string& name) const;
+  // The torch dtype tensor(name) returns (after the widening above), without reading it.
+  at::ScalarType scalar_type(const std::string& name) const;
+  // Drops the mapped pages of tensor `name` from this process's memory once it has been read, so
+  // that reading a checkpoint tensor by tensor holds one tensor's pages at a time.
+  void release(const std::string& name) const;
   // Every tensor, in names() order.
   std::vector<std::pair<std::string, at::Tensor>> tensors() const;
 

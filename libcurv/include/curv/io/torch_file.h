@@ -27,7 +27,8 @@ struct PyValue {
     kDict,
     kTensor,
     kGlobal,
-    kStorage
+    kStorage,
+    kObject
   };
   using Ref = std::shared_ptr<PyValue>;
 
@@ -41,9 +42,11 @@ struct PyValue {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;                          // string, bytes, "module.name" of a global
-  std::vector<Ref> items;                    // tuple, list
-  std::vector<std::pair<Ref, Ref>> entries;  // dict, in insertion order
+  // string, bytes, "module.name" of a global or of an object's class
+  std::string text;
+  std::vector<Ref> items;  // tuple, list
+  // dict, in insertion order; an object's attributes (its pickled state when that is a dict)
+  std::vector<std::pair<Ref, Ref>> entries;
   // Tensor: a contiguous CPU copy. Storage: its elements as a flat tensor. Undefined when the file
   // was read without tensors (then `shape` still holds the tensor's size).
   at::Tensor tensor;
@@ -51,7 +54,8 @@ struct PyValue {
   at::ScalarType dtype = at::ScalarType::Undefined;
 
   bool is(Kind k) const { return kind == k; }
-  // The entry of a dict whose key is the string `key`, or nullptr (also when this is not a dict).
+  // The entry of a dict (or attribute of an object) whose key is the string `key`, or nullptr
+  // (also when this is neither).
   const PyValue* find(const std::string& key) const;
   // "dict", "int", "tensor", ... as in messages.
   std::string type_name() const;
@@ -65,6 +69,9 @@ struct TorchFileOptions {
   // false: tensors keep only their shape and dtype and no storage is read, for a quick look at a
   // checkpoint's metadata (iter_num, model_args).
   bool load_tensors = true;
+  // Also the classes DeepSpeed's ZeRO checkpoints pickle (its loss scaler, ZeRO stage enum and
+  // tensor-fragment addresses, read as plain values: docs/checkpoints.md#deepspeed-zero).
+  bool deepspeed_classes = false;
 };
 
 // Unpickles `path`, a zip archive written by torch.save. Allowed globals (nothing else is looked
@@ -77,6 +84,16 @@ struct TorchFileOptions {
 // a storage shorter than its element count or a view outside its storage, a global outside the
 // allow-list, an unknown opcode or a malformed pickle.
 PyValue::Ref load_torch_file(const std::string& path, const TorchFileOptions& options = {});
+
+// The same for an archive stored at bytes [offset, offset + length) of `path`, as
+// torch.distributed.checkpoint writes each record of a shard (`origin` names it in messages).
+PyValue::Ref load_torch_record(const std::string& path, uint64_t offset, uint64_t length,
+                               const std::string& origin, const TorchFileOptions& options = {});
+
+// The CRC-32 of the archive's central directory, which records every record's CRC-32 and size:
+// a digest of the whole archive's content read from its last few kilobytes. FormatError naming
+// the file when it is not a zip archive.
+uint32_t torch_file_directory_crc(const std::string& path);
 
 // The allowed globals, "module.name", for documentation and messages.
 std::vector<std::string> allowed_torch_globals();
