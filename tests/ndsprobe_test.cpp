@@ -691,9 +691,18 @@ TEST_CASE("a checkpoint changed between a run and its resume is named and the fi
   const std::string args = f.run + " --data " + f.data + " --directions delta,random -o " + out;
   f.ndsprobe(args);
   CHECK_THAT(H5Reader(out).attribute_string("/runs/run_a/step_10", "checkpoint_digest"),
-             Catch::Matchers::StartsWith("crc32:"));
+             Catch::Matchers::StartsWith("recorded:"));
   // Unchanged checkpoints resume (nothing to do).
   f.ndsprobe(args + " --resume");
+  // A file guarded by the full digest resumes without the flag: each digest is compared with
+  // one of its kind.
+  const std::string full = f.dir.file("full.h5");
+  const std::string full_args =
+      f.run + " --data " + f.data + " --directions delta,random -o " + full;
+  f.ndsprobe(full_args + " --full-digest");
+  CHECK_THAT(H5Reader(full).attribute_string("/runs/run_a/step_10", "checkpoint_digest"),
+             Catch::Matchers::StartsWith("crc32:"));
+  f.ndsprobe(full_args + " --resume");
   const std::string before = read_file(out);
   // step_10 saved again with other weights.
   ParamVector theta = f.thetas[1];

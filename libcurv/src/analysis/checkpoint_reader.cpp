@@ -28,7 +28,10 @@ CheckpointReader::~CheckpointReader() {
   }
 }
 
-std::string CheckpointReader::digest(const CheckpointInfo& info) {
+std::string CheckpointReader::digest(const CheckpointInfo& info, const std::string& like) {
+  if (!like.empty() && digest_kind_of(like) != digest_kind_) {
+    return checkpoint_digest(info, digest_kind_of(like));
+  }
   auto it = entries_.find(info.path);
   if (it != entries_.end() && it->second.digest.valid()) return it->second.digest.get();
   return checkpoint_digest(info, digest_kind_);

@@ -29,8 +29,10 @@ class CheckpointReader {
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
 
-  // checkpoint_digest(info, digest_kind), from a background read when one was started.
-  std::string digest(const CheckpointInfo& info);
+  // checkpoint_digest(info, digest_kind), from a background read when one was started; of the
+  // kind of `like` instead when that is a digest of the other kind (a file resumed with or
+  // without --full-digest).
+  std::string digest(const CheckpointInfo& info, const std::string& like = "");
   // open_checkpoint(info, parts), handed over from a background read or a kept checkpoint that
   // holds at least `parts` (the optimizer state dropped when only the model was asked for); its
   // model tensors in memory when they were read ahead.

@@ -337,12 +337,8 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   CurvatureEngine& engine = pass.engine;
   // Results already in the file belong to the checkpoint as it was then: a checkpoint that
   // changed since (overwritten, re-saved by a resumed training run) is refused by name.
-  std::string digest = pass.reader.digest(info);
   const std::string recorded = report.checkpoint_digest(run.name, info.step);
-  // A file written with the other kind of digest is compared with its kind.
-  if (!recorded.empty() && digest_kind_of(recorded) != digest_kind_of(digest)) {
-    digest = checkpoint_digest(info, digest_kind_of(recorded));
-  }
+  const std::string digest = pass.reader.digest(info, recorded);
   if (!recorded.empty() && recorded != digest) {
     throw InvalidArgument(fmt::format(
         "cannot resume '{}': checkpoint '{}' (run '{}', step {}) changed since its results were "
@@ -384,13 +380,11 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
           report.add_checkpoint(run.name, info.step, loss, std::nullopt, digest);
         }
       });
-  // Which of the checkpoint's files the audited weights are (a DeepSpeed run's fp32 master
-  // weights rather than its module's), relative to the checkpoint.
+  // Which files the audited weights are (a DeepSpeed run's fp32 master weights, not its module's).
   const std::string& weights = state.ckpt.model_file;
+  const bool inside = weights.rfind(info.path + "/", 0) == 0;
   report.checkpoint_group(run.name, info.step)
-      .attribute("weights", weights.rfind(info.path + "/", 0) == 0
-                                ? weights.substr(info.path.size() + 1)
-                                : weights);
+      .attribute("weights", inside ? weights.substr(info.path.size() + 1) : weights);
   pass.summary.peak_memory = std::max(pass.summary.peak_memory, gradient_peak);
   if (options_.matmul_precision != MatmulPrecision::kHighest &&
       pass.precision_measured.insert(run.name).second) {
