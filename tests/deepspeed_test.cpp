@@ -19,35 +19,6 @@ using namespace curv;
 using namespace curv_test;
 using Catch::Matchers::Contains;
 
-namespace {
-
-size_t row_of(const Table& taylor, int64_t step, const std::string& direction) {
-  for (size_t i = 0; i < taylor.num_rows(); ++i) {
-    if (taylor.int64s("step")[i] == step && taylor.strings("direction")[i] == direction &&
-        taylor.strings("block")[i] == "total") {
-      return i;
-    }
-  }
-  FAIL("no /taylor row for step " << step << " " << direction);
-  return 0;
-}
-
-void check_audit(const Table& taylor, size_t row, const nlohmann::json& want) {
-  auto close = [&](const char* column, double expected) {
-    const double got = taylor.doubles(column)[row];
-    INFO(column << ": got " << got << ", want " << expected);
-    CHECK(std::abs(got - expected) <= 1e-10 * std::abs(expected));
-  };
-  close("loss", want["loss"].get<double>());
-  close("first_order", want["first_order"].get<double>());
-  close("curvature", want["curvature"].get<double>());
-  close("nds", want["curvature"].get<double>() / want["sq_norm"].get<double>());
-  close("update_norm", std::sqrt(want["sq_norm"].get<double>()));
-  close("realized", want["realized"].get<double>());
-}
-
-}  // namespace
-
 TEST_CASE("DeepSpeed ZeRO 2 and 3 saves equal DeepSpeed's gathered state in float64",
           "[deepspeed][transformers][ndsprobe]") {
   const std::string root = torchrun_fixture("make_deepspeed_runs.py", "DS_ACCELERATOR=cpu");
@@ -77,11 +48,11 @@ TEST_CASE("DeepSpeed ZeRO 2 and 3 saves equal DeepSpeed's gathered state in floa
   const Table taylor = reader.table("/taylor");
   {
     INFO("delta at step 2: the fp32 master weights of global_step4 minus global_step2");
-    check_audit(taylor, row_of(taylor, 2, "delta"), ref["delta"]);
+    check_audit(taylor, taylor_row(taylor, 2, "delta"), ref["delta"]);
   }
   {
     INFO("adamw at step 2: torch.optim.AdamW's step from the partitioned state, two groups");
-    check_audit(taylor, row_of(taylor, 2, "adamw"), ref["adamw"]);
+    check_audit(taylor, taylor_row(taylor, 2, "adamw"), ref["adamw"]);
     CHECK(reader.attribute_string(fmt::format("/runs/{}/step_2/adamw", run), "optimizer_rule") ==
           "adamw");
   }

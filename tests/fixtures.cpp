@@ -3,8 +3,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <catch2/catch.hpp>
+#include <cmath>
 #include <fstream>
 #include <iterator>
+
+#include "test_support.h"
 
 namespace curv_test {
 
@@ -106,6 +110,32 @@ at::Tensor ExhaustingObjective::loss(const curv::Batch& batch) {
                                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated)");
   }
   return model_.loss(batch);
+}
+
+size_t taylor_row(const curv::Table& taylor, int64_t step, const std::string& direction,
+                  const std::string& block) {
+  for (size_t i = 0; i < taylor.num_rows(); ++i) {
+    if (taylor.int64s("step")[i] == step && taylor.strings("direction")[i] == direction &&
+        taylor.strings("block")[i] == block) {
+      return i;
+    }
+  }
+  FAIL("no /taylor row for step " << step << " " << direction << " " << block);
+  return 0;
+}
+
+void check_audit(const curv::Table& taylor, size_t row, const nlohmann::json& want) {
+  auto close = [&](const char* column, double expected) {
+    const double got = taylor.doubles(column)[row];
+    INFO(column << ": got " << got << ", want " << expected);
+    CHECK(std::abs(got - expected) <= 1e-10 * std::abs(expected));
+  };
+  close("loss", want["loss"].get<double>());
+  close("first_order", want["first_order"].get<double>());
+  close("curvature", want["curvature"].get<double>());
+  close("nds", want["curvature"].get<double>() / want["sq_norm"].get<double>());
+  close("update_norm", std::sqrt(want["sq_norm"].get<double>()));
+  close("realized", want["realized"].get<double>());
 }
 
 }  // namespace curv_test

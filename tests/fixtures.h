@@ -12,6 +12,7 @@
 
 #include "curv/core/objective.h"
 #include "curv/core/probe_set.h"
+#include "curv/io/h5_file.h"
 #include "curv/models/models.h"
 
 namespace curv_test {
@@ -56,6 +57,14 @@ curv::ProbeSet load_script_fixture_probe(const std::string& dir);
 
 // A JSON file written by a Python fixture.
 nlohmann::json read_json(const std::string& path);
+
+// The /taylor row of (step, direction, block); fails the test when there is none.
+size_t taylor_row(const curv::Table& taylor, int64_t step, const std::string& direction,
+                  const std::string& block = "total");
+// Checks a /taylor row against a Python reference's audit ({"loss", "first_order", "curvature",
+// "sq_norm", "realized"}, as tests/python/transformers_reference.py's audit writes it) to 1e-10:
+// loss, g·u, uᵀHu, NDS, ‖u‖ and the realized change.
+void check_audit(const curv::Table& taylor, size_t row, const nlohmann::json& want);
 // Token rows [[t, ...], ...] of a Python fixture's JSON as an int64 tensor [rows, columns].
 at::Tensor tokens_of(const nlohmann::json& rows);
 

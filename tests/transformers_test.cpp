@@ -21,37 +21,6 @@ using namespace curv;
 using namespace curv_test;
 using Catch::Matchers::Contains;
 
-namespace {
-
-// The row of /taylor for (step, direction, block).
-size_t row_of(const Table& taylor, int64_t step, const std::string& direction,
-              const std::string& block = "total") {
-  for (size_t i = 0; i < taylor.num_rows(); ++i) {
-    if (taylor.int64s("step")[i] == step && taylor.strings("direction")[i] == direction &&
-        taylor.strings("block")[i] == block) {
-      return i;
-    }
-  }
-  FAIL("no /taylor row for step " << step << " " << direction << " " << block);
-  return 0;
-}
-
-void check_audit(const Table& taylor, size_t row, const nlohmann::json& want) {
-  auto close = [&](const char* column, double expected) {
-    const double got = taylor.doubles(column)[row];
-    INFO(column << ": got " << got << ", want " << expected);
-    CHECK(std::abs(got - expected) <= 1e-10 * std::abs(expected));
-  };
-  close("loss", want["loss"].get<double>());
-  close("first_order", want["first_order"].get<double>());
-  close("curvature", want["curvature"].get<double>());
-  close("nds", want["curvature"].get<double>() / want["sq_norm"].get<double>());
-  close("update_norm", std::sqrt(want["sq_norm"].get<double>()));
-  close("realized", want["realized"].get<double>());
-}
-
-}  // namespace
-
 TEST_CASE("folders saved by transformers' Trainer equal transformers' own float64 model",
           "[transformers][hf_models][ndsprobe]") {
   const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2");
@@ -86,16 +55,16 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
   const Table taylor = reader.table("/taylor");
   {
     INFO("delta at checkpoint-2: u = θ4 − θ2");
-    check_audit(taylor, row_of(taylor, 2, "delta"), ref["delta"]);
+    check_audit(taylor, taylor_row(taylor, 2, "delta"), ref["delta"]);
   }
   {
     INFO("adamw at checkpoint-2: torch.optim.AdamW's step from optimizer.pt and scheduler.pt");
-    check_audit(taylor, row_of(taylor, 2, "adamw"), ref["adamw"]);
+    check_audit(taylor, taylor_row(taylor, 2, "adamw"), ref["adamw"]);
   }
   // The schedule's learning rate at checkpoint-4 is 0: the rebuilt step is zero, the unit holds
   // its loss and zero terms with NaN ratios and a status, and the run completes.
   REQUIRE(ref["lr_at_4"][0].get<double>() == 0.0);
-  const size_t last = row_of(taylor, 4, "adamw");
+  const size_t last = taylor_row(taylor, 4, "adamw");
   CHECK(std::abs(taylor.doubles("loss")[last] - ref["loss_at_4"].get<double>()) <=
         1e-10 * ref["loss_at_4"].get<double>());
   CHECK(taylor.doubles("update_norm")[last] == 0.0);
@@ -124,6 +93,6 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
                          dir.path(), dir.file("probe.safetensors"), sharded));
     const Table t = H5Reader(sharded).table("/taylor");
     const double want = ref["bf16_loss_at_2"].get<double>();
-    CHECK(std::abs(t.doubles("loss")[row_of(t, 2, "delta")] - want) <= 1e-10 * want);
+    CHECK(std::abs(t.doubles("loss")[taylor_row(t, 2, "delta")] - want) <= 1e-10 * want);
   }
 }

@@ -18,6 +18,9 @@ std::shared_ptr<const CheckpointLayoutReader> torchtitan_layout();   // step-<N>
 std::shared_ptr<const CheckpointLayoutReader> accelerate_layout();   // checkpoint-<N>/ FSDP DCP
 std::shared_ptr<const CheckpointLayoutReader> deepspeed_layout();    // global_step<N>/ ZeRO
 
+// The bytes of a file; FormatError naming it when it cannot be read.
+std::string read_text_file(const std::string& path);
+
 // A non-negative decimal integer, all of `text`, as steps are written in names; nullopt otherwise
 // (18 digits at most, so it cannot overflow).
 std::optional<int64_t> step_number(const std::string& text);

@@ -17,6 +17,7 @@
 #include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/io/safetensors.h"
+#include "io/builtin_layouts.h"
 #include "io/torch_pickle.h"
 
 namespace curv {
@@ -27,15 +28,6 @@ namespace fs = std::filesystem;
 using Kind = PyValue::Kind;
 
 constexpr const char* kMetadataFile = ".metadata";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) throw FormatError(fmt::format("{}: cannot read", path));
-  return out.str();
-}
 
 // Reads the checked pieces of .metadata's object tree; every message names the file.
 class MetadataWalker {
@@ -150,7 +142,8 @@ bool is_dcp_folder(const std::string& folder) {
 
 DcpReader::DcpReader(const std::string& folder) : folder_(folder) {
   const std::string meta = (fs::path(folder) / kMetadataFile).string();
-  const PyValue::Ref root = unpickle(meta, read_file(meta), nullptr, PickleGlobals::kDcpMetadata);
+  const PyValue::Ref root =
+      unpickle(meta, read_text_file(meta), nullptr, PickleGlobals::kDcpMetadata);
   const MetadataWalker walk(meta);
   walk.object(*root, "Metadata", "the pickled object");
   const PyValue& tensors = walk.attribute(*root, "state_dict_metadata", "Metadata");

@@ -14,6 +14,7 @@
 #include "curv/io/dcp.h"
 #include "io/builtin_layouts.h"
 #include "io/torch_checkpoint.h"
+#include "io/torch_pickle.h"
 
 namespace curv {
 
@@ -186,22 +187,6 @@ KeyMap model_keys(const TensorSource& dcp, const std::string& strip, const nlohm
   return keys;
 }
 
-Ref make(Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-Ref text(const std::string& s) {
-  auto v = make(Kind::kString);
-  v->text = s;
-  return v;
-}
-Ref integer(int64_t i) {
-  auto v = make(Kind::kInt);
-  v->integer = i;
-  return v;
-}
-
 // A DCP save's optimizer entries as torch's optimizer.state_dict(): {'state': {index: {key:
 // value}}, 'param_groups': [{..., 'params': [indices], 'param_names': [names]}]}. Two forms:
 // get_optimizer_state_dict's nested one (optimizer.param_groups.<g>.<key>, with
@@ -231,15 +216,15 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
     if (dot == std::string::npos) return;
     const std::string name = name_of(rest.substr(0, dot));
     Ref& slot = state[index_of(name)];
-    if (!slot) slot = make(Kind::kDict);
-    slot->entries.emplace_back(text(rest.substr(dot + 1)), std::move(value));
+    if (!slot) slot = make_value(Kind::kDict);
+    slot->entries.emplace_back(string_value(rest.substr(dot + 1)), std::move(value));
   };
   for (const auto& e : dcp.entries()) {
     if (!starts_with(e.name, kOptimizerState)) continue;
     const auto dot = e.name.rfind('.');
     const size_t from = std::string(kOptimizerState).size();
     const std::string name = name_of(e.name.substr(from, dot - from));
-    auto v = make(Kind::kTensor);
+    auto v = make_value(Kind::kTensor);
     v->tensor = dcp.read(e.name);
     if (const auto h = keys.interleaved.find(name);
         h != keys.interleaved.end() && e.shape.size() > 0)
@@ -253,7 +238,7 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
     for (auto& [g, dict] : groups) {
       if (g == id) return dict;
     }
-    groups.emplace_back(id, make(Kind::kDict));
+    groups.emplace_back(id, make_value(Kind::kDict));
     return groups.back().second;
   };
   const bool nested = dcp.has_object(std::string(kOptimizerGroups) + "0.params");
@@ -271,7 +256,7 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
     const std::string owner = rest.substr(0, dot), field = rest.substr(dot + 1);
     Ref value = dcp.object(key);
     if (nested) {
-      group(owner)->entries.emplace_back(text(field), value);
+      group(owner)->entries.emplace_back(string_value(field), value);
     } else {
       const std::string name = name_of(owner);
       if (!flat.count(name)) flat_order.push_back(name);
@@ -285,18 +270,19 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
       for (const auto& [field, value] : flat[name]) id += field + "=" + value->brief() + ";";
       Ref& g = group(id);
       if (g->entries.empty()) {
-        for (const auto& [field, value] : flat[name]) g->entries.emplace_back(text(field), value);
-        g->entries.emplace_back(text("param_names"), make(Kind::kList));
+        for (const auto& [field, value] : flat[name])
+          g->entries.emplace_back(string_value(field), value);
+        g->entries.emplace_back(string_value("param_names"), make_value(Kind::kList));
       }
       for (auto& [k, v] : g->entries) {
-        if (k->text == "param_names") v->items.push_back(text(name));
+        if (k->text == "param_names") v->items.push_back(string_value(name));
       }
     }
   }
-  auto groups_list = make(Kind::kList);
+  auto groups_list = make_value(Kind::kList);
   for (auto& [id, dict] : groups) {
-    auto params = make(Kind::kList);
-    auto names = make(Kind::kList);
+    auto params = make_value(Kind::kList);
+    auto names = make_value(Kind::kList);
     std::vector<std::pair<Ref, Ref>> kept;
     for (auto& [k, v] : dict->entries) {
       if (k->text == "params" || k->text == "param_names") {
@@ -306,23 +292,23 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
                                           dcp.folder(), id, n->brief()));
           }
           const std::string name = name_of(n->text);
-          params->items.push_back(integer(index_of(name)));
-          names->items.push_back(text(name));
+          params->items.push_back(int_value(index_of(name)));
+          names->items.push_back(string_value(name));
         }
       } else {
         kept.emplace_back(k, v);
       }
     }
-    kept.emplace_back(text("params"), params);
-    kept.emplace_back(text("param_names"), names);
+    kept.emplace_back(string_value("params"), params);
+    kept.emplace_back(string_value("param_names"), names);
     dict->entries = std::move(kept);
     groups_list->items.push_back(dict);
   }
-  auto state_dict = make(Kind::kDict);
-  for (auto& [i, slot] : state) state_dict->entries.emplace_back(integer(i), slot);
-  auto root = make(Kind::kDict);
-  root->entries.emplace_back(text("state"), state_dict);
-  root->entries.emplace_back(text("param_groups"), groups_list);
+  auto state_dict = make_value(Kind::kDict);
+  for (auto& [i, slot] : state) state_dict->entries.emplace_back(int_value(i), slot);
+  auto root = make_value(Kind::kDict);
+  root->entries.emplace_back(string_value("state"), state_dict);
+  root->entries.emplace_back(string_value("param_groups"), groups_list);
   return root;
 }
 

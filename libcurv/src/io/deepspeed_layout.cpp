@@ -18,6 +18,7 @@
 #include "curv/core/error.h"
 #include "io/builtin_layouts.h"
 #include "io/torch_checkpoint.h"
+#include "io/torch_pickle.h"
 
 namespace curv {
 
@@ -26,29 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using Kind = PyValue::Kind;
 using Ref = PyValue::Ref;
-
-Ref make(Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-Ref text(const std::string& s) {
-  auto v = make(Kind::kString);
-  v->text = s;
-  return v;
-}
-Ref integer(int64_t i) {
-  auto v = make(Kind::kInt);
-  v->integer = i;
-  return v;
-}
-Ref tensor(const at::Tensor& t) {
-  auto v = make(Kind::kTensor);
-  v->tensor = t;
-  v->shape = t.sizes().vec();
-  v->dtype = t.scalar_type();
-  return v;
-}
 
 Ref load_ds(const std::string& path) {
   TorchFileOptions options;
@@ -295,33 +273,33 @@ ZeroState read_zero_state(const ZeroFiles& files, const std::vector<GroupLayout>
         groups, out.stage, paddings, origin);
     for (size_t g = 0; g < groups.size(); ++g) state[g][field] = cut[g];
   }
-  auto state_dict = make(Kind::kDict);
-  auto groups_list = make(Kind::kList);
+  auto state_dict = make_value(Kind::kDict);
+  auto groups_list = make_value(Kind::kList);
   int64_t index = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
-    auto params = make(Kind::kList);
-    auto names = make(Kind::kList);
+    auto params = make_value(Kind::kList);
+    auto names = make_value(Kind::kList);
     for (size_t i = 0; i < master[g].size(); ++i) {
       out.master.emplace_back(groups[g].names[i], master[g][i]);
-      auto slot = make(Kind::kDict);
+      auto slot = make_value(Kind::kDict);
       for (const auto& [field, tensors] : state[g]) {
-        slot->entries.emplace_back(text(field), tensor(tensors[i]));
+        slot->entries.emplace_back(string_value(field), tensor_value(tensors[i]));
       }
-      if (!slot->entries.empty()) state_dict->entries.emplace_back(integer(index), slot);
-      params->items.push_back(integer(index++));
-      names->items.push_back(text(groups[g].names[i]));
+      if (!slot->entries.empty()) state_dict->entries.emplace_back(int_value(index), slot);
+      params->items.push_back(int_value(index++));
+      names->items.push_back(string_value(groups[g].names[i]));
     }
-    auto group = make(Kind::kDict);
+    auto group = make_value(Kind::kDict);
     for (const auto& [k, v] : torch_groups.items[g]->entries) {
       if (k->is(Kind::kString) && k->text != "params") group->entries.emplace_back(k, v);
     }
-    group->entries.emplace_back(text("params"), params);
-    group->entries.emplace_back(text("param_names"), names);
+    group->entries.emplace_back(string_value("params"), params);
+    group->entries.emplace_back(string_value("param_names"), names);
     groups_list->items.push_back(group);
   }
-  out.optimizer = make(Kind::kDict);
-  out.optimizer->entries.emplace_back(text("state"), state_dict);
-  out.optimizer->entries.emplace_back(text("param_groups"), groups_list);
+  out.optimizer = make_value(Kind::kDict);
+  out.optimizer->entries.emplace_back(string_value("state"), state_dict);
+  out.optimizer->entries.emplace_back(string_value("param_groups"), groups_list);
   return out;
 }
 

@@ -19,15 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) throw FormatError(fmt::format("{}: cannot read", path));
-  return out.str();
-}
-
 class NativeLayout : public CheckpointLayoutReader {
  public:
   std::string name() const override { return CheckpointLayout::kNative.name(); }
@@ -59,7 +50,7 @@ class NativeLayout : public CheckpointLayoutReader {
     }
     const std::string& meta_path = ckpt.meta_file;
     if (fs::exists(meta_path)) {
-      ckpt.meta = parse_checkpoint_meta(read_text(meta_path), meta_path);
+      ckpt.meta = parse_checkpoint_meta(read_text_file(meta_path), meta_path);
       if (!ckpt.meta.model_json.empty()) ckpt.model_config_file = meta_path;
       if (ckpt.meta.step && *ckpt.meta.step != info.step) {
         throw FormatError(fmt::format("{}: \"step\" is {} but the folder is step {}", meta_path,
@@ -71,6 +62,15 @@ class NativeLayout : public CheckpointLayoutReader {
 };
 
 }  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FormatError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) throw FormatError(fmt::format("{}: cannot read", path));
+  return out.str();
+}
 
 std::shared_ptr<const CheckpointLayoutReader> native_layout() {
   return std::make_shared<NativeLayout>();

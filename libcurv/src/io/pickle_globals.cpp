@@ -17,12 +17,6 @@ namespace {
 using Ref = PyValue::Ref;
 using Kind = PyValue::Kind;
 
-Ref make(Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-
 [[noreturn]] void dcp_fail(const std::string& path, const std::string& why) {
   throw FormatError(fmt::format("{}: {}", path, why));
 }
@@ -107,7 +101,7 @@ Ref rebuild_tensor(const PyValue& args, const PickleFail& fail) {
         "elements",
         offset, shape_string(size), shape_string(stride), storage.text, storage.shape[0]));
   }
-  auto v = make(Kind::kTensor);
+  auto v = make_value(Kind::kTensor);
   v->dtype = storage.dtype;
   v->shape = size;
   if (storage.tensor.defined()) {
@@ -118,6 +112,32 @@ Ref rebuild_tensor(const PyValue& args, const PickleFail& fail) {
                     ? view
                     : view.clone(at::MemoryFormat::Contiguous);
   }
+  return v;
+}
+
+Ref make_value(Kind kind) {
+  auto v = std::make_shared<PyValue>();
+  v->kind = kind;
+  return v;
+}
+
+Ref string_value(const std::string& text) {
+  auto v = make_value(Kind::kString);
+  v->text = text;
+  return v;
+}
+
+Ref int_value(int64_t value) {
+  auto v = make_value(Kind::kInt);
+  v->integer = value;
+  return v;
+}
+
+Ref tensor_value(const at::Tensor& tensor) {
+  auto v = make_value(Kind::kTensor);
+  v->tensor = tensor;
+  v->shape = tensor.sizes().vec();
+  v->dtype = tensor.scalar_type();
   return v;
 }
 
@@ -177,7 +197,7 @@ Ref new_object(const std::string& path, const PyValue& cls, const PyValue& args,
     dcp_fail(path, fmt::format("NEWOBJ on {}, which is not an allowed class", cls.brief()));
   }
   if (!args.is(Kind::kTuple)) dcp_fail(path, fmt::format("NEWOBJ with arguments {}", args.brief()));
-  auto v = make(Kind::kObject);
+  auto v = make_value(Kind::kObject);
   v->text = cls.text;
   v->items = args.items;
   return v;
@@ -211,7 +231,7 @@ Ref reduce(const std::string& path, const std::string& name, const PyValue& args
            PickleGlobals globals) {
   if (object_class(name, globals)) {
     // An enum member (ZeroStageEnum(2)): an object holding its value.
-    auto v = make(Kind::kObject);
+    auto v = make_value(Kind::kObject);
     v->text = name;
     v->items = args.items;
     return v;
@@ -250,7 +270,7 @@ Ref reduce(const std::string& path, const std::string& name, const PyValue& args
     if (!item->is(Kind::kString)) dcp_fail(path, fmt::format("{} of {}", name, args.brief()));
     parts.push_back(item->text);
   }
-  auto v = make(Kind::kString);
+  auto v = make_value(Kind::kString);
   v->text = join(parts, "/");
   return v;
 }

@@ -20,12 +20,6 @@ namespace {
 using Ref = PyValue::Ref;
 using Kind = PyValue::Kind;
 
-Ref make(Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-
 // The pickle virtual machine. Only data-building opcodes exist here; a REDUCE is accepted only on
 // an allowed global and is carried out by C++ code, so no Python-level code can run.
 class Unpickler {
@@ -133,16 +127,16 @@ class Unpickler {
   bool container_op(uint8_t op) {
     switch (op) {
       case '}':
-        push(make(Kind::kDict));
+        push(make_value(Kind::kDict));
         break;
       case ']':
-        push(make(Kind::kList));
+        push(make_value(Kind::kList));
         break;
       case ')':
-        push(make(Kind::kTuple));
+        push(make_value(Kind::kTuple));
         break;
       case 0x8f:
-        push(make(Kind::kList));
+        push(make_value(Kind::kList));
         break;  // EMPTY_SET, kept as a list
       case 't':
         push(sequence(Kind::kTuple, pop_mark()));
@@ -164,7 +158,7 @@ class Unpickler {
       }
       case 'd': {  // DICT
         auto items = pop_mark();
-        auto dict = make(Kind::kDict);
+        auto dict = make_value(Kind::kDict);
         set_items(*dict, items);
         push(dict);
         break;
@@ -220,7 +214,7 @@ class Unpickler {
       case 'G': {  // BINFLOAT, big-endian IEEE double
         uint64_t bits = 0;
         for (int i = 0; i < 8; ++i) bits = (bits << 8) | byte();
-        auto v = make(Kind::kFloat);
+        auto v = make_value(Kind::kFloat);
         std::memcpy(&v->real, &bits, sizeof bits);
         push(v);
         break;
@@ -250,11 +244,11 @@ class Unpickler {
         push(text(Kind::kBytes, unsigned_le(8)));
         break;  // BINBYTES8
       case 'N':
-        push(make(Kind::kNone));
+        push(make_value(Kind::kNone));
         break;
       case 0x88:
       case 0x89: {  // NEWTRUE, NEWFALSE
-        auto v = make(Kind::kBool);
+        auto v = make_value(Kind::kBool);
         v->boolean = op == 0x88;
         push(v);
         break;
@@ -435,17 +429,17 @@ class Unpickler {
   }
 
   static Ref sequence(Kind kind, std::vector<Ref> items) {
-    auto v = make(kind);
+    auto v = make_value(kind);
     v->items = std::move(items);
     return v;
   }
   static Ref integer(int64_t value) {
-    auto v = make(Kind::kInt);
+    auto v = make_value(Kind::kInt);
     v->integer = value;
     return v;
   }
   Ref text(Kind kind, uint64_t n) {
-    auto v = make(kind);
+    auto v = make_value(kind);
     v->text = bytes(n);
     return v;
   }
@@ -470,7 +464,7 @@ class Unpickler {
   Ref global(const std::string& name) const {
     const std::string refusal = global_refusal(name, globals_);
     if (!refusal.empty()) fail(refusal);
-    auto v = make(Kind::kGlobal);
+    auto v = make_value(Kind::kGlobal);
     v->text = name;
     return v;
   }
@@ -491,7 +485,7 @@ class Unpickler {
     }
     auto cached = storages_.find(key.text);
     if (cached != storages_.end()) return cached->second;
-    auto storage = make(Kind::kStorage);
+    auto storage = make_value(Kind::kStorage);
     storage->dtype = torch_storage_types().at(type.text);
     storage->shape = {numel.integer};
     storage->text = key.text;
@@ -509,7 +503,7 @@ class Unpickler {
     if (dcp_pickle::callable(name, globals_))
       return dcp_pickle::reduce(path_, name, args, globals_);
     if (name == "collections.OrderedDict") {
-      auto dict = make(Kind::kDict);
+      auto dict = make_value(Kind::kDict);
       if (!args.items.empty()) {
         const auto& pairs = *args.items[0];
         if (!pairs.is(Kind::kList) && !pairs.is(Kind::kTuple)) fail("OrderedDict of a non-list");

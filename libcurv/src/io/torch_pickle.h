@@ -34,6 +34,13 @@ enum class PickleGlobals { kTorchSave, kDcpMetadata, kDeepSpeed };
 const std::vector<std::string>& dcp_metadata_classes();
 const std::vector<std::string>& deepspeed_classes();
 
+// Values built by C++ code rather than a pickle (a layout assembling torch's optimizer.state_dict()
+// form from other files' contents).
+PyValue::Ref make_value(PyValue::Kind kind);
+PyValue::Ref string_value(const std::string& text);
+PyValue::Ref int_value(int64_t value);
+PyValue::Ref tensor_value(const at::Tensor& tensor);
+
 // Why the global `name` may not appear in a pickle read with `globals` ("" when it may).
 std::string global_refusal(const std::string& name, PickleGlobals globals);
 
