@@ -11,4 +11,6 @@ if [ ! -x "$venv/bin/python3" ]; then
   "$python" -m venv "$venv"
 fi
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r "$root/scripts/requirements-pypi.txt"
+"$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps \
+  -r "$root/scripts/requirements-pypi-nodeps.txt"
 "$venv/bin/python3" -c 'import torch, transformers; print(f"{torch.__file__}: torch {torch.__version__}, transformers {transformers.__version__}")'

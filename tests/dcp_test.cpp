@@ -1,8 +1,9 @@
 // Checkpoints as tensor sources, and runs saved by torch.distributed.checkpoint itself: a tiny
-// LLaMA trained under FSDP2 on 2 CPU ranks (gloo) and saved by dcp.save as Accelerate writes it,
-// as torchtitan writes it, and in DCP's safetensors storage format (tests/python/make_dcp_runs.py,
-// made once per build). ndsprobe reads each as saved and equals transformers' float64
-// model and torch.optim.AdamW; damaged saves are refused by name.
+// LLaMA trained under FSDP2 on 2 CPU ranks (gloo) and saved by Accelerate's own save_fsdp_model
+// and save_fsdp_optimizer, and by dcp.save in torchtitan's LLaMA-3 names in both storage formats
+// (tests/python/make_dcp_runs.py, made once per build). ndsprobe reads each as saved and equals
+// transformers' float64 model and torch.optim.AdamW; so does a second copy trained and saved by
+// torchtitan's own optimizer container and CheckpointManager. Damaged saves are refused by name.
 #include "curv/io/dcp.h"
 
 #include <ATen/ATen.h>
@@ -45,14 +46,18 @@ const std::string& dcp_runs() {
 TEST_CASE("runs saved by torch.distributed.checkpoint under FSDP2 equal torch.autograd in float64",
           "[dcp][transformers][ndsprobe]") {
   const std::string root = dcp_runs();
-  const nlohmann::json ref = read_json(root + "/reference.json");
-  INFO("torch " << ref["torch"].get<std::string>());
-  const auto [run, layout] = GENERATE(table<std::string, std::string>({
-      {"accelerate", "accelerate"},
-      {"titan", "torchtitan"},
-      {"titan_safetensors", "torchtitan"},
+  const nlohmann::json all = read_json(root + "/reference.json");
+  INFO("torch " << all["torch"].get<std::string>());
+  // (run directory, layout, its references): torchtitan's own CheckpointManager trained a second
+  // copy of the model, whose references are its own.
+  const auto [run, layout, trained_by] = GENERATE(table<std::string, std::string, std::string>({
+      {"accelerate", "accelerate", "fsdp"},
+      {"titan", "torchtitan", "fsdp"},
+      {"titan_safetensors", "torchtitan", "fsdp"},
+      {"torchtitan/checkpoint", "torchtitan", "torchtitan"},
   }));
   INFO(run);
+  const nlohmann::json& ref = trained_by == "fsdp" ? all : all["torchtitan"];
   CHECK(detect_checkpoint_layout(root + "/" + run).name() == layout);
   TempDir out;
   int status = 0;
@@ -75,7 +80,8 @@ TEST_CASE("runs saved by torch.distributed.checkpoint under FSDP2 equal torch.au
   {
     INFO("adamw at step 2: torch.optim.AdamW's step from the sharded optimizer state");
     check_audit(taylor, taylor_row(taylor, 2, "adamw"), ref["adamw"]);
-    const std::string unit = fmt::format("/runs/{}/step_2/adamw", run);
+    const std::string name = run.substr(run.rfind('/') + 1);
+    const std::string unit = fmt::format("/runs/{}/step_2/adamw", name);
     CHECK(reader.attribute_string(unit, "optimizer_rule") == "adamw");
     CHECK_THAT(reader.attribute_string(unit, "optimizer_recognition"),
                Contains("torch.optim.AdamW, recognised by keys"));

@@ -23,6 +23,12 @@ OUT/probe.safetensors, at step 2, the delta u = θ4 − θ2 and the step torch.o
 the saved state on the probe gradient: loss, g·u, uᵀHu, ‖u‖², L(θ + u) − L(θ), into
 OUT/reference.json.
 
+OUT/torchtitan/checkpoint/step-N/: the same model trained again from the same start by torchtitan's
+own OptimizersContainer (torch.optim.AdamW, one group, for-loop) under a constant
+LRSchedulersContainer, and saved by torchtitan's own CheckpointManager (the pinned torchtitan
+0.3.0) every 2 steps: its keys are the model's own names (transformers'), at the top level, with
+the optimizer flattened. Its references are in OUT/reference.json under "torchtitan".
+
 OUT/forged/KIND/step-2 are copies of OUT/titan/step-2 damaged one way each, for the errors:
 overlap, gap and outside (tok_embeddings.weight's second chunk moved or shrunk in .metadata),
 missing (a shard deleted) and truncated (a shard cut in half).
@@ -185,6 +191,66 @@ def adamw_step(folder, optim_state, inputs, targets):
     return [p.detach() - b for p, b in zip(params.values(), before)]
 
 
+def torchtitan_run(out, config, batches, rank):
+    """The model trained and saved by torchtitan's own optimizer container and checkpointer."""
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.float64)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizers = OptimizersContainer(
+        OptimizersContainer.Config(
+            param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
+                                           optimizer_kwargs={"lr": LR, "weight_decay": 0.1})],
+            implementation="for-loop"),
+        model_parts=[model])
+    schedulers = LRSchedulersContainer.Config(warmup_steps=0, decay_ratio=0.0).build(
+        optimizers=optimizers, training_steps=STEPS)
+    checkpointer = CheckpointManager(
+        CheckpointManager.Config(enable=True, folder="checkpoint", interval=2, keep_latest_k=0,
+                                 last_save_model_only=False),
+        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states={}, sd_adapter=None, base_folder=f"{out}/torchtitan")
+    saved = {}
+    for step in range(1, STEPS + 1):
+        batch = batches[step - 1][rank * 2:(rank + 1) * 2]
+        optimizers.zero_grad()
+        loss_of(model, batch[:, :-1], batch[:, 1:]).backward()
+        optimizers.step()
+        schedulers.step()
+        checkpointer.save(step, last_step=step == STEPS)
+        if step % 2 == 0:
+            import copy
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                        cpu_offload=True))
+            optim = get_optimizer_state_dict(model, optimizers.optimizers[0],
+                                             options=StateDictOptions(full_state_dict=True,
+                                                                      cpu_offload=True))
+            saved[step] = ({k: v.detach().clone() for k, v in full.items()}, copy.deepcopy(optim))
+    checkpointer.close()
+    return saved
+
+
+def references(out, run, config, saved, inputs, targets):
+    """The float64 audits of the delta and the AdamW step at step 2 of `saved`."""
+    for step, (full, _) in saved.items():
+        folder = f"{out}/reference/{run}-{step}"
+        LlamaForCausalLM(config).to(torch.float64).save_pretrained(folder)
+        save_file({k: v.contiguous() for k, v in full.items()}, f"{folder}/model.safetensors",
+                  metadata={"format": "pt"})
+    at2 = load_float64(f"{out}/reference/{run}-2")
+    at4 = load_float64(f"{out}/reference/{run}-4")
+    delta = [b.detach() - a.detach() for a, b in zip(at2.parameters(), at4.parameters())]
+    ref = {"param_names": [n for n, _ in at2.named_parameters()],
+           "delta": audit(at2, inputs, targets, delta)}
+    step_u = adamw_step(f"{out}/reference/{run}-2", saved[2][1], inputs, targets)
+    ref["adamw"] = audit(at2, inputs, targets, step_u)
+    return ref
+
+
 def main():
     out = sys.argv[1]
     dist.init_process_group("gloo")
@@ -207,27 +273,17 @@ def main():
         optimizer.step()
         if step % 2 == 0:
             saved[step] = save(model, optimizer, config, out, step)
+    titan_saved = torchtitan_run(out, config, batches, rank)
     if rank == 0:
         os.makedirs(f"{out}/reference", exist_ok=True)
-        config.save_pretrained(f"{out}/accelerate")
-        config.save_pretrained(f"{out}/titan")
-        config.save_pretrained(f"{out}/titan_safetensors")
-        for step, (full, _) in saved.items():
-            folder = f"{out}/reference/step-{step}"
-            LlamaForCausalLM(config).to(torch.float64).save_pretrained(folder)
-            save_file({k: v.contiguous() for k, v in full.items()},
-                      f"{folder}/model.safetensors", metadata={"format": "pt"})
+        for run in ("accelerate", "titan", "titan_safetensors", "torchtitan/checkpoint"):
+            config.save_pretrained(f"{out}/{run}")
         inputs = torch.randint(0, VOCAB, (3, T), generator=g)
         targets = torch.randint(0, VOCAB, (3, T), generator=g)
         save_file({"inputs": inputs, "targets": targets}, f"{out}/probe.safetensors")
-        at2 = load_float64(f"{out}/reference/step-2")
-        at4 = load_float64(f"{out}/reference/step-4")
-        delta = [b.detach() - a.detach() for a, b in zip(at2.parameters(), at4.parameters())]
         ref = {"torch": torch.__version__,
-               "param_names": [n for n, _ in at2.named_parameters()],
-               "delta": audit(at2, inputs, targets, delta)}
-        step_u = adamw_step(f"{out}/reference/step-2", saved[2][1], inputs, targets)
-        ref["adamw"] = audit(at2, inputs, targets, step_u)
+               **references(out, "fsdp", config, saved, inputs, targets),
+               "torchtitan": references(out, "torchtitan", config, titan_saved, inputs, targets)}
         with open(f"{out}/reference.json", "w") as f:
             json.dump(ref, f, indent=1)
         forge(out)
