@@ -112,6 +112,18 @@ at::Tensor ExhaustingObjective::loss(const curv::Batch& batch) {
   return model_.loss(batch);
 }
 
+void audit_in_float64(const std::string& run, const std::string& probe, const std::string& out,
+                      const std::string& extra) {
+  int status = 0;
+  const std::string log =
+      run_tool("ndsprobe",
+               run + " --data " + probe + " --dtype float64 --directions delta,adamw " + extra +
+                   " -o " + out,
+               &status);
+  INFO(log);
+  REQUIRE(status == 0);
+}
+
 size_t taylor_row(const curv::Table& taylor, int64_t step, const std::string& direction,
                   const std::string& block) {
   for (size_t i = 0; i < taylor.num_rows(); ++i) {

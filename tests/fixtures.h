@@ -58,6 +58,12 @@ curv::ProbeSet load_script_fixture_probe(const std::string& dir);
 // A JSON file written by a Python fixture.
 nlohmann::json read_json(const std::string& path);
 
+// Audits the delta and the rebuilt AdamW step of the run directory `run` in float64 on the probe
+// file `probe` (ndsprobe --dtype float64 --directions delta,adamw, plus `extra` flags) into `out`;
+// fails the test with ndsprobe's output unless it succeeds.
+void audit_in_float64(const std::string& run, const std::string& probe, const std::string& out,
+                      const std::string& extra = "");
+
 // The /taylor row of (step, direction, block); fails the test when there is none.
 size_t taylor_row(const curv::Table& taylor, int64_t step, const std::string& direction,
                   const std::string& block = "total");
