@@ -311,8 +311,15 @@ void DcpReader::read_into(const std::string& name, const std::vector<int64_t>& o
     const std::string origin = chunk_origin(name, c);
     at::Tensor chunk;
     if (c.safetensors) {
-      const SafetensorsReader reader(c.file, c.offset);
-      chunk = reader.tensor(name);
+      std::shared_ptr<const SafetensorsReader> reader;
+      {
+        const std::lock_guard<std::mutex> lock(blobs_mutex_);
+        auto& cached = blobs_[{c.file, c.offset}];
+        if (!cached) cached = std::make_shared<const SafetensorsReader>(c.file, c.offset);
+        reader = cached;
+      }
+      chunk = reader->tensor(name);
+      reader->release(name);
     } else {
       const PyValue::Ref v = load_torch_record(c.file, c.offset, c.length, origin);
       if (!v->is(Kind::kTensor)) {

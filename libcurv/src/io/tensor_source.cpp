@@ -24,10 +24,12 @@ int64_t TensorEntry::bytes() const {
 }
 
 const TensorEntry* TensorSource::find(const std::string& name) const {
-  for (const auto& e : entries()) {
-    if (e.name == name) return &e;
-  }
-  return nullptr;
+  const auto& all = entries();
+  std::call_once(index_once_, [&] {
+    for (size_t i = 0; i < all.size(); ++i) index_.emplace(all[i].name, i);
+  });
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &all[it->second];
 }
 
 at::Tensor TensorSource::read(const std::string& name) const {
@@ -144,7 +146,6 @@ class SafetensorsSource : public TensorSource {
                                         readers_[it->second].path(), file));
         }
         entries_.push_back({name, r.entry(name).shape, r.scalar_type(name)});
-        entry_of_[name] = entries_.size() - 1;
       }
     }
   }
@@ -152,9 +153,8 @@ class SafetensorsSource : public TensorSource {
   std::string origin() const override { return origin_; }
   void read_into(const std::string& name, const std::vector<int64_t>& offsets,
                  at::Tensor dest) const override {
+    check_box(*this, find(name), name, offsets, dest);
     const auto it = index_.find(name);
-    check_box(*this, it == index_.end() ? nullptr : &entries_[entry_of_.at(name)], name, offsets,
-              dest);
     const SafetensorsReader& r = readers_[it->second];
     copy_box(r.tensor(name), offsets, dest);
     r.release(name);
@@ -164,8 +164,7 @@ class SafetensorsSource : public TensorSource {
   std::string origin_;
   std::vector<SafetensorsReader> readers_;
   std::vector<TensorEntry> entries_;
-  std::map<std::string, size_t> index_;     // name → reader
-  std::map<std::string, size_t> entry_of_;  // name → entries_ position
+  std::map<std::string, size_t> index_;  // name → reader
 };
 
 class RenamedSource : public TensorSource {

@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "curv/io/safetensors.h"
 #include "curv/io/tensor_source.h"
 #include "curv/io/torch_file.h"
 
@@ -59,6 +62,11 @@ class DcpReader : public TensorSource {
   std::map<std::string, std::vector<DcpChunk>> chunks_;
   std::vector<std::string> object_keys_;
   std::map<std::string, DcpChunk> objects_;
+  // The safetensors blobs opened so far, by (shard, offset): a shard holds many tensors, and its
+  // header is parsed once, not once per tensor.
+  mutable std::mutex blobs_mutex_;
+  mutable std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const SafetensorsReader>>
+      blobs_;
 };
 
 // Whether `folder` holds a DCP save (a .metadata file). A folder without one is an incomplete save.

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,8 +28,12 @@ struct TensorEntry {
 
 class TensorSource {
  public:
+  TensorSource() = default;
   virtual ~TensorSource() = default;
-  // Every tensor, in the order the files hold them. Names are unique.
+  TensorSource(const TensorSource&) = delete;
+  TensorSource& operator=(const TensorSource&) = delete;
+  // Every tensor, in the order the files hold them. Names are unique, and the list does not
+  // change once find() has been called.
   virtual const std::vector<TensorEntry>& entries() const = 0;
   // Where the tensors come from, for messages: "<folder>/model.safetensors", "<step>/ (DCP)".
   virtual std::string origin() const = 0;
@@ -39,12 +45,18 @@ class TensorSource {
   virtual void read_into(const std::string& name, const std::vector<int64_t>& offsets,
                          at::Tensor dest) const = 0;
 
-  // The entry named `name`, or nullptr.
+  // The entry named `name`, or nullptr. Constant time: an index of entries() is built on the
+  // first call (a model has thousands of tensors, and every one is looked up), safely from
+  // several threads.
   const TensorEntry* find(const std::string& name) const;
   // The whole tensor, on the CPU in its stored dtype.
   at::Tensor read(const std::string& name) const;
   // Sum of every entry's bytes.
   int64_t total_bytes() const;
+
+ private:
+  mutable std::once_flag index_once_;
+  mutable std::unordered_map<std::string, size_t> index_;  // name → entries() position
 };
 
 using SharedTensorSource = std::shared_ptr<const TensorSource>;
