@@ -14,26 +14,15 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "curv/core/runtime.h"
 #include "curv/io/dcp.h"
+#include "proc_memory.h"
 
-namespace {
-
-// A field of /proc/self/status in bytes (VmRSS, VmHWM).
-int64_t status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return -1;
-}
-
-}  // namespace
+using curv_bench::reset_peak_rss;
+using curv_bench::status_bytes;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -63,7 +52,7 @@ int main(int argc, char** argv) {
       dest_bytes += dest.back().second.nbytes();
     }
     const int64_t before = status_bytes("VmRSS");
-    { std::ofstream("/proc/self/clear_refs") << "5"; }
+    reset_peak_rss();
     const auto start = std::chrono::steady_clock::now();
     for (auto& [name, t] : dest) dcp.read_into(name, {}, t);
     const double seconds =

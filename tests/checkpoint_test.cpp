@@ -113,9 +113,20 @@ TEST_CASE("save_checkpoint, list, load and parameters_from round-trip a model", 
   }
   CHECK(parameters_from(ckpt, space, {})[0].scalar_type() == at::kFloat);
 
+  // Opened rather than loaded, the state stays in optimizer.safetensors, read by name.
+  const auto opened = open_checkpoint(infos[1]);
+  CHECK(opened.optimizer.empty());
+  REQUIRE(opened.optimizer_source);
+  REQUIRE(opened.optimizer_source->entries().size() == ckpt.optimizer.size());
+  for (const auto& [name, t] : ckpt.optimizer) {
+    CHECK(at::equal(opened.optimizer_source->read(name), t));
+  }
+  CHECK(saved_optimizer(opened).state == opened.optimizer_source);
+
   // Model only: the same parameters and metadata, no optimizer state.
   const auto model_only = load_checkpoint(infos[1], CheckpointParts::kModelOnly);
   CHECK(model_only.optimizer.empty());
+  CHECK_FALSE(open_checkpoint(infos[1], CheckpointParts::kModelOnly).optimizer_source);
   CHECK(model_only.step_count() == std::optional<int64_t>(40));
   const auto loaded_only = parameters_from(model_only, space, like);
   for (size_t i = 0; i < space.size(); ++i) CHECK(at::equal(loaded_only[i], loaded[i]));

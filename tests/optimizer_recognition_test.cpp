@@ -76,14 +76,14 @@ double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
     config.set_stored(key, fmt::format("{}", saved.hyper(key, fallback)));
   }
   auto optimizer = make_optimizer(config, space);
-  optimizer->load_state(saved.tensors, saved.step_count(), saved.file);
   SafetensorsReader next(dir + "/" + name + "_next_step.safetensors");
   ParamVector theta, grad;
   for (const auto& [param, value] : ckpt.model) {
     theta.push_back(value.clone());
     grad.push_back(next.tensor("g." + param));
   }
-  const ParamVector u = optimizer->step(theta, grad);
+  const ParamVector u =
+      optimizer->step_from_saved(theta, grad, *saved.state, saved.step_count(), saved.file);
   double diff = 0, ref = 0;
   for (size_t i = 0; i < space.size(); ++i) {
     const at::Tensor want = next.tensor("u." + space[i].name);

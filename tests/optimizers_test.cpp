@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <iterator>
@@ -18,6 +19,29 @@ using namespace curv;
 using namespace curv_test;
 
 namespace {
+
+// A source that remembers the tensors it filled, to tell how many of them a reader still holds
+// when it asks for the next.
+class WatchedSource : public TensorSource {
+ public:
+  explicit WatchedSource(SharedTensorSource base) : base_(std::move(base)) {}
+  const std::vector<TensorEntry>& entries() const override { return base_->entries(); }
+  std::string origin() const override { return base_->origin(); }
+  void read_into(const std::string& name, const std::vector<int64_t>& offsets,
+                 at::Tensor dest) const override {
+    size_t alive = 0;
+    for (const auto& w : filled_) alive += w.expired() ? 0 : 1;
+    most_alive = std::max(most_alive, alive);
+    base_->read_into(name, offsets, dest);
+    filled_.emplace_back(dest.getIntrusivePtr());
+  }
+  size_t reads() const { return filled_.size(); }
+  mutable size_t most_alive = 0;  // the most filled tensors alive when a read began
+
+ private:
+  SharedTensorSource base_;
+  mutable std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> filled_;
+};
 
 ParamVector as_list(const c10::IValue& v) {
   ParamVector out;
@@ -163,6 +187,67 @@ TEST_CASE("rebuilt optimizer directions equal the saved checkpoint deltas", "[op
       CHECK(err <= 1e-6);
     }
   }
+}
+
+TEST_CASE(
+    "a step from streamed saved state equals the step from loaded state, holding one "
+    "parameter's state at a time",
+    "[optimizers]") {
+  at::manual_seed(4);
+  const ParamVector theta = {at::randn({6, 5}, at::kDouble), at::randn({5}, at::kDouble),
+                             at::randn({4, 6}, at::kDouble)};
+  ParamSpace space({"a.weight", "a.bias", "b.weight"}, theta);
+  auto gradient = [&] {
+    ParamVector g;
+    for (const auto& t : theta) g.push_back(at::randn_like(t));
+    return g;
+  };
+  for (const std::string spec :
+       {"adamw:weight_decay=0.1", "adam:weight_decay=0.1", "sgd:momentum=0.9,nesterov=1", "muon",
+        "normuon", "lion", "signum"}) {
+    INFO(spec);
+    // Three steps give every slot a value; the fourth is taken both ways from the saved state.
+    auto trained = make_optimizer(OptimizerConfig::parse(spec), space);
+    for (int k = 0; k < 3; ++k) trained->step(theta, gradient());
+    const NamedTensors state = trained->state();
+    const ParamVector g = gradient();
+    auto loaded = make_optimizer(OptimizerConfig::parse(spec), space);
+    loaded->load_state(state, 3, "state.safetensors");
+    const ParamVector want = loaded->step(theta, g);
+    WatchedSource watched(memory_tensor_source(state, "state.safetensors"));
+    auto streamed = make_optimizer(OptimizerConfig::parse(spec), space);
+    const ParamVector got = streamed->step_from_saved(theta, g, watched, 3, "state.safetensors");
+    for (size_t i = 0; i < theta.size(); ++i) CHECK(at::equal(got[i], want[i]));
+    CHECK(streamed->step_count() == 4);
+    CHECK(streamed->state().empty());
+    CHECK(watched.reads() == state.size());
+    // Only the parameter's own earlier slots are alive when the next slot is read.
+    size_t most_slots = 0;
+    for (size_t i = 0; i < space.size(); ++i) {
+      const std::string prefix = space[i].name + ".";
+      most_slots = std::max<size_t>(
+          most_slots, std::count_if(state.begin(), state.end(), [&](const auto& entry) {
+            return entry.first.rfind(prefix, 0) == 0;
+          }));
+    }
+    CHECK(watched.most_alive < most_slots);
+  }
+  // The watch itself: reading the state whole holds every tensor read before.
+  WatchedSource watched(memory_tensor_source(
+      {{"a.exp_avg", at::zeros({2})}, {"b.exp_avg", at::zeros({2})}, {"c.exp_avg", at::zeros({2})}},
+      "state.safetensors"));
+  const auto whole = read_all(watched);
+  CHECK(watched.most_alive == 2);
+  // A missing slot and a wrong shape, named before anything is read.
+  auto adam = make_optimizer(OptimizerConfig::parse("adamw"), space);
+  const auto partial = memory_tensor_source({{"a.weight.exp_avg", at::zeros({6, 5})}}, "s.st");
+  CURV_CHECK_THROWS(adam->step_from_saved(theta, gradient(), *partial, 3, "s.st"), InvalidArgument,
+                    Catch::Matchers::Contains("s.st") &&
+                        Catch::Matchers::Contains("'a.weight.exp_avg_sq' is missing"));
+  const auto reshaped = memory_tensor_source(
+      {{"a.weight.exp_avg", at::zeros({6, 5})}, {"a.weight.exp_avg_sq", at::zeros({30})}}, "s.st");
+  CURV_CHECK_THROWS(adam->step_from_saved(theta, gradient(), *reshaped, 3, "s.st"), InvalidArgument,
+                    Catch::Matchers::Contains("[30]"));
 }
 
 TEST_CASE("optimizer state problems are clear errors; what-if needs no state", "[optimizers]") {

@@ -62,7 +62,10 @@ Checkpoint CheckpointReader::load(const CheckpointInfo& info, CheckpointParts pa
     const Shared shared = std::exchange(entry.ckpt, {}).get();  // rethrows a read's error
     release(entry);  // the checkpoint is the caller's now
     Checkpoint ckpt = std::move(*shared);
-    if (parts == CheckpointParts::kModelOnly) ckpt.optimizer.clear();
+    if (parts == CheckpointParts::kModelOnly) {
+      ckpt.optimizer.clear();
+      ckpt.optimizer_source.reset();
+    }
     ++reads_saved_;
     return ckpt;
   }

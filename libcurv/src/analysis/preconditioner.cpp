@@ -52,7 +52,7 @@ std::string adam_preconditioner(const SavedOptimizer& saved, const ParamSpace& s
         "for every parameter",
         name);
   }
-  if (saved.tensors.empty()) return "the checkpoint has no optimizer.safetensors";
+  if (!saved.has_state()) return "the checkpoint has no optimizer.safetensors";
   const int64_t t = saved.step_count();
   if (t <= 0) return fmt::format("optimizer step count {} (no Adam step taken yet)", t);
   AdamPreconditioner p;

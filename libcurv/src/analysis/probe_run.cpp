@@ -218,7 +218,7 @@ struct ProbeRun::CheckpointState {
 
   // Once the last direction that reads the optimizer state has its u, the audits run without it.
   void release_state() {
-    saved.tensors.clear();
+    saved.state = ckpt.optimizer_source = nullptr;
     ckpt.optimizer.clear();
   }
 };

@@ -24,10 +24,8 @@ double OptimizerRecord::hyper_or(const std::string& key, double fallback,
 at::Tensor optimizer_state(const SavedOptimizer& saved, const std::string& param,
                            const std::string& key) {
   const std::string name = param + "." + key;
-  for (const auto& [n, t] : saved.tensors) {
-    if (n == name) return t;
-  }
-  return {};
+  if (!saved.state || saved.state->find(name) == nullptr) return {};
+  return saved.state->read(name);
 }
 
 at::Tensor optimizer_state(const SavedOptimizer& saved, const ParamInfo& param,
@@ -36,7 +34,7 @@ at::Tensor optimizer_state(const SavedOptimizer& saved, const ParamInfo& param,
   auto t = optimizer_state(saved, param.name, key);
   if (!t.defined()) {
     if (!required) return t;
-    if (saved.tensors.empty()) {
+    if (!saved.has_state()) {
       throw InvalidArgument(
           fmt::format("{} is absent or empty, so there is no optimizer state "
                       "'{}' for parameter '{}'",
@@ -44,8 +42,8 @@ at::Tensor optimizer_state(const SavedOptimizer& saved, const ParamInfo& param,
     }
     std::vector<std::string> held;
     const std::string prefix = param.name + ".";
-    for (const auto& entry : saved.tensors) {
-      if (entry.first.rfind(prefix, 0) == 0) held.push_back(entry.first.substr(prefix.size()));
+    for (const auto& entry : saved.state->entries()) {
+      if (entry.name.rfind(prefix, 0) == 0) held.push_back(entry.name.substr(prefix.size()));
     }
     throw InvalidArgument(fmt::format(
         "{}: no optimizer state '{}.{}' (parameter '{}', state '{}'); states held for it: {}", file,

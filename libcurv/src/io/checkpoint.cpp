@@ -140,8 +140,12 @@ SavedOptimizer saved_optimizer(const Checkpoint& ckpt) {
   SavedOptimizer saved;
   saved.checkpoint = ckpt.path;
   saved.step = ckpt.step;
-  saved.tensors = ckpt.optimizer;
   saved.file = origin_of(ckpt, ckpt.optimizer_file, kOptimizerFile);
+  if (ckpt.optimizer_source) {
+    saved.state = ckpt.optimizer_source;
+  } else if (!ckpt.optimizer.empty()) {
+    saved.state = memory_tensor_source(ckpt.optimizer, saved.file);
+  }
   saved.meta_file = origin_of(ckpt, ckpt.meta_file, kMetaFile);
   if (ckpt.meta.optimizer) saved.record = *ckpt.meta.optimizer;
   saved.unresolved = ckpt.indexed_optimizer != nullptr;

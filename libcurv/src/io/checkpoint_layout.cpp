@@ -225,6 +225,7 @@ struct DefaultGuard {
 void drop_optimizer(Checkpoint& ckpt, CheckpointParts parts) {
   if (parts == CheckpointParts::kModelOnly) {
     ckpt.optimizer.clear();
+    ckpt.optimizer_source.reset();
     ckpt.indexed_optimizer.reset();
   }
 }
@@ -246,6 +247,10 @@ Checkpoint CheckpointLayoutReader::load(const CheckpointInfo& info, CheckpointPa
   if (ckpt.model_source) {
     ckpt.model = read_all(*ckpt.model_source);
     ckpt.model_source.reset();
+  }
+  if (ckpt.optimizer_source) {
+    ckpt.optimizer = read_all(*ckpt.optimizer_source);
+    ckpt.optimizer_source.reset();
   }
   return ckpt;
 }

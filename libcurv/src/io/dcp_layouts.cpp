@@ -187,13 +187,40 @@ KeyMap model_keys(const TensorSource& dcp, const std::string& strip, const nlohm
   return keys;
 }
 
+// The state tensor `e` (optimizer.state.<fqn>.<key>) of parameter `name` as a value: the 'step'
+// count read, any other left in the shards under "<name>.<key>", recorded in `stored` (with
+// torchtitan's interleaved rows of wq / wk).
+Ref state_tensor(const DcpReader& dcp, const TensorEntry& e, const std::string& name,
+                 const KeyMap& keys, KeyMap& stored) {
+  auto v = make_value(Kind::kTensor);
+  v->shape = e.shape;
+  v->dtype = e.dtype;
+  const std::string key = e.name.substr(e.name.rfind('.') + 1);
+  if (key == "step") {
+    v->tensor = dcp.read(e.name);
+    return v;
+  }
+  v->text = name + "." + key;
+  stored.model[e.name] = v->text;
+  const auto heads = keys.interleaved.find(name);
+  if (heads != keys.interleaved.end() && !e.shape.empty()) {
+    stored.interleaved[v->text] = heads->second;
+  }
+  return v;
+}
+
 // A DCP save's optimizer entries as torch's optimizer.state_dict(): {'state': {index: {key:
 // value}}, 'param_groups': [{..., 'params': [indices], 'param_names': [names]}]}. Two forms:
 // get_optimizer_state_dict's nested one (optimizer.param_groups.<g>.<key>, with
 // optimizer.param_groups.<g>.params listing the names; Accelerate) and its flattened one
 // (optimizer.param_groups.<name>.<key>, one per parameter; torchtitan), whose parameters with equal
 // hyper-parameters form one group, in order of appearance.
-Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& model_strip) {
+// The state's tensors are left in the shards: each is a tensor value with its shape and dtype,
+// whose text names it in `*state_source` ("<parameter>.<key>"), read when a rebuilt step needs it.
+// Only the 'step' counts are read now.
+Ref optimizer_dict(const DcpReader& dcp, const std::shared_ptr<const DcpReader>& shared,
+                   const KeyMap& keys, const std::string& model_strip,
+                   SharedTensorSource* state_source) {
   auto name_of = [&](const std::string& fqn) {
     // The optimizer names parameters as the model does; the model's keys may carry a wrapper.
     for (const std::string& key : {model_strip + fqn, fqn}) {
@@ -219,20 +246,14 @@ Ref optimizer_dict(const DcpReader& dcp, const KeyMap& keys, const std::string& 
     if (!slot) slot = make_value(Kind::kDict);
     slot->entries.emplace_back(string_value(rest.substr(dot + 1)), std::move(value));
   };
+  KeyMap stored;  // the state tensors' keys → "<parameter>.<key>"
   for (const auto& e : dcp.entries()) {
     if (!starts_with(e.name, kOptimizerState)) continue;
-    const auto dot = e.name.rfind('.');
     const size_t from = std::string(kOptimizerState).size();
-    const std::string name = name_of(e.name.substr(from, dot - from));
-    auto v = make_value(Kind::kTensor);
-    v->tensor = dcp.read(e.name);
-    if (const auto h = keys.interleaved.find(name);
-        h != keys.interleaved.end() && e.shape.size() > 0)
-      v->tensor = halved_rows(v->tensor, h->second);
-    v->shape = e.shape;
-    v->dtype = e.dtype;
-    put_state(e.name, v);
+    const std::string name = name_of(e.name.substr(from, e.name.rfind('.') - from));
+    put_state(e.name, state_tensor(dcp, e, name, keys, stored));
   }
+  *state_source = std::make_shared<MappedSource>(shared, stored, dcp.folder() + " ['optimizer']");
   std::vector<std::pair<std::string, Ref>> groups;  // group id → dict, in order
   auto group = [&](const std::string& id) -> Ref& {
     for (auto& [g, dict] : groups) {
@@ -347,8 +368,11 @@ Checkpoint open_dcp(const CheckpointInfo& info, CheckpointParts parts, const std
         optimizer_dir == model_dir ? model_dcp : std::make_shared<const DcpReader>(optimizer_dir);
     if (has_optimizer(*optimizer_dcp)) {
       ckpt.optimizer_file = optimizer_dir + " ['optimizer']";
-      const Ref dict = optimizer_dict(*optimizer_dcp, keys, strip);
-      ckpt.indexed_optimizer = torch_state::optimizer_state_dict(*dict, ckpt.optimizer_file, meta);
+      SharedTensorSource state;
+      const Ref dict = optimizer_dict(*optimizer_dcp, optimizer_dcp, keys, strip, &state);
+      auto indexed = torch_state::optimizer_state_dict(*dict, ckpt.optimizer_file, meta);
+      indexed->source = std::move(state);
+      ckpt.indexed_optimizer = std::move(indexed);
       ckpt.meta_file = ckpt.optimizer_file;
     }
   }

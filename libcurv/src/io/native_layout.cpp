@@ -36,7 +36,8 @@ class NativeLayout : public CheckpointLayoutReader {
   // libcurv's own layout wins: a run directory may keep exports of other tools beside it.
   bool outranks_others() const override { return true; }
 
-  // The model stays in model.safetensors, read tensor by tensor into the parameters.
+  // The model stays in model.safetensors, read tensor by tensor into the parameters, and the
+  // optimizer state in optimizer.safetensors, read by parameter when a step is rebuilt.
   Checkpoint open(const CheckpointInfo& info, CheckpointParts parts) const override {
     Checkpoint ckpt;
     ckpt.step = info.step;
@@ -46,7 +47,7 @@ class NativeLayout : public CheckpointLayoutReader {
     ckpt.meta_file = info.path + "/meta.json";
     ckpt.model_source = safetensors_source({ckpt.model_file});
     if (parts == CheckpointParts::kAll && fs::exists(ckpt.optimizer_file)) {
-      ckpt.optimizer = SafetensorsReader(ckpt.optimizer_file).tensors();
+      ckpt.optimizer_source = safetensors_source({ckpt.optimizer_file});
     }
     const std::string& meta_path = ckpt.meta_file;
     if (fs::exists(meta_path)) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <stdexcept>
 
 #include "core/strings.h"
 #include "curv/core/error.h"
@@ -283,11 +284,23 @@ void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& c
   const auto& ix = in.ix;
   const auto& space = in.space;
   NamedTensors named;
+  std::vector<std::pair<std::string, std::string>> stored;  // "<param>.<key>" → name in ix.source
   std::map<int64_t, size_t> param_of;
   for (size_t k = 0; k < in.indices.size(); ++k) param_of[in.indices[k]] = chosen.of_index[k];
   for (const auto& [index, tensors] : ix.state) {
     const std::string& name = space[param_of.at(index)].name;
-    for (const auto& [key, t] : tensors) named.emplace_back(name + "." + key, t);
+    for (const auto& [key, t] : tensors) {
+      const auto where = ix.stored_as.find({index, key});
+      if (where != ix.stored_as.end()) {
+        stored.emplace_back(name + "." + key, where->second);
+      } else {
+        named.emplace_back(name + "." + key, t);
+      }
+    }
+  }
+  if (!stored.empty() && !named.empty()) {
+    // A reader leaves all of a state's tensors in its files or none (optimizer_dict, DCP).
+    throw std::logic_error(ix.origin + ": optimizer state partly read and partly left in files");
   }
   if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
   OptimizerRecord& record = *ckpt.meta.optimizer;
@@ -313,6 +326,8 @@ void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& c
     record.muon_params = "^(" + join(orthogonalised, "|") + ")$";
   }
   ckpt.optimizer = std::move(named);
+  ckpt.optimizer_source =
+      stored.empty() ? nullptr : renamed_tensor_source(ix.source, std::move(stored));
   ckpt.indexed_optimizer.reset();
 }
 

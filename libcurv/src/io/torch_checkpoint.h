@@ -39,7 +39,13 @@ struct IndexedOptimizerState {
   };
   std::vector<Group> groups;
   std::map<int64_t, NamedTensors> state;  // index -> (key, tensor), non-scalar states only
-  std::string origin;                     // "<file> ['optimizer']" for messages
+  // Where the state tensors left unread are (a DCP save's shards): `source` holds them, and
+  // stored_as names each, (index, key) → its name there. Their tensors in `state` are placeholders
+  // of their shape and dtype on the meta device; resolve_optimizer_state makes `source` the
+  // checkpoint's optimizer_source under the parameters' names.
+  SharedTensorSource source;
+  std::map<std::pair<int64_t, std::string>, std::string> stored_as;
+  std::string origin;  // "<file> ['optimizer']" for messages
   std::optional<WriterRule> writer_rule;
   // modded-nanogpt's two optimizers (AdamW, then Muon) merged into one state: AdamW's groups
   // first (use_muon false), then Muon's with its indices after AdamW's (the "modded" rule).

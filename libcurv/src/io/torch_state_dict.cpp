@@ -194,7 +194,14 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
       }
       // Every key counts for recognition (SOAP's Q is a list of tensors); tensors are the state.
       if (!sv->is(Kind::kNone)) keys.insert(sk->text);
-      if (sv->is(Kind::kTensor)) tensors.emplace_back(sk->text, sv->tensor);
+      if (sv->is(Kind::kTensor) && !sv->tensor.defined() && !sv->text.empty()) {
+        // Left in its file: a placeholder of its shape, read by name when a step needs it.
+        out.stored_as[{k->integer, sk->text}] = sv->text;
+        tensors.emplace_back(
+            sk->text, at::empty(sv->shape, at::TensorOptions().dtype(sv->dtype).device(at::kMeta)));
+      } else if (sv->is(Kind::kTensor)) {
+        tensors.emplace_back(sk->text, sv->tensor);
+      }
     }
     out.state.emplace(k->integer, std::move(tensors));
   }
@@ -279,7 +286,9 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
                     const std::vector<std::pair<std::string, double>>& hyper,
                     const std::optional<std::string>& muon_params) {
   if (rule.empty()) return;
-  if (!ckpt.meta.optimizer && !ckpt.indexed_optimizer && ckpt.optimizer.empty()) return;
+  if (!ckpt.meta.optimizer && !ckpt.indexed_optimizer && ckpt.optimizer.empty() &&
+      !ckpt.optimizer_source)
+    return;
   if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
   OptimizerRecord& record = *ckpt.meta.optimizer;
   // A state read by its keys; modded-nanogpt's merged optimizers are named by their file instead.

@@ -115,8 +115,9 @@ class OptimizerDirection : public Direction {
     return u;
   }
 
-  // Step 1 and 2 of a rebuilt step: the optimizer the checkpoint's record describes, with its
-  // saved state loaded; null, with `why`, when the checkpoint cannot give this optimizer's step.
+  // Step 1 and 2 of a rebuilt step: the optimizer the checkpoint's record describes, once the
+  // checkpoint is known to hold the state it needs; null, with `why`, when the checkpoint cannot
+  // give this optimizer's step.
   std::unique_ptr<Optimizer> rebuild_from_saved(const DirectionContext& c, std::string* why) const {
     const SavedOptimizer* saved = c.saved;
     if (!saved) {
@@ -140,11 +141,10 @@ class OptimizerDirection : public Direction {
       return nullptr;
     }
     auto optimizer = optimizer_from_record(*saved, c.engine->space());
-    if (saved->tensors.empty() && saved->step_count() != 0 && optimizer->needs_saved_state()) {
+    if (!saved->has_state() && saved->step_count() != 0 && optimizer->needs_saved_state()) {
       *why = "it has no saved optimizer state";
       return nullptr;
     }
-    optimizer->load_state(saved->tensors, saved->step_count(), saved->file);
     return optimizer;
   }
 
@@ -177,20 +177,25 @@ class OptimizerDirection : public Direction {
   // group) take their step from an optimizer configured like the group, built over the group's
   // parameters only, so that each parameter's step (a Newton–Schulz iteration for Muon's
   // matrices) is computed once whatever the number of groups.
-  // The optimizers here are built for this one step, so they take it in place: peek() would
-  // copy their state (twice the parameters for Adam) only to throw the copy away.
+  // Each parameter's saved state is read when its step is taken and dropped after
+  // (Optimizer::step_from_saved): the whole state, twice the parameters for Adam, is never held.
   ParamVector rebuilt_step(DirectionContext& c, Optimizer& optimizer) const {
     const SavedOptimizer& saved = *c.saved;
     const ParamSpace& space = c.engine->space();
     const ParamVector& g = c.engine->gradient();
+    // A first step (step count 0) and stateless rules read nothing: an empty source serves them.
+    const SharedTensorSource state =
+        saved.state ? saved.state : memory_tensor_source({}, saved.file);
     c.note =
-        fmt::format("rebuilt from saved {} state (step count {})", family_, optimizer.step_count());
+        fmt::format("rebuilt from saved {} state (step count {})", family_, saved.step_count());
     c.optimizer_rule = family_;
     c.optimizer_recognition = saved.record.recognition.empty() ? "recorded in " + saved.meta_file
                                                                : saved.record.recognition;
     c.partition = optimizer.partition();
     const auto& groups = saved.record.param_groups;
-    if (groups.empty()) return optimizer.step(c.theta, g);
+    if (groups.empty()) {
+      return optimizer.step_from_saved(c.theta, g, *state, saved.step_count(), saved.file);
+    }
     ParamVector u(space.size());
     std::vector<bool> grouped(space.size(), false);
     // The step of `indices` under `group`'s hyper-parameters (the record's alone when null).
@@ -203,8 +208,8 @@ class OptimizerDirection : public Direction {
         grad.push_back(g[i]);
       }
       auto sub = optimizer_from_record(saved, ParamSpace(names, theta), group);
-      sub->load_state(saved.tensors, saved.step_count(), saved.file);
-      const ParamVector sub_u = sub->step(theta, grad);
+      const ParamVector sub_u =
+          sub->step_from_saved(theta, grad, *state, saved.step_count(), saved.file);
       for (size_t k = 0; k < indices.size(); ++k) u[indices[k]] = sub_u[k];
     };
     for (size_t k = 0; k < groups.size(); ++k) {

@@ -94,13 +94,17 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
   throw std::logic_error("Optimizer::slot: slot '" + key + "' was just created");
 }
 
-ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
+void Optimizer::check_step_arguments(const ParamVector& theta, const ParamVector& grad) const {
   if (theta.size() != space_.size() || grad.size() != space_.size()) {
     throw InvalidArgument(
         fmt::format("optimizer {}: {} parameters and {} gradients for a model "
                     "of {}",
                     config_.name, theta.size(), grad.size(), space_.size()));
   }
+}
+
+ParamVector Optimizer::step(const ParamVector& theta, const ParamVector& grad) {
+  check_step_arguments(theta, grad);
   c10::NoGradGuard no_grad;
   ++step_count_;
   ParamVector u;
@@ -124,34 +128,61 @@ NamedTensors Optimizer::state() const {
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> Optimizer::saved_slots(
+    size_t i, const TensorSource& saved, int64_t step_count, const std::string& source,
+    const std::optional<at::TensorOptions>& options) const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& key : slots(i)) {
+    const std::string name = space_[i].name + "." + key;
+    const TensorEntry* entry = saved.find(name);
+    // Before the first update the state is empty: slots start at zero when first used.
+    if (entry == nullptr && step_count == 0) continue;
+    if (entry == nullptr) {
+      throw InvalidArgument(fmt::format(
+          "{}: optimizer state '{}' is missing: {} ({}) needs '{}' for parameter '{}' (was the "
+          "checkpoint saved by another optimizer?)",
+          source, name, config_.name, rule(i), key, space_[i].name));
+    }
+    const auto want = slot_shape(i, key);
+    if (entry->shape != want) {
+      throw InvalidArgument(fmt::format(
+          "{}: optimizer state '{}' has shape {}, expected {} for "
+          "parameter '{}'",
+          source, name, shape_string(entry->shape), shape_string(want), space_[i].name));
+    }
+    at::Tensor t = at::empty(entry->shape, options.value_or(at::TensorOptions(entry->dtype)));
+    saved.read_into(name, {}, t);
+    out.emplace_back(key, std::move(t));
+  }
+  return out;
+}
+
 void Optimizer::load_state(const NamedTensors& tensors, int64_t step_count,
                            const std::string& source) {
-  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  const auto saved = memory_tensor_source(tensors, source);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> state(space_.size());
   for (size_t i = 0; i < space_.size(); ++i) {
-    for (const auto& key : slots(i)) {
-      const std::string name = space_[i].name + "." + key;
-      auto it = by_name.find(name);
-      // Before the first update the state is empty: slots start at zero when first used.
-      if (it == by_name.end() && step_count == 0) continue;
-      if (it == by_name.end()) {
-        throw InvalidArgument(fmt::format(
-            "{}: optimizer state '{}' is missing: {} ({}) needs '{}' for parameter '{}' (was the "
-            "checkpoint saved by another optimizer?)",
-            source, name, config_.name, rule(i), key, space_[i].name));
-      }
-      const auto want = slot_shape(i, key);
-      if (!it->second.sizes().equals(want)) {
-        throw InvalidArgument(
-            fmt::format("{}: optimizer state '{}' has shape {}, expected {} for "
-                        "parameter '{}'",
-                        source, name, it->second.sizes(), shape_string(want), space_[i].name));
-      }
-      state[i].emplace_back(key, it->second.clone());
-    }
+    state[i] = saved_slots(i, *saved, step_count, source, std::nullopt);
   }
   state_ = std::move(state);
   step_count_ = step_count;
+}
+
+ParamVector Optimizer::step_from_saved(const ParamVector& theta, const ParamVector& grad,
+                                       const TensorSource& state, int64_t step_count,
+                                       const std::string& source) {
+  check_step_arguments(theta, grad);
+  c10::NoGradGuard no_grad;
+  state_.assign(space_.size(), {});
+  step_count_ = step_count + 1;
+  ParamVector u;
+  u.reserve(theta.size());
+  for (size_t i = 0; i < theta.size(); ++i) {
+    state_[i] = saved_slots(i, state, step_count, source, theta[i].options());
+    u.push_back(update(i, theta[i].detach(), grad[i].detach(), step_count_));
+    state_[i].clear();
+  }
+  return u;
 }
 
 std::string Optimizer::meta_json() const {

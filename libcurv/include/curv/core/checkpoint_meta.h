@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "curv/core/param_space.h"
+#include "curv/core/tensor_source.h"
 
 namespace curv {
 
@@ -71,21 +72,24 @@ struct CheckpointMeta {
 struct SavedOptimizer {
   std::string checkpoint;  // the checkpoint's folder or file, for messages
   int64_t step = 0;        // the checkpoint's step (the step count when none is recorded)
-  NamedTensors tensors;    // "<param>.<key>" (exp_avg, exp_avg_sq, momentum_buffer, ...)
-  std::string file;        // where `tensors` come from: "<folder>/optimizer.safetensors", ...
+  // The state as "<param>.<key>" (exp_avg, exp_avg_sq, momentum_buffer, ...), read a tensor at a
+  // time when a parameter's step needs it; null when the checkpoint holds none.
+  SharedTensorSource state;
+  std::string file;        // where `state` comes from: "<folder>/optimizer.safetensors", ...
   std::string meta_file;   // where `record` comes from: "<folder>/meta.json", ...
   OptimizerRecord record;  // empty name when the checkpoint names no optimizer
   // torch state still keyed by parameter index (resolve_optimizer_state has not named it).
   bool unresolved = false;
 
   int64_t step_count() const { return record.step_count.value_or(step); }
+  bool has_state() const { return state && !state->entries().empty(); }
   double hyper(const std::string& key, double fallback) const {
     return record.hyper_or(key, fallback, meta_file);
   }
 };
 
-// Optimizer state "<param>.<key>" (e.g. key "exp_avg_sq") as stored, or an undefined tensor if
-// absent: whether that is an error depends on the caller.
+// Optimizer state "<param>.<key>" (e.g. key "exp_avg_sq") as stored, read now onto the CPU, or an
+// undefined tensor if absent: whether that is an error depends on the caller.
 at::Tensor optimizer_state(const SavedOptimizer& saved, const std::string& param,
                            const std::string& key);
 // The same, checked against the parameter: InvalidArgument naming the state's file, the

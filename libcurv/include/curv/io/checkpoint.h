@@ -125,8 +125,12 @@ struct Checkpoint {
   // time (fill_parameters, parameters_from). Unset once `model` holds them whole.
   SharedTensorSource model_source;
   NamedTensors model;      // model.safetensors, in file order, when read whole (load_checkpoint)
-  NamedTensors optimizer;  // optimizer.safetensors; empty if the file is absent
-  CheckpointMeta meta;     // meta.json as parsed; empty if the file is absent
+  NamedTensors optimizer;  // optimizer.safetensors when read whole; empty if the file is absent
+  // The optimizer state as a source, "<param>.<key>" (open_checkpoint of a layout that reads it
+  // lazily: native, DCP); saved_optimizer hands it on, so that a rebuilt step reads each
+  // parameter's state when it takes that parameter's step. Unset when `optimizer` holds it.
+  SharedTensorSource optimizer_source;
+  CheckpointMeta meta;  // meta.json as parsed; empty if the file is absent
   // Where each part came from, for messages: "<path>/model.safetensors", "<file> ['model']", ...
   std::string model_file, optimizer_file, meta_file;
   // Where the model config came from: meta.json, a Hugging Face folder's config.json, or the

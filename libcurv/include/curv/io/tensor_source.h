@@ -1,88 +1,19 @@
-// A checkpoint's tensors as a source rather than a value: the names, shapes and dtypes are listed
-// without reading any tensor, and each tensor, or a box of one, is read on demand straight into a
-// destination tensor of any device and dtype. Layouts return sources (CheckpointLayoutReader),
-// so a model is filled in place from files of any size, one tensor at a time.
+// The tensor sources of files: safetensors files read tensor by tensor (the interface and the
+// sources in memory are in curv/core/tensor_source.h).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <cstdint>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
-#include <utility>
 #include <vector>
+
+#include "curv/core/tensor_source.h"
 
 namespace curv {
 
-// One tensor of a source: what is known without reading it.
-struct TensorEntry {
-  std::string name;
-  std::vector<int64_t> shape;
-  at::ScalarType dtype = at::ScalarType::Undefined;
-
-  int64_t numel() const;
-  int64_t bytes() const;  // numel × the dtype's element size
-};
-
-class TensorSource {
- public:
-  TensorSource() = default;
-  virtual ~TensorSource() = default;
-  TensorSource(const TensorSource&) = delete;
-  TensorSource& operator=(const TensorSource&) = delete;
-  // Every tensor, in the order the files hold them. Names are unique, and the list does not
-  // change once find() has been called.
-  virtual const std::vector<TensorEntry>& entries() const = 0;
-  // Where the tensors come from, for messages: "<folder>/model.safetensors", "<step>/ (DCP)".
-  virtual std::string origin() const = 0;
-  // Reads the box of tensor `name` that starts at `offsets` (one per dimension; empty: at 0) and
-  // has `dest`'s sizes into `dest`, on dest's device, converted to dest's dtype as
-  // Tensor::copy_ converts. A destination of the tensor's shape receives the whole tensor.
-  // InvalidArgument naming the tensor when it is not listed or the box does not lie inside it;
-  // FormatError naming the file and the tensor when the bytes cannot be read.
-  virtual void read_into(const std::string& name, const std::vector<int64_t>& offsets,
-                         at::Tensor dest) const = 0;
-
-  // The entry named `name`, or nullptr. Constant time: an index of entries() is built on the
-  // first call (a model has thousands of tensors, and every one is looked up), safely from
-  // several threads.
-  const TensorEntry* find(const std::string& name) const;
-  // The whole tensor, on the CPU in its stored dtype.
-  at::Tensor read(const std::string& name) const;
-  // Sum of every entry's bytes.
-  int64_t total_bytes() const;
-
- private:
-  mutable std::once_flag index_once_;
-  mutable std::unordered_map<std::string, size_t> index_;  // name → entries() position
-};
-
-using SharedTensorSource = std::shared_ptr<const TensorSource>;
-
-// Tensors already in memory (views kept, nothing copied), in the given order; `origin` names
-// them in messages. InvalidArgument for a repeated name.
-SharedTensorSource memory_tensor_source(std::vector<std::pair<std::string, at::Tensor>> tensors,
-                                        std::string origin);
 // The tensors of safetensors files, read one at a time out of a read-only mapping whose pages are
 // dropped once each tensor is copied; several files are one source (a sharded save). The headers
 // are read and checked now (FormatError naming the file); a name in two files is a FormatError
 // naming both.
 SharedTensorSource safetensors_source(const std::vector<std::string>& files,
                                       std::string origin = "");
-// A view of `base` holding the tensors `names` lists, (new name, name in base), in that order:
-// renamed, or a subset (a state dict's saved buffers left out). InvalidArgument naming a base name
-// `base` does not list.
-SharedTensorSource renamed_tensor_source(SharedTensorSource base,
-                                         std::vector<std::pair<std::string, std::string>> names);
-// Every tensor of `source`, in entries() order (the whole-checkpoint convenience).
-std::vector<std::pair<std::string, at::Tensor>> read_all(const TensorSource& source);
-
-// Copies the part of `chunk`, a box of a larger tensor starting at `chunk_offsets`, that lies in
-// the box of `dest` starting at `dest_offsets`, into `dest`; nothing when they do not meet.
-// Returns the number of elements copied. For sources assembled from chunks (DCP's shards).
-int64_t copy_box_overlap(const at::Tensor& chunk, const std::vector<int64_t>& chunk_offsets,
-                         at::Tensor& dest, const std::vector<int64_t>& dest_offsets);
 
 }  // namespace curv

@@ -42,7 +42,8 @@ struct PyValue {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  // string, bytes, "module.name" of a global or of an object's class
+  // string, bytes, "module.name" of a global or of an object's class; of a tensor left in its
+  // file (shape and dtype only, `tensor` undefined), its name in the source that reads it
   std::string text;
   std::vector<Ref> items;  // tuple, list
   // dict, in insertion order; an object's attributes (its pickled state when that is a dict)

@@ -14,6 +14,7 @@
 
 #include "curv/core/param_space.h"
 #include "curv/core/structure.h"
+#include "curv/core/tensor_source.h"
 
 namespace curv {
 
@@ -94,6 +95,14 @@ class Optimizer {
   ParamVector step(const ParamVector& theta, const ParamVector& grad);
   // The same u without touching the state.
   ParamVector peek(const ParamVector& theta, const ParamVector& grad) const;
+  // The step after `step_count` steps whose state is saved in `state` ("<param>.<key>", checked
+  // as load_state checks it), without holding that state: each parameter's state is read onto
+  // its device when its step is taken and dropped after, so that at most one parameter's state is
+  // resident. Equal to load_state then step(). The optimizer keeps no state afterwards; its
+  // step count is step_count + 1.
+  ParamVector step_from_saved(const ParamVector& theta, const ParamVector& grad,
+                              const TensorSource& state, int64_t step_count,
+                              const std::string& source);
 
   // State as "<param>.<key>" tensors (PyTorch's key names: exp_avg, exp_avg_sq,
   // momentum_buffer, ...), and back. load_state checks every tensor's presence and shape and
@@ -122,6 +131,14 @@ class Optimizer {
   // Shape of a state slot; the parameter's shape unless a rule keeps reduced statistics.
   virtual std::vector<int64_t> slot_shape(size_t i, const std::string& key) const;
   at::Tensor& slot(size_t i, const std::string& key, const at::Tensor& like);
+  // Parameter i's slots as `saved` holds them, each read into a tensor of `options` (its stored
+  // dtype on the CPU when unset). A slot `saved` lacks is left out when step_count is 0 (the state
+  // starts at zero), else InvalidArgument naming `source`, the state, the rule and the parameter;
+  // a shape other than slot_shape is InvalidArgument naming both shapes.
+  std::vector<std::pair<std::string, at::Tensor>> saved_slots(
+      size_t i, const TensorSource& saved, int64_t step_count, const std::string& source,
+      const std::optional<at::TensorOptions>& options) const;
+  void check_step_arguments(const ParamVector& theta, const ParamVector& grad) const;
 
   OptimizerConfig config_;
   ParamSpace space_;
