@@ -36,7 +36,7 @@ void make_demo_dir(const std::string& dir) {
     run_tool("curvtrain",
              fmt::format("-o {} --model {} --optimizer {} --steps 20 --save-every 10 "
                          "--eval-every 10 --probe-every 10 --probe-output {}/train_probe.h5 "
-                         "--run-name {}_s0",
+                         "--probe-sequences 16 --run-name {}_s0",
                          run, model, optimizer, dir, optimizer));
     runs.push_back(run);
   }

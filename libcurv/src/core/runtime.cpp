@@ -183,12 +183,29 @@ int hardware_threads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+namespace {
+
+// OMP_NUM_THREADS as OpenMP reads it (the first number of a list), else the cores.
+int default_threads() {
+  const char* text = std::getenv("OMP_NUM_THREADS");
+  if (text == nullptr || *text == '\0') return hardware_threads();
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  if (n < 1 || n > 1 << 16 || end == text || (*end != '\0' && *end != ',')) {
+    throw InvalidArgument(
+        fmt::format("OMP_NUM_THREADS={}: expected a positive number of threads", text));
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
 void init_runtime(const RuntimeOptions& options) {
   if (options.threads < 0) {
-    throw InvalidArgument(
-        fmt::format("threads = {} must be >= 0 (0 = all cores)", options.threads));
+    throw InvalidArgument(fmt::format(
+        "threads = {} must be >= 0 (0 = OMP_NUM_THREADS, else all cores)", options.threads));
   }
-  at::set_num_threads(options.threads == 0 ? hardware_threads() : options.threads);
+  at::set_num_threads(options.threads == 0 ? default_threads() : options.threads);
 #if defined(__GLIBC__)
   tune_glibc_malloc(options.tune_allocator);
 #endif

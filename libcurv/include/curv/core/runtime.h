@@ -11,7 +11,9 @@
 namespace curv {
 
 struct RuntimeOptions {
-  int threads = 0;  // ATen intra-op threads; 0 = the number of cores
+  // ATen intra-op threads; 0 = OMP_NUM_THREADS when it is set (as PyTorch reads it), else the
+  // number of cores.
+  int threads = 0;
   // glibc only: keep freed memory in the heap for the next allocation (mmap threshold 32 MiB,
   // trim threshold 2 GiB) instead of unmapping it. ATen allocates tensors with malloc; by
   // default glibc unmaps every freed block of more than a few MiB, so each forward, backward and
