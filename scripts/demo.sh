@@ -13,7 +13,8 @@ steps="${CURV_DEMO_STEPS:-1000}"
 exponents="${CURV_DEMO_EXPONENTS:-0 1}"
 model="$root/examples/configs/llama-tiny.json"
 if [ "${CURV_SKIP_SETUP:-0}" != 1 ]; then "$root/scripts/setup-debian.sh"; fi
-"$root/scripts/build.sh"
+# The two tools the demo runs, not the tests and benchmarks.
+"$root/scripts/build.sh" --target curvtrain ndsprobe
 
 start=$(date +%s)
 rm -rf "$out"
