@@ -10,10 +10,13 @@
 //   rebuilt_step_bench run DIR streamed|whole [--threads 2]
 //
 // The parameters and the gradient are allocated and written before the clock starts and the peak
-// resident set is reset (/proc/self/clear_refs, 5). One line:
+// resident set is reset (/proc/self/clear_refs, 5); glibc maps every block of 1 MiB or more on
+// its own and unmaps it when freed (no RuntimeOptions::tune_allocator), so the peak is what the
+// step held live: the step u itself (the parameters' size) and the state it read. One line:
 //   RESULT mode=M seconds=S state_bytes=B peak_extra=P u_norm=X
 // u_norm, the step's norm, is the same in both modes.
 #include <ATen/ATen.h>
+#include <malloc.h>
 
 #include <chrono>
 #include <cmath>
@@ -112,7 +115,15 @@ int main(int argc, char** argv) {
     if (flag == "--threads") threads = std::stoi(argv[i + 1]);
   }
   try {
-    curv::init_runtime(curv::RuntimeOptions{threads});
+    // glibc's own allocation policy: ndsprobe's tuning keeps freed blocks in the heap for the
+    // next allocation, which would count the step's freed temporaries in the peak.
+    curv::RuntimeOptions runtime;
+    runtime.threads = threads;
+    runtime.tune_allocator = false;
+    curv::init_runtime(runtime);
+    // Every block of 1 MiB or more mapped on its own and unmapped when freed (a fixed threshold
+    // also stops glibc from raising it, which would keep freed tensors in the heap).
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     if (command == "write") return write(dir, params);
     if (command == "run" && argc >= 4) return run(dir, argv[3]);
     std::fprintf(stderr, "rebuilt_step_bench: unknown command '%s'\n", command.c_str());
