@@ -202,9 +202,10 @@ TEST_CASE(
     for (const auto& t : theta) g.push_back(at::randn_like(t));
     return g;
   };
-  for (const std::string spec :
-       {"adamw:weight_decay=0.1", "adam:weight_decay=0.1", "sgd:momentum=0.9,nesterov=1", "muon",
-        "normuon", "lion", "signum"}) {
+  for (const std::string spec : {"adamw:weight_decay=0.1", "adam:weight_decay=0.1",
+                                 "sgd:momentum=0.9,nesterov=1", "muon", "normuon", "lion", "signum",
+                                 "nadam:weight_decay=0.1", "radam", "adafactor:weight_decay=0.1",
+                                 "ademamix:t_alpha_beta3=10", "soap:precondition_frequency=2"}) {
     INFO(spec);
     // Three steps give every slot a value; the fourth is taken both ways from the saved state.
     auto trained = make_optimizer(OptimizerConfig::parse(spec), space);
@@ -337,7 +338,9 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
 
   const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
   REQUIRE(optimizer_names() == std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd",
-                                                        "signsgd", "signum", "lion"});
+                                                        "signsgd", "signum", "lion", "torch-muon",
+                                                        "nadam", "radam", "adafactor", "ademamix",
+                                                        "soap"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);

@@ -2,12 +2,13 @@
 
 Usage: make_optimizer_states.py OUT
 
-Runs under any torch from 1.13 (Debian's) on; torch.optim.Muon (torch >= 2.9) and SOAP
-(pytorch-optimizer) only where they exist.
+Runs under any torch from 1.13 (Debian's) on; torch.optim.Muon (torch >= 2.9), Adafactor
+(>= 2.5), the decoupled NAdam and RAdam, and pytorch-optimizer's SOAP and AdEMAMix only where they
+exist.
 
-For each case, a tiny two-layer model trained three steps by the optimizer, saved two ways:
-OUT/<case>/step_3.pt (torch.save of {'model', 'optimizer'}: the pt layout) and
-OUT/<case>_hf/checkpoint-3/ (pytorch_model.bin, optimizer.pt, trainer_state.json: a Hugging Face
+For each case, a tiny two-layer model trained N steps (three unless the case says) by the
+optimizer, saved two ways: OUT/<case>/step_N.pt (torch.save of {'model', 'optimizer'}: the pt
+layout) and OUT/<case>_hf/checkpoint-N/ (pytorch_model.bin, optimizer.pt, trainer_state.json: a Hugging Face
 Trainer folder). Cases whose writer is older than this torch (groups without
 decoupled_weight_decay, torch < 2.7) or hand-made (an unknown key) are edited state dicts of the
 real classes. OUT/<case>_next_step.safetensors holds, per parameter, a gradient g.<name> and the
@@ -104,12 +105,39 @@ def cases():
                                   without("decoupled_weight_decay")),
         "keller_muon": (lambda m: KellerMuon(matrices(m)), None),
     }
+    # The rules of the optimizer zoo, each checked against its own next step.
+    out["nadam"] = (lambda m: torch.optim.NAdam(m.parameters(), lr=1e-2, weight_decay=0.1), None)
+    out["radam"] = (lambda m: torch.optim.RAdam(m.parameters(), lr=1e-2, weight_decay=0.1), None)
+    # Eight steps: RAdam's rectification is defined (rho_t > 5) from the seventh on.
+    out["radam_rectified"] = (lambda m: torch.optim.RAdam(m.parameters(), lr=1e-2), None, 8)
+    if "decoupled_weight_decay" in torch.optim.NAdam.__init__.__code__.co_varnames:
+        out["nadamw"] = (lambda m: torch.optim.NAdam(m.parameters(), lr=1e-2, weight_decay=0.1,
+                                                     decoupled_weight_decay=True), None)
+        out["radamw"] = (lambda m: torch.optim.RAdam(m.parameters(), lr=1e-2, weight_decay=0.1,
+                                                     decoupled_weight_decay=True), None, 8)
+    if hasattr(torch.optim, "Adafactor"):  # torch >= 2.5
+        out["adafactor"] = (lambda m: torch.optim.Adafactor(m.parameters(), lr=1e-2,
+                                                            weight_decay=0.1), None)
     if hasattr(torch.optim, "Muon"):  # torch >= 2.9
         out["torch_muon"] = (lambda m: torch.optim.Muon(matrices(m), lr=0.02), None)
+        out["torch_muon_rms"] = (lambda m: torch.optim.Muon(
+            matrices(m), lr=0.02, weight_decay=0.05, nesterov=False,
+            adjust_lr_fn="match_rms_adamw"), None)
     try:
         import pytorch_optimizer
+        # precondition_frequency 1: the eigenbases the next step uses were refreshed by a power
+        # iteration and a QR after the last step.
         out["soap"] = (lambda m: pytorch_optimizer.SOAP(m.parameters(), lr=3e-3,
                                                         precondition_frequency=1), None)
+        out["soap_options"] = (lambda m: pytorch_optimizer.SOAP(
+            m.parameters(), lr=3e-3, betas=(0.9, 0.99), shampoo_beta=0.9, weight_decay=0.1,
+            precondition_frequency=2, precondition_1d=True, correct_bias=False,
+            normalize_gradient=True), None, 4)
+        out["ademamix"] = (lambda m: pytorch_optimizer.AdEMAMix(
+            m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True,
+            t_alpha_beta3=10), None)
+        out["ademamix_l2"] = (lambda m: pytorch_optimizer.AdEMAMix(
+            m.parameters(), lr=1e-2, weight_decay=0.1), None)
     except ImportError:
         pass
     return out
@@ -118,19 +146,20 @@ def cases():
 def main():
     out = sys.argv[1]
     written = []
-    for name, (make, edit) in cases().items():
-        weights, osd, step = trained(make)
+    for name, (make, edit, *steps) in cases().items():
+        steps = steps[0] if steps else 3
+        weights, osd, step = trained(make, steps)
         if edit:
             osd = edit(osd)
         os.makedirs(f"{out}/{name}", exist_ok=True)
-        torch.save({"model": weights, "optimizer": osd}, f"{out}/{name}/step_3.pt")
+        torch.save({"model": weights, "optimizer": osd}, f"{out}/{name}/step_{steps}.pt")
         save_safetensors(f"{out}/{name}_next_step.safetensors", step)
-        hf = f"{out}/{name}_hf/checkpoint-3"
+        hf = f"{out}/{name}_hf/checkpoint-{steps}"
         os.makedirs(hf, exist_ok=True)
         torch.save(weights, f"{hf}/pytorch_model.bin")
         torch.save(osd, f"{hf}/optimizer.pt")
         with open(f"{hf}/trainer_state.json", "w") as f:
-            json.dump({"global_step": 3, "log_history": []}, f)
+            json.dump({"global_step": steps, "log_history": []}, f)
         written.append(name)
     with open(f"{out}/cases.json", "w") as f:
         json.dump({"torch": torch.__version__, "cases": written}, f)

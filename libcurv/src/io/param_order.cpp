@@ -45,6 +45,24 @@ std::string count_problem(const OrderInput& in, size_t expected, const char* wha
   return fmt::format("the optimizer has {} parameters, {} {}", in.indices.size(), what, expected);
 }
 
+// The shape the state tensor `key` has for a parameter of `shape`: the parameter's own, or that of
+// the statistics some rules keep (NAdam's scalar mu_product, Adafactor's row and column moments,
+// SOAP's Kronecker factors GG.k and eigenbases Q.k; docs/optimizers.md).
+std::vector<int64_t> state_shape(const std::string& key, std::vector<int64_t> shape) {
+  if (key == "mu_product") return {};
+  if (key == "row_var" && !shape.empty()) shape.back() = 1;
+  if (key == "col_var" && shape.size() >= 2) shape[shape.size() - 2] = 1;
+  for (const char* factor : {"GG.", "Q."}) {
+    const std::string prefix = factor;
+    if (key.rfind(prefix, 0) != 0) continue;
+    const std::string index = key.substr(prefix.size());
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    const size_t k = std::stoul(index);
+    if (k < shape.size()) return {shape[k], shape[k]};
+  }
+  return shape;
+}
+
 std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& space,
                          const std::vector<int64_t>& indices, const std::vector<size_t>& params) {
   for (size_t k = 0; k < indices.size(); ++k) {
@@ -52,7 +70,8 @@ std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& spac
     if (it == ix.state.end()) continue;
     const auto& p = space[params[k]];
     for (const auto& [key, t] : it->second) {
-      if (t.sizes().vec() != p.shape) {
+      const auto want = state_shape(key, p.shape);
+      if (t.sizes().vec() != want) {
         // modded-nanogpt's merged state: the key in the file is that of one of the two optimizers.
         const std::string where =
             !ix.modded ? fmt::format("state[{}]", indices[k])
@@ -60,8 +79,9 @@ std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& spac
                 ? fmt::format("[0] (AdamW) state[{}]", indices[k])
                 : fmt::format("[1] (Muon) state[{}]", indices[k] - ix.muon_offset);
         const std::string slot = ix.modded && key == "momentum_buffer" ? "momentum" : key;
-        return fmt::format("{}.{} has shape {}, but parameter '{}' has shape {}", where, slot,
-                           shape_string(t.sizes().vec()), p.name, shape_string(p.shape));
+        return fmt::format("{}.{} has shape {}, but parameter '{}' has shape {}{}", where, slot,
+                           shape_string(t.sizes().vec()), p.name, shape_string(p.shape),
+                           want == p.shape ? "" : " (the state needs " + shape_string(want) + ")");
       }
     }
   }

@@ -12,12 +12,25 @@ namespace {
 
 // One kind of param_group a rule's writer makes.
 struct GroupShape {
-  std::vector<std::string> state;    // per-parameter state, all present once a parameter has any
+  std::vector<std::string> state;  // per-parameter state, all present once a parameter has any
+  // Per-parameter state a parameter may or may not have (Adafactor's row_var and col_var for
+  // matrices, variance for vectors).
+  std::vector<std::string> optional_state;
   std::vector<std::string> reads;    // param_group keys the rebuilt step reads
   std::vector<std::string> markers;  // keys the writer always records: recognition needs them
   // Boolean keys accepted with one value only (absent is fine unless a marker).
   std::vector<std::pair<std::string, bool>> flags;
   bool orthogonalised = false;  // its parameters take the Muon step
+
+  GroupShape(std::vector<std::string> state, std::vector<std::string> reads,
+             std::vector<std::string> markers, std::vector<std::pair<std::string, bool>> flags,
+             bool orthogonalised = false, std::vector<std::string> optional_state = {})
+      : state(std::move(state)),
+        optional_state(std::move(optional_state)),
+        reads(std::move(reads)),
+        markers(std::move(markers)),
+        flags(std::move(flags)),
+        orthogonalised(orthogonalised) {}
 };
 
 struct Rule {
@@ -70,6 +83,31 @@ const std::vector<Rule>& rules() {
                            "ns_steps", "eps", "adjust_lr_fn"},
                           {"ns_coefficients", "adjust_lr_fn"},
                           {}};
+    GroupShape nadam{
+        {"exp_avg", "exp_avg_sq", "mu_product"},
+        {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay"},
+        {"momentum_decay"},
+        {}};
+    GroupShape radam{
+        adam_state, {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"}, {}, {}};
+    GroupShape adafactor{{},
+                         {"lr", "beta2_decay", "eps", "d", "weight_decay"},
+                         {"beta2_decay", "d"},
+                         {},
+                         false,
+                         {"row_var", "col_var", "variance"}};
+    // pytorch-optimizer keeps its step count in each group ('step').
+    GroupShape ademamix{{"exp_avg", "exp_avg_sq", "exp_avg_slow"},
+                        {"lr", "betas", "weight_decay", "weight_decouple", "fixed_decay", "alpha",
+                         "t_alpha_beta3", "eps", "step"},
+                        {"alpha", "t_alpha_beta3"},
+                        {}};
+    GroupShape soap{{"exp_avg", "exp_avg_sq", "GG", "Q", "precondition_frequency", "shampoo_beta"},
+                    {"lr", "betas", "shampoo_beta", "weight_decay", "precondition_frequency",
+                     "max_precondition_dim", "precondition_1d", "correct_bias",
+                     "normalize_gradient", "eps", "step"},
+                    {"shampoo_beta", "precondition_frequency", "max_precondition_dim"},
+                    {{"merge_dims", false}}};
     return std::vector<Rule>{
         {"adamw", "torch.optim.AdamW", {adamw}, ""},
         {"adam", "torch.optim.Adam", {adam}, ""},
@@ -77,11 +115,12 @@ const std::vector<Rule>& rules() {
         {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
         {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
         {"lion", "lion-pytorch's Lion", {lion}, ""},
-        {"torch-muon",
-         "torch.optim.Muon",
-         {torch_muon},
-         "torch.optim.Muon's step (moving-average momentum, Newton-Schulz in bfloat16, its eps "
-         "and adjust_lr_fn) is not rebuilt; audit its runs along delta"},
+        {"torch-muon", "torch.optim.Muon", {torch_muon}, ""},
+        {"nadam", "torch.optim.NAdam", {nadam}, ""},
+        {"radam", "torch.optim.RAdam", {radam}, ""},
+        {"adafactor", "torch.optim.Adafactor", {adafactor}, ""},
+        {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
+        {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
     };
   }();
   return table;
@@ -119,7 +158,9 @@ std::string misfit(const GroupKeys& group, const GroupShape& shape) {
   for (const auto& f : shape.flags) check_flag(f);
   check_flag(kNotMaximize);
   for (const auto& key : group.state) {
-    if (!contains(shape.state, key)) extra_state.push_back(key);
+    if (!contains(shape.state, key) && !contains(shape.optional_state, key)) {
+      extra_state.push_back(key);
+    }
   }
   if (!group.state.empty()) {
     for (const auto& key : shape.state) {
@@ -294,8 +335,9 @@ Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& or
     for (const auto& g : keys.groups) {
       for (const auto& key : g.state) {
         const bool known = std::any_of(rules().begin(), rules().end(), [&](const Rule& r) {
-          return std::any_of(r.shapes.begin(), r.shapes.end(),
-                             [&](const GroupShape& s) { return contains(s.state, key); });
+          return std::any_of(r.shapes.begin(), r.shapes.end(), [&](const GroupShape& s) {
+            return contains(s.state, key) || contains(s.optional_state, key);
+          });
         });
         if (!known) unknown.insert(key);
       }

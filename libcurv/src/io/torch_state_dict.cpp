@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/strings.h"
 #include "curv/core/error.h"
 #include "io/torch_checkpoint.h"
 
@@ -87,24 +88,77 @@ double number(const PyValue& v, const std::string& origin, const std::string& ke
 
 namespace {
 
-// torch param_group keys -> libcurv's hyper-parameter names (betas split in two).
+// torch.optim.Muon's adjust_lr_fn by name -> libcurv's adjust_lr (None is "original").
+double adjust_lr_code(const PyValue& v, const std::string& origin, const std::string& where) {
+  if (v.is(Kind::kNone)) return 0;
+  static const std::vector<std::string> names = {"original", "match_rms_adamw",
+                                                 "spectral_unclamped"};
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (v.is(Kind::kString) && v.text == names[k]) return static_cast<double>(k);
+  }
+  throw FormatError(fmt::format("{}: '{}' is {}, expected one of None, '{}'", origin, where,
+                                v.brief(), join(names, "', '")));
+}
+
+// A tuple of numbers of the lengths `sizes` allows, into `names` (None entries left out).
+void split_tuple(nlohmann::json& hyper, const PyValue& v, const std::vector<std::string>& names,
+                 const std::vector<size_t>& sizes, const std::string& origin,
+                 const std::string& where, const std::string& expected) {
+  const bool sequence = v.is(Kind::kTuple) || v.is(Kind::kList);
+  if (!sequence || std::find(sizes.begin(), sizes.end(), v.items.size()) == sizes.end()) {
+    throw FormatError(
+        fmt::format("{}: '{}' is {}, expected {}", origin, where, v.brief(), expected));
+  }
+  for (size_t k = 0; k < v.items.size(); ++k) {
+    if (!v.items[k]->is(Kind::kNone)) hyper[names[k]] = number(*v.items[k], origin, where);
+  }
+}
+
+// torch param_group keys -> libcurv's hyper-parameter names: betas split in two (three for
+// AdEMAMix), Adafactor's eps pair, torch.optim.Muon's ns_coefficients and adjust_lr_fn, and the
+// keys whose names differ (d, weight_decouple, decoupled_weight_decay). None leaves the default.
 nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
+  static const std::vector<std::pair<std::string, std::string>> renamed = {
+      {"lr", "lr"},
+      {"eps", "eps"},
+      {"weight_decay", "weight_decay"},
+      {"momentum", "momentum"},
+      {"dampening", "dampening"},
+      {"nesterov", "nesterov"},
+      {"ns_steps", "ns_steps"},
+      {"momentum_decay", "momentum_decay"},
+      {"decoupled_weight_decay", "decoupled"},
+      {"weight_decouple", "decoupled"},
+      {"fixed_decay", "fixed_decay"},
+      {"beta2_decay", "beta2_decay"},
+      {"d", "clip_threshold"},
+      {"alpha", "alpha"},
+      {"t_alpha_beta3", "t_alpha_beta3"},
+      {"shampoo_beta", "shampoo_beta"},
+      {"precondition_frequency", "precondition_frequency"},
+      {"max_precondition_dim", "max_precondition_dim"},
+      {"precondition_1d", "precondition_1d"},
+      {"correct_bias", "correct_bias"},
+      {"normalize_gradient", "normalize_gradient"},
+  };
   nlohmann::json hyper = nlohmann::json::object();
   for (const auto& [k, v] : group.entries) {
     if (!k->is(Kind::kString)) continue;
     const std::string& key = k->text;
     const std::string where = "param_groups[]." + key;
     if (key == "betas") {
-      if ((!v->is(Kind::kTuple) && !v->is(Kind::kList)) || v->items.size() != 2) {
-        throw FormatError(
-            fmt::format("{}: '{}' is {}, expected (beta1, beta2)", origin, where, v->brief()));
+      split_tuple(hyper, *v, {"beta1", "beta2", "beta3"}, {2, 3}, origin, where,
+                  "(beta1, beta2) or (beta1, beta2, beta3)");
+    } else if (key == "eps" && (v->is(Kind::kTuple) || v->is(Kind::kList))) {
+      split_tuple(hyper, *v, {"eps", "eps2"}, {2}, origin, where, "a number or (eps1, eps2)");
+    } else if (key == "ns_coefficients") {
+      split_tuple(hyper, *v, {"ns_a", "ns_b", "ns_c"}, {3}, origin, where, "(a, b, c)");
+    } else if (key == "adjust_lr_fn") {
+      hyper["adjust_lr"] = adjust_lr_code(*v, origin, where);
+    } else {
+      for (const auto& [torch_key, field] : renamed) {
+        if (key == torch_key && !v->is(Kind::kNone)) hyper[field] = number(*v, origin, where);
       }
-      hyper["beta1"] = number(*v->items[0], origin, where);
-      hyper["beta2"] = number(*v->items[1], origin, where);
-    } else if (key == "lr" || key == "eps" || key == "weight_decay" || key == "momentum" ||
-               key == "dampening" || key == "nesterov") {
-      if (v->is(Kind::kNone)) continue;
-      hyper[key] = number(*v, origin, where);
     }
   }
   return hyper;
@@ -113,8 +167,11 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
 // One of param_groups: its indices (each new to `indices`), hyper-parameters by libcurv's names
 // (a MuonWithAuxAdam AdamW group's as adam_*), the names it recorded, and its keys for
 // recognition (`keys`).
+// Its group's step count, when the optimizer keeps one per group (pytorch-optimizer's 'step') and
+// not per parameter: into `step_count`.
 IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const std::string& origin,
-                                         std::set<int64_t>& indices, torch_state::GroupKeys& keys) {
+                                         std::set<int64_t>& indices, torch_state::GroupKeys& keys,
+                                         std::optional<int64_t>& step_count) {
   const std::string where = fmt::format("param_groups[{}]", g);
   const auto& group = *groups.items[g];
   if (!group.is(Kind::kDict)) {
@@ -131,6 +188,10 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
     parsed.params.push_back(p->integer);
   }
   parsed.hyper = group_hyper(group, origin);
+  if (const PyValue* step = group.find("step"); step && !step->is(Kind::kNone)) {
+    step_count = std::max<int64_t>(step_count.value_or(0),
+                                   std::llround(number(*step, origin, where + ".step")));
+  }
   for (const auto& [k, v] : group.entries) {
     if (!k->is(Kind::kString) || k->text == "params" || k->text == "param_names") continue;
     keys.keys.insert(k->text);
@@ -171,8 +232,8 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
 // The state tensors by index, each group's state keys (into out.keys) and the largest
 // per-parameter 'step'.
 std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t, size_t>& group_of,
-                                   const std::string& origin, IndexedOptimizerState& out) {
-  std::optional<int64_t> step_count;
+                                   const std::string& origin, IndexedOptimizerState& out,
+                                   std::optional<int64_t> step_count) {
   for (const auto& [k, v] : state.entries) {
     if (!k->is(Kind::kInt) || !group_of.count(k->integer)) {
       throw FormatError(fmt::format("{}: 'state' key {} is not a parameter index of param_groups",
@@ -192,15 +253,25 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
                                        std::llround(number(*sv, origin, where + ".step")));
         continue;
       }
-      // Every key counts for recognition (SOAP's Q is a list of tensors); tensors are the state.
+      // Every key counts for recognition; tensors are the state. A list of tensors (SOAP's GG
+      // and Q, one per dimension, [] for a dimension without one) is the tensors KEY.k.
       if (!sv->is(Kind::kNone)) keys.insert(sk->text);
-      if (sv->is(Kind::kTensor) && !sv->tensor.defined() && !sv->text.empty()) {
-        // Left in its file: a placeholder of its shape, read by name when a step needs it.
-        out.stored_as[{k->integer, sk->text}] = sv->text;
-        tensors.emplace_back(
-            sk->text, at::empty(sv->shape, at::TensorOptions().dtype(sv->dtype).device(at::kMeta)));
-      } else if (sv->is(Kind::kTensor)) {
-        tensors.emplace_back(sk->text, sv->tensor);
+      auto add = [&](const std::string& name, const PyValue& t) {
+        if (!t.tensor.defined() && !t.text.empty()) {
+          // Left in its file: a placeholder of its shape, read by name when a step needs it.
+          out.stored_as[{k->integer, name}] = t.text;
+          tensors.emplace_back(
+              name, at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(at::kMeta)));
+        } else {
+          tensors.emplace_back(name, t.tensor);
+        }
+      };
+      if (sv->is(Kind::kTensor)) add(sk->text, *sv);
+      if (sv->is(Kind::kList)) {
+        for (size_t j = 0; j < sv->items.size(); ++j) {
+          if (sv->items[j]->is(Kind::kTensor))
+            add(sk->text + "." + std::to_string(j), *sv->items[j]);
+        }
       }
     }
     out.state.emplace(k->integer, std::move(tensors));
@@ -241,12 +312,14 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
   const auto& groups = require(dict.find("param_groups"), origin, "param_groups", Kind::kList);
   std::set<int64_t> indices;
   std::map<int64_t, size_t> group_of;
+  std::optional<int64_t> group_step;
   for (size_t g = 0; g < groups.items.size(); ++g) {
     out->keys.groups.emplace_back();
-    out->groups.push_back(parse_group(groups, g, origin, indices, out->keys.groups.back()));
+    out->groups.push_back(
+        parse_group(groups, g, origin, indices, out->keys.groups.back(), group_step));
     for (int64_t p : out->groups.back().params) group_of[p] = g;
   }
-  const std::optional<int64_t> step_count = parse_state(state, group_of, origin, *out);
+  const std::optional<int64_t> step_count = parse_state(state, group_of, origin, *out, group_step);
   out->keys.implied_rule = implied_rule;
   out->keys.implied_by = implied_by;
   const Recognition r = recognise_optimizer(out->keys, origin);

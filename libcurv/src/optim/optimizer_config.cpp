@@ -48,6 +48,22 @@ const std::vector<Field>& fields() {
       {"adam_beta2", &OptimizerConfig::adam_beta2},
       {"adam_eps", &OptimizerConfig::adam_eps},
       {"adam_weight_decay", &OptimizerConfig::adam_weight_decay},
+      {"adjust_lr", nullptr, nullptr, &OptimizerConfig::adjust_lr},
+      {"decoupled", nullptr, &OptimizerConfig::decoupled},
+      {"momentum_decay", &OptimizerConfig::momentum_decay},
+      {"beta2_decay", &OptimizerConfig::beta2_decay},
+      {"eps2", &OptimizerConfig::eps2},
+      {"clip_threshold", &OptimizerConfig::clip_threshold},
+      {"beta3", &OptimizerConfig::beta3},
+      {"alpha", &OptimizerConfig::alpha},
+      {"t_alpha_beta3", &OptimizerConfig::t_alpha_beta3},
+      {"fixed_decay", nullptr, &OptimizerConfig::fixed_decay},
+      {"shampoo_beta", &OptimizerConfig::shampoo_beta},
+      {"precondition_frequency", nullptr, nullptr, &OptimizerConfig::precondition_frequency},
+      {"max_precondition_dim", nullptr, nullptr, &OptimizerConfig::max_precondition_dim},
+      {"precondition_1d", nullptr, &OptimizerConfig::precondition_1d},
+      {"correct_bias", nullptr, &OptimizerConfig::correct_bias},
+      {"normalize_gradient", nullptr, &OptimizerConfig::normalize_gradient},
   };
   return f;
 }
@@ -182,6 +198,19 @@ void OptimizerConfig::validate() const {
   check("adam_beta2", adam_beta2, adam_beta2 >= 0 && adam_beta2 < 1);
   check("adam_weight_decay", adam_weight_decay, adam_weight_decay >= 0);
   check("adam_eps", adam_eps, adam_eps >= 0);
+  check("adjust_lr", static_cast<double>(adjust_lr), adjust_lr >= 0 && adjust_lr <= 2);
+  check("momentum_decay", momentum_decay, momentum_decay >= 0);
+  check("beta2_decay", beta2_decay, beta2_decay <= 0);
+  check("eps2", eps2, eps2 >= 0);
+  check("clip_threshold", clip_threshold, clip_threshold > 0);
+  check("beta3", beta3, beta3 >= 0 && beta3 < 1);
+  check("alpha", alpha, alpha >= 0);
+  check("t_alpha_beta3", t_alpha_beta3, t_alpha_beta3 >= 0);
+  check("shampoo_beta", shampoo_beta, shampoo_beta >= 0 && shampoo_beta < 1);
+  check("precondition_frequency", static_cast<double>(precondition_frequency),
+        precondition_frequency >= 1);
+  check("max_precondition_dim", static_cast<double>(max_precondition_dim),
+        max_precondition_dim >= 1);
   if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
     throw InvalidArgument(
         "optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "

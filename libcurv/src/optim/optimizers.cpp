@@ -13,6 +13,7 @@
 #include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/core/structure.h"
+#include "optim/rules.h"
 
 namespace curv {
 
@@ -79,15 +80,21 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
   // slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), ...)), and adding the second later would
   // move the vector under the first (with clang's left-to-right argument order, m was a
   // moved-from, undefined tensor).
+  auto options = [&](const std::string& k) {
+    const auto own = slot_dtype(i, k);
+    return own ? like.options().dtype(*own) : like.options();
+  };
   for (const auto& k : slots(i)) {
-    if (!has(k)) state.emplace_back(k, at::zeros(slot_shape(i, k), like.options()));
+    if (!has(k)) state.emplace_back(k, at::zeros(slot_shape(i, k), options(k)));
   }
-  if (!has(key)) state.emplace_back(key, at::zeros(slot_shape(i, key), like.options()));
+  if (!has(key)) state.emplace_back(key, at::zeros(slot_shape(i, key), options(key)));
   for (auto& [k, t] : state) {
     if (k != key) continue;
-    // Saved state may come in another dtype or device than the model probing it.
-    if (t.scalar_type() != like.scalar_type() || t.device() != like.device()) {
-      t = t.to(like.options());
+    // Saved state may come in another dtype or device than the model probing it; a slot with a
+    // dtype of its own keeps the one it was saved in.
+    const bool own_dtype = slot_dtype(i, key).has_value();
+    if ((!own_dtype && t.scalar_type() != like.scalar_type()) || t.device() != like.device()) {
+      t = t.to(own_dtype ? like.options().dtype(t.scalar_type()) : like.options());
     }
     return t;
   }
@@ -150,7 +157,9 @@ std::vector<std::pair<std::string, at::Tensor>> Optimizer::saved_slots(
           "parameter '{}'",
           source, name, shape_string(entry->shape), shape_string(want), space_[i].name));
     }
-    at::Tensor t = at::empty(entry->shape, options.value_or(at::TensorOptions(entry->dtype)));
+    at::TensorOptions read_as = options.value_or(at::TensorOptions(entry->dtype));
+    if (slot_dtype(i, key)) read_as = read_as.dtype(entry->dtype);
+    at::Tensor t = at::empty(entry->shape, read_as);
     saved.read_into(name, {}, t);
     out.emplace_back(key, std::move(t));
   }
@@ -208,9 +217,8 @@ std::vector<std::string> Optimizer::partition() const {
 // ---------------------------------------------------------------------------------------------
 // Rules
 
-namespace {
+namespace rules {
 
-// PyTorch's AdamW, operation for operation (torch/optim/adamw.py, single-tensor path).
 at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
                         int64_t t, double lr, double b1, double b2, double eps, double wd) {
   m.mul_(b1).add_(g, 1 - b1);
@@ -221,6 +229,10 @@ at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor
   at::Tensor denom = (v.sqrt() / std::sqrt(bias2)).add_(eps);
   return theta * (-lr * wd) - step_size * (m / denom);
 }
+
+}  // namespace rules
+
+namespace {
 
 // AdamW, and PyTorch's Adam ("adam": decoupled_weight_decay=False), whose weight decay is an L2
 // term added to the gradient before both moments instead of AdamW's decoupled −lr·wd·θ.
@@ -236,8 +248,8 @@ class AdamW : public Optimizer {
     const auto& c = config_;
     const bool l2 = coupled_ && c.weight_decay != 0;
     const at::Tensor d = l2 ? g + c.weight_decay * theta : g;
-    return adamw_update(theta, d, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr, c.beta1,
-                        c.beta2, c.eps, coupled_ ? 0.0 : c.weight_decay);
+    return rules::adamw_update(theta, d, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.lr,
+                               c.beta1, c.beta2, c.eps, coupled_ ? 0.0 : c.weight_decay);
   }
 
  private:
@@ -345,8 +357,9 @@ class MuonFamily : public Optimizer {
   at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
     const auto& c = config_;
     if (!muon_[i]) {
-      return adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t, c.adam_lr,
-                          c.adam_beta1, c.adam_beta2, c.adam_eps, c.adam_weight_decay);
+      return rules::adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t,
+                                 c.adam_lr, c.adam_beta1, c.adam_beta2, c.adam_eps,
+                                 c.adam_weight_decay);
     }
     at::Tensor& buf = slot(i, "momentum_buffer", g);
     at::Tensor d;
@@ -376,139 +389,36 @@ class MuonFamily : public Optimizer {
   std::vector<bool> muon_;
 };
 
-// Only the Muon family reads the model's structure (its partition).
-template <typename Rule>
-std::unique_ptr<Optimizer> make(const OptimizerConfig& config, const ParamSpace& space,
-                                const ModelStructure&) {
-  return std::make_unique<Rule>(config, space);
-}
-
-template <>
-std::unique_ptr<Optimizer> make<MuonFamily>(const OptimizerConfig& config, const ParamSpace& space,
-                                            const ModelStructure& structure) {
-  return std::make_unique<MuonFamily>(config, space, structure);
-}
-
-// The defaults of `name`: OptimizerConfig's field defaults with `change` applied.
-template <typename Change>
-OptimizerConfig defaults_of(const char* name, Change change) {
-  OptimizerConfig c;
-  c.name = name;
-  change(c);
-  return c;
-}
-
 }  // namespace
 
-bool OptimizerEntry::reads(const std::string& key) const {
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
+namespace rules {
+
+// Only the Muon family reads the model's structure (its partition).
+std::unique_ptr<Optimizer> adamw(const OptimizerConfig& c, const ParamSpace& s,
+                                 const ModelStructure&) {
+  return std::make_unique<AdamW>(c, s);
+}
+std::unique_ptr<Optimizer> muon_family(const OptimizerConfig& c, const ParamSpace& s,
+                                       const ModelStructure& structure) {
+  return std::make_unique<MuonFamily>(c, s, structure);
+}
+std::unique_ptr<Optimizer> sgd(const OptimizerConfig& c, const ParamSpace& s,
+                               const ModelStructure&) {
+  return std::make_unique<Sgd>(c, s);
+}
+std::unique_ptr<Optimizer> signsgd(const OptimizerConfig& c, const ParamSpace& s,
+                                   const ModelStructure&) {
+  return std::make_unique<SignSgd>(c, s);
+}
+std::unique_ptr<Optimizer> signum(const OptimizerConfig& c, const ParamSpace& s,
+                                  const ModelStructure&) {
+  return std::make_unique<Signum>(c, s);
+}
+std::unique_ptr<Optimizer> lion(const OptimizerConfig& c, const ParamSpace& s,
+                                const ModelStructure&) {
+  return std::make_unique<Lion>(c, s);
 }
 
-const std::vector<OptimizerEntry>& optimizer_table() {
-  // The keys are the fields each rule's update() reads; the Muon family's AdamW part reads the
-  // adam_* fields on parameters outside its partition.
-  static const std::vector<std::string> kMuonKeys = {
-      "lr",           "weight_decay", "momentum",    "nesterov",
-      "sum_momentum", "rms_scale",    "ns_steps",    "ns_a",
-      "ns_b",         "ns_c",         "exact_polar", "adam_lr",
-      "adam_beta1",   "adam_beta2",   "adam_eps",    "adam_weight_decay",
-      "muon_params"};
-  static const std::vector<OptimizerEntry> table = [] {
-    std::vector<std::string> normuon_keys = kMuonKeys;
-    normuon_keys.insert(normuon_keys.begin() + 3, "beta2");
-    return std::vector<OptimizerEntry>{
-        {"adamw",
-         "AdamW (PyTorch semantics: bias correction, decoupled weight decay)",
-         {"lr", "weight_decay", "beta1", "beta2", "eps"},
-         defaults_of("adamw",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-3;
-                       c.weight_decay = 1e-2;
-                     }),
-         make<AdamW>},
-        {"adam",
-         "Adam (PyTorch semantics: bias correction, weight decay coupled as an L2 term in the "
-         "gradient)",
-         {"lr", "weight_decay", "beta1", "beta2", "eps"},
-         defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         make<AdamW>},
-        {"muon",
-         "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
-         "rest",
-         kMuonKeys,
-         defaults_of("muon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 0.02;
-                       c.momentum = 0.95;
-                       c.nesterov = true;
-                     }),
-         make<MuonFamily>},
-        {"normuon", "NorMuon: Muon with a row-wise second moment after orthogonalisation",
-         normuon_keys,
-         defaults_of("normuon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 0.02;
-                       c.momentum = 0.95;
-                       c.beta2 = 0.95;
-                       c.nesterov = true;
-                     }),
-         make<MuonFamily>},
-        {"sgd",
-         "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
-         {"lr", "weight_decay", "momentum", "dampening", "nesterov"},
-         defaults_of("sgd", [](OptimizerConfig& c) { c.lr = 0.1; }),
-         make<Sgd>},
-        {"signsgd",
-         "signSGD: the sign of the gradient, decoupled weight decay",
-         {"lr", "weight_decay"},
-         defaults_of("signsgd", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         make<SignSgd>},
-        {"signum",
-         "Signum: the sign of an EMA of gradients (momentum), decoupled weight decay",
-         {"lr", "weight_decay", "momentum"},
-         defaults_of("signum",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-3;
-                       c.momentum = 0.9;
-                     }),
-         make<Signum>},
-        {"lion",
-         "Lion: the sign of an interpolation of momentum (beta1) and gradient, beta2 EMA",
-         {"lr", "weight_decay", "beta1", "beta2"},
-         defaults_of("lion",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-4;
-                       c.beta1 = 0.9;
-                       c.beta2 = 0.99;
-                     }),
-         make<Lion>},
-    };
-  }();
-  return table;
-}
-
-std::vector<std::string> optimizer_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : optimizer_table()) names.push_back(entry.name);
-  return names;
-}
-
-const OptimizerEntry& optimizer_entry(const std::string& name) {
-  for (const auto& entry : optimizer_table()) {
-    if (entry.name == name) return entry;
-  }
-  const auto names = optimizer_names();
-  throw InvalidArgument(fmt::format("unknown optimizer '{}'{}; known: {}", name,
-                                    did_you_mean(name, names), join(names, ", ")));
-}
-
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
-  return make_optimizer(config, space, ModelStructure::from_names(space));
-}
-
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
-                                          const ModelStructure& structure) {
-  return optimizer_entry(config.name).make(config, space, structure);
-}
+}  // namespace rules
 
 }  // namespace curv

@@ -1,6 +1,7 @@
 // Optimizers as update rules u = rule(θ, g, state): the same objects train models (θ ← θ + u),
 // rebuild the step an optimizer would take at a checkpoint from its saved state, and take what-if
-// steps from fresh state. AdamW, Muon (and variants), NorMuon, SGD, signSGD, Signum, Lion.
+// steps from fresh state. AdamW, Adam, Muon (and variants), NorMuon, torch.optim.Muon, SGD,
+// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix and SOAP (docs/optimizers.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,6 +53,31 @@ struct OptimizerConfig {
   // Parameters the Muon family orthogonalises (regex on names). Empty: every parameter with
   // ndim >= 2 except embeddings and the output head.
   std::string muon_params;
+  // torch.optim.Muon's learning-rate adjustment (adjust_lr_fn): 0 "original" sqrt(max(1, A/B)),
+  // 1 "match_rms_adamw" 0.2·sqrt(max(A, B)), 2 "spectral_unclamped" sqrt(A/B).
+  int64_t adjust_lr = 0;
+  // NAdam, RAdam, AdEMAMix: decoupled weight decay θ ← θ(1 − lr·wd) instead of L2 in the gradient.
+  bool decoupled = false;
+  double momentum_decay = 4e-3;  // NAdam ψ
+  // Adafactor (torch.optim): β₂ₜ = 1 − t^beta2_decay; eps (ε₁, 0 for torch's None: the
+  // parameter dtype's machine epsilon) and eps2 (ε₂); clip_threshold is torch's d.
+  double beta2_decay = -0.8;
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;
+  // AdEMAMix: the slow EMA's β₃, its weight alpha, their warm-up length (0: none) and whether
+  // decoupled decay ignores lr.
+  double beta3 = 0.9999;
+  double alpha = 5.0;
+  double t_alpha_beta3 = 0.0;
+  bool fixed_decay = false;
+  // SOAP: Kronecker factors' EMA (shampoo_beta, 0: beta2), their eigenbasis refresh period, the
+  // largest dimension preconditioned, and the options of pytorch-optimizer's SOAP.
+  double shampoo_beta = 0.0;
+  int64_t precondition_frequency = 10;
+  int64_t max_precondition_dim = 10000;
+  bool precondition_1d = false;
+  bool correct_bias = true;
+  bool normalize_gradient = false;
 
   // The table entry's defaults (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
   // wd 1e-2; muon lr 0.02, μ 0.95, Nesterov; normuon lr 0.02, μ 0.95, β₂ 0.95; sgd lr 0.1;
@@ -130,6 +156,11 @@ class Optimizer {
   virtual std::string rule(size_t) const { return config_.name; }
   // Shape of a state slot; the parameter's shape unless a rule keeps reduced statistics.
   virtual std::vector<int64_t> slot_shape(size_t i, const std::string& key) const;
+  // A slot kept in a dtype of its own rather than the parameter's (NAdam's mu_product, a float32
+  // scalar in torch): saved state keeps its stored dtype, fresh state starts in this one.
+  virtual std::optional<at::ScalarType> slot_dtype(size_t, const std::string&) const {
+    return std::nullopt;
+  }
   at::Tensor& slot(size_t i, const std::string& key, const at::Tensor& like);
   // Parameter i's slots as `saved` holds them, each read into a tensor of `options` (its stored
   // dtype on the CPU when unset). A slot `saved` lacks is left out when step_count is 0 (the state

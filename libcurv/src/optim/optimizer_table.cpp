@@ -1,0 +1,193 @@
+// optimizer_table(): every rule libcurv implements, with the fields it reads and its defaults
+// (the reference implementation's), and the lookups by name.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/strings.h"
+#include "curv/core/error.h"
+#include "curv/optim/optimizers.h"
+#include "optim/rules.h"
+
+namespace curv {
+
+namespace {
+
+// The defaults of `name`: OptimizerConfig's field defaults with `change` applied.
+template <typename Change>
+OptimizerConfig defaults_of(const char* name, Change change) {
+  OptimizerConfig c;
+  c.name = name;
+  change(c);
+  return c;
+}
+
+}  // namespace
+
+bool OptimizerEntry::reads(const std::string& key) const {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+const std::vector<OptimizerEntry>& optimizer_table() {
+  // The keys are the fields each rule's update() reads; the Muon family's AdamW part reads the
+  // adam_* fields on parameters outside its partition.
+  static const std::vector<std::string> kMuonKeys = {
+      "lr",           "weight_decay", "momentum",    "nesterov",
+      "sum_momentum", "rms_scale",    "ns_steps",    "ns_a",
+      "ns_b",         "ns_c",         "exact_polar", "adam_lr",
+      "adam_beta1",   "adam_beta2",   "adam_eps",    "adam_weight_decay",
+      "muon_params"};
+  static const std::vector<OptimizerEntry> table = [] {
+    std::vector<std::string> normuon_keys = kMuonKeys;
+    normuon_keys.insert(normuon_keys.begin() + 3, "beta2");
+    return std::vector<OptimizerEntry>{
+        {"adamw",
+         "AdamW (PyTorch semantics: bias correction, decoupled weight decay)",
+         {"lr", "weight_decay", "beta1", "beta2", "eps"},
+         defaults_of("adamw",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-3;
+                       c.weight_decay = 1e-2;
+                     }),
+         rules::adamw},
+        {"adam",
+         "Adam (PyTorch semantics: bias correction, weight decay coupled as an L2 term in the "
+         "gradient)",
+         {"lr", "weight_decay", "beta1", "beta2", "eps"},
+         defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         rules::adamw},
+        {"muon",
+         "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
+         "rest",
+         kMuonKeys,
+         defaults_of("muon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 0.02;
+                       c.momentum = 0.95;
+                       c.nesterov = true;
+                     }),
+         rules::muon_family},
+        {"normuon", "NorMuon: Muon with a row-wise second moment after orthogonalisation",
+         normuon_keys,
+         defaults_of("normuon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 0.02;
+                       c.momentum = 0.95;
+                       c.beta2 = 0.95;
+                       c.nesterov = true;
+                     }),
+         rules::muon_family},
+        {"sgd",
+         "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
+         {"lr", "weight_decay", "momentum", "dampening", "nesterov"},
+         defaults_of("sgd", [](OptimizerConfig& c) { c.lr = 0.1; }),
+         rules::sgd},
+        {"signsgd",
+         "signSGD: the sign of the gradient, decoupled weight decay",
+         {"lr", "weight_decay"},
+         defaults_of("signsgd", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         rules::signsgd},
+        {"signum",
+         "Signum: the sign of an EMA of gradients (momentum), decoupled weight decay",
+         {"lr", "weight_decay", "momentum"},
+         defaults_of("signum",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-3;
+                       c.momentum = 0.9;
+                     }),
+         rules::signum},
+        {"lion",
+         "Lion: the sign of an interpolation of momentum (beta1) and gradient, beta2 EMA",
+         {"lr", "weight_decay", "beta1", "beta2"},
+         defaults_of("lion",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-4;
+                       c.beta1 = 0.9;
+                       c.beta2 = 0.99;
+                     }),
+         rules::lion},
+        {"torch-muon",
+         "torch.optim.Muon: moving-average momentum orthogonalised by Newton-Schulz in bfloat16, "
+         "on every parameter it holds (matrices only)",
+         {"lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_a", "ns_b", "ns_c", "eps",
+          "adjust_lr"},
+         defaults_of("torch-muon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-3;
+                       c.weight_decay = 0.1;
+                       c.momentum = 0.95;
+                       c.nesterov = true;
+                       c.eps = 1e-7;
+                     }),
+         rules::torch_muon},
+        {"nadam",
+         "NAdam (torch.optim.NAdam): Nesterov momentum with the momentum-decay schedule; L2 or "
+         "decoupled weight decay",
+         {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum_decay", "decoupled"},
+         defaults_of("nadam", [](OptimizerConfig& c) { c.lr = 2e-3; }),
+         rules::nadam},
+        {"radam",
+         "RAdam (torch.optim.RAdam): Adam with the variance rectification, SGD with momentum "
+         "while it is undefined",
+         {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled"},
+         defaults_of("radam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         rules::radam},
+        {"adafactor",
+         "Adafactor (torch.optim.Adafactor): factored second moments, relative step size, "
+         "update clipping",
+         {"lr", "weight_decay", "beta2_decay", "eps", "eps2", "clip_threshold"},
+         defaults_of("adafactor",
+                     [](OptimizerConfig& c) {
+                       c.lr = 1e-2;
+                       c.eps = 0.0;
+                     }),
+         rules::adafactor},
+        {"ademamix",
+         "AdEMAMix (pytorch-optimizer): Adam plus a slow EMA of gradients weighted by alpha",
+         {"lr", "weight_decay", "beta1", "beta2", "beta3", "alpha", "t_alpha_beta3", "eps",
+          "decoupled", "fixed_decay"},
+         defaults_of("ademamix", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+         rules::ademamix},
+        {"soap",
+         "SOAP (pytorch-optimizer): Adam in the eigenbases of Shampoo's Kronecker factors, "
+         "refreshed every precondition_frequency steps",
+         {"lr", "weight_decay", "beta1", "beta2", "eps", "shampoo_beta", "precondition_frequency",
+          "max_precondition_dim", "precondition_1d", "correct_bias", "normalize_gradient"},
+         defaults_of("soap",
+                     [](OptimizerConfig& c) {
+                       c.lr = 3e-3;
+                       c.beta1 = 0.95;
+                       c.beta2 = 0.95;
+                       c.weight_decay = 1e-2;
+                     }),
+         rules::soap},
+    };
+  }();
+  return table;
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : optimizer_table()) names.push_back(entry.name);
+  return names;
+}
+
+const OptimizerEntry& optimizer_entry(const std::string& name) {
+  for (const auto& entry : optimizer_table()) {
+    if (entry.name == name) return entry;
+  }
+  const auto names = optimizer_names();
+  throw InvalidArgument(fmt::format("unknown optimizer '{}'{}; known: {}", name,
+                                    did_you_mean(name, names), join(names, ", ")));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space) {
+  return make_optimizer(config, space, ModelStructure::from_names(space));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSpace& space,
+                                          const ModelStructure& structure) {
+  return optimizer_entry(config.name).make(config, space, structure);
+}
+
+}  // namespace curv

@@ -1,0 +1,32 @@
+// The update rules behind optimizer_table() (not public API): one factory per rule, and the
+// pieces several rules share. Each rule follows its reference implementation operation for
+// operation, so that a step rebuilt from saved state is the step the reference takes
+// (docs/optimizers.md).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "curv/optim/optimizers.h"
+
+namespace curv::rules {
+
+using Factory = std::unique_ptr<Optimizer>(const OptimizerConfig&, const ParamSpace&,
+                                           const ModelStructure&);
+
+// optimizers.cpp: AdamW and Adam (one class), Muon and NorMuon (one class), SGD, signSGD, Signum,
+// Lion.
+Factory adamw, muon_family, sgd, signsgd, signum, lion;
+// adaptive_rules.cpp: torch.optim's Muon, NAdam, RAdam and Adafactor; pytorch-optimizer's
+// AdEMAMix.
+Factory torch_muon, nadam, radam, adafactor, ademamix;
+// soap.cpp: pytorch-optimizer's SOAP.
+Factory soap;
+
+// PyTorch's AdamW step, operation for operation (torch/optim/adamw.py, single-tensor path): u
+// for θ with gradient g, moments m and v updated in place, at step t.
+at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
+                        int64_t t, double lr, double b1, double b2, double eps, double wd);
+
+}  // namespace curv::rules
