@@ -78,9 +78,10 @@ ParamSpace space_of(const Checkpoint& ckpt, bool matrices = false) {
 // The step the recorded rule rebuilds from the saved state with the case's gradient, against the
 // step the optimizer itself took: the relative error.
 double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
-                          const std::string& dir = states(), bool matrices = false) {
+                          const std::string& dir = states(), bool matrices = false,
+                          const std::string& param_order = "model") {
   const ParamSpace space = space_of(ckpt, matrices);
-  resolve_optimizer_state(ckpt, space, "model");
+  resolve_optimizer_state(ckpt, space, param_order);
   const SavedOptimizer saved = saved_optimizer(ckpt);
   OptimizerConfig config = OptimizerConfig::defaults(saved.record.name);
   for (const auto& [key, fallback] : config.hyper()) {
@@ -210,10 +211,31 @@ TEST_CASE("torch.optim.Muon: rebuilt with its bfloat16 Newton-Schulz", "[optimiz
     INFO("relative error " << error);
     CHECK(error < kTorchMuonTolerance);
   }
-  // Its parameters are matrices only.
-  const Checkpoint ckpt = load("torch_muon", "");
-  CURV_CHECK_THROWS(make_optimizer(OptimizerConfig::defaults("torch-muon"), space_of(ckpt)),
-                    InvalidArgument, Contains("'0.bias'") && Contains("matrices only"));
+  // Muon on the matrices with AdamW on the rest, saved as the list of the two states: one
+  // torch-muon state whose AdamW part is AdamW's groups.
+  Checkpoint pair = load("muon_adamw", "");
+  CHECK(pair.optimizer_name() == "torch-muon");
+  CHECK_THAT(pair.meta.optimizer->recognition,
+             Contains("torch.optim.Muon with torch.optim.AdamW") && Contains("['optimizer'][1]"));
+  CHECK(pair.hyper("adam_lr", 0) == 3e-3);
+  CHECK(pair.hyper("adam_beta2", 0) == 0.95);
+  CHECK(pair.hyper("weight_decay", 0) == 0.05);
+  // Muon's matrices first, then AdamW's parameters: the order "auto" finds is "hidden".
+  const double pair_error = rebuilt_step_error(pair, "muon_adamw", states(), false, "auto");
+  INFO("Muon with AdamW: relative error " << pair_error);
+  CHECK(pair_error < kTorchMuonTolerance);
+  resolve_optimizer_state(pair, space_of(pair));
+  CHECK(pair.meta.optimizer->param_order == "hidden");
+  CHECK(pair.meta.optimizer->muon_params ==
+        std::optional<std::string>("^(0\\.weight|2\\.weight)$"));
+
+  // Its partition takes matrices only; the hidden matrices by default, the rest get AdamW.
+  const ParamSpace conv({"conv.weight", "fc.weight", "fc.bias"},
+                        {at::zeros({2, 3, 3, 3}), at::zeros({4, 5}), at::zeros({4})});
+  CURV_CHECK_THROWS(make_optimizer(OptimizerConfig::parse("torch-muon"), conv), InvalidArgument,
+                    Contains("'conv.weight'") && Contains("matrices only"));
+  CHECK(make_optimizer(OptimizerConfig::parse("torch-muon:muon_params=^fc"), conv)->partition() ==
+        std::vector<std::string>{"adamw", "torch-muon", "adamw"});
 }
 
 TEST_CASE("a named rule is checked against the state, and decides an ambiguity", "[optimizers]") {

@@ -35,21 +35,28 @@ def trained(make_optimizer, steps=3):
     """The model and its optimizer's state_dict after `steps` steps, and the next step the
     optimizer takes with a fixed gradient: {g.<name>, u.<name>}."""
     m = model()
-    opt = make_optimizer(m)
+    made = make_optimizer(m)
+    opts = made if isinstance(made, list) else [made]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8, 4, generator=g, dtype=torch.float64)
     y = torch.randn(8, 2, generator=g, dtype=torch.float64)
     for _ in range(steps):
-        opt.zero_grad()
+        for opt in opts:
+            opt.zero_grad()
         ((m(x) - y) ** 2).mean().backward()
-        opt.step()
-    saved = ({k: v.clone() for k, v in m.state_dict().items()}, copy.deepcopy(opt.state_dict()))
+        for opt in opts:
+            opt.step()
+    # Several optimizers are saved as the list of their state_dicts.
+    states = [copy.deepcopy(opt.state_dict()) for opt in opts]
+    saved = ({k: v.clone() for k, v in m.state_dict().items()},
+             states if isinstance(made, list) else states[0])
     step = {}
     for name, p in m.named_parameters():
         p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
         step["g." + name] = p.grad.clone()
     before = {name: p.detach().clone() for name, p in m.named_parameters()}
-    opt.step()
+    for opt in opts:
+        opt.step()
     for name, p in m.named_parameters():
         step["u." + name] = p.detach() - before[name]
     return saved[0], saved[1], step
@@ -120,6 +127,11 @@ def cases():
                                                             weight_decay=0.1), None)
     if hasattr(torch.optim, "Muon"):  # torch >= 2.9
         out["torch_muon"] = (lambda m: torch.optim.Muon(matrices(m), lr=0.02), None)
+        # The pairing torch's documentation recommends: Muon on the matrices, AdamW on the rest.
+        out["muon_adamw"] = (lambda m: [
+            torch.optim.Muon(matrices(m), lr=0.02, weight_decay=0.05),
+            torch.optim.AdamW([p for p in m.parameters() if p.dim() != 2], lr=3e-3,
+                              betas=(0.9, 0.95), weight_decay=0.01)], None)
         out["torch_muon_rms"] = (lambda m: torch.optim.Muon(
             matrices(m), lr=0.02, weight_decay=0.05, nesterov=False,
             adjust_lr_fn="match_rms_adamw"), None)
@@ -154,13 +166,15 @@ def main():
         os.makedirs(f"{out}/{name}", exist_ok=True)
         torch.save({"model": weights, "optimizer": osd}, f"{out}/{name}/step_{steps}.pt")
         save_safetensors(f"{out}/{name}_next_step.safetensors", step)
+        written.append(name)
+        if isinstance(osd, list):  # a Trainer steps one optimizer
+            continue
         hf = f"{out}/{name}_hf/checkpoint-{steps}"
         os.makedirs(hf, exist_ok=True)
         torch.save(weights, f"{hf}/pytorch_model.bin")
         torch.save(osd, f"{hf}/optimizer.pt")
         with open(f"{hf}/trainer_state.json", "w") as f:
             json.dump({"global_step": steps, "log_history": []}, f)
-        written.append(name)
     with open(f"{out}/cases.json", "w") as f:
         json.dump({"torch": torch.__version__, "cases": written}, f)
 

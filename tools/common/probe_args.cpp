@@ -27,10 +27,14 @@ void CheckpointArgs::add_to(CLI::App& app) {
                  "AdamW and size-sorted Muon groups), trainer (the Hugging Face Trainer's decayed "
                  "and undecayed groups) or file:PATH (one name per line)")
       ->capture_default_str();
+  std::string rules;
+  for (const auto& line : torch_optimizer_rules()) rules += "\n  " + line;
   app.add_option("--optimizer", optimizer,
                  "The optimizer that saved the runs' states, checked against each state instead "
-                 "of recognised by its keys: adamw, adam, sgd, muon or lion, optionally with "
-                 "KEY=VALUE,... over the saved hyper-parameters (docs/optimizers.md)");
+                 "of recognised by its keys, optionally with KEY=VALUE,... over the saved "
+                 "hyper-parameters (docs/optimizers.md). Rules, with the writers and per-parameter "
+                 "state keys they read:" +
+                     rules);
   app.add_option("--steps", steps,
                  "Checkpoint steps to probe: FIRST:LAST, FIRST:, :LAST (inclusive)");
   app.add_option("--stride", stride, "Probe every K-th selected checkpoint")

@@ -203,11 +203,7 @@ std::shared_ptr<IndexedOptimizerState> modded_optimizers(const PyValue& list,
   }
   out->muon_offset = offset;
   for (auto& g : adam->groups) {
-    nlohmann::json hyper = nlohmann::json::object();
-    for (const auto& [key, value] : g.hyper.items()) {
-      hyper[key == "weight_decay" ? "adam_weight_decay" : "adam_" + key] = value;
-    }
-    g.hyper = hyper;
+    g.hyper = adam_part_hyper(g.hyper);
     g.use_muon = false;
     out->groups.push_back(std::move(g));
   }

@@ -89,6 +89,19 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& implied_rule = "",
                                                             const std::string& implied_by = "");
 
+// An AdamW group's hyper-parameters as the AdamW part of a Muon rule reads them: lr, beta1, beta2,
+// eps and weight_decay as adam_*; its other fields (decoupled) left out.
+nlohmann::json adam_part_hyper(const nlohmann::json& hyper);
+// Several optimizers' states saved as a list ('optimizer': [muon.state_dict(),
+// adamw.state_dict()]): torch.optim.Muon over the matrices with torch.optim.AdamW over the rest,
+// in either order, read as one state of the rule torch-muon (Muon's groups first, orthogonalised;
+// AdamW's as its adam_* part), each part recognised by its keys. Fills meta["optimizer"] as
+// optimizer_state_dict does; a list of any other rules is recorded as a refusal naming them.
+// FormatError naming `origin` when an item is not a state dict.
+std::shared_ptr<IndexedOptimizerState> optimizer_list(const PyValue& list,
+                                                      const std::string& origin,
+                                                      nlohmann::json& meta);
+
 // A torch.save'd checkpoint file's content in the native form, before its step is checked.
 struct SavedCheckpoint {
   NamedTensors model;

@@ -82,7 +82,8 @@ const std::vector<Rule>& rules() {
                           {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
                            "ns_steps", "eps", "adjust_lr_fn"},
                           {"ns_coefficients", "adjust_lr_fn"},
-                          {}};
+                          {},
+                          true};
     GroupShape nadam{
         {"exp_avg", "exp_avg_sq", "mu_product"},
         {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay"},
@@ -308,6 +309,23 @@ Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
 }
 
 }  // namespace
+
+std::vector<std::string> rule_lines() {
+  std::vector<std::string> lines;
+  for (const auto& rule : rules()) {
+    std::vector<std::string> state;
+    for (const auto& shape : rule.shapes) {
+      for (const auto& keys : {shape.state, shape.optional_state}) {
+        for (const auto& key : keys) {
+          if (!contains(state, key)) state.push_back(key);
+        }
+      }
+    }
+    lines.push_back(fmt::format("{} ({}): {}", rule.name, rule.writer,
+                                state.empty() ? "no state" : join(state, ", ")));
+  }
+  return lines;
+}
 
 Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& origin,
                                 const std::string& named) {

@@ -46,4 +46,7 @@ struct Recognition {
 Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& origin,
                                 const std::string& named = "");
 
+// One line per rule: "name (writer): state keys" (torch_optimizer_rules()).
+std::vector<std::string> rule_lines();
+
 }  // namespace curv::torch_state

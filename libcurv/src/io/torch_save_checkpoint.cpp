@@ -50,9 +50,16 @@ SavedCheckpoint interpret(const PyValue& root, const std::string& file) {
   // nanoGPT's train.py (its 'model_args') builds torch.optim.AdamW: that settles Adam against
   // AdamW where the groups do not record decoupled_weight_decay (torch < 2.7).
   const PyValue* args = root.find("model_args");
-  for (const char* key : {"optimizer", "optimizer_state_dict"}) {
+  // Several optimizers (torch.optim.Muon with AdamW) saved as a list under 'optimizer' or
+  // 'optimizers'; modded-nanogpt's 'optimizers' are read with its script below.
+  const bool modded = is_modded_save(root, out.model);
+  for (const char* key : {"optimizer", "optimizer_state_dict", "optimizers"}) {
     const PyValue* opt = root.find(key);
-    if (opt && !opt->is(Kind::kNone)) {
+    if (opt && (opt->is(Kind::kList) || opt->is(Kind::kTuple)) && !modded) {
+      out.optimizer = optimizer_list(*opt, fmt::format("{} ['{}']", file, key), out.meta);
+      break;
+    }
+    if (opt && !opt->is(Kind::kNone) && std::string(key) != "optimizers") {
       const std::string origin = fmt::format("{} ['{}']", file, key);
       out.optimizer = optimizer_state_dict(
           require(opt, file, key, Kind::kDict), origin, out.meta, args ? "adamw" : "",
@@ -64,7 +71,7 @@ SavedCheckpoint interpret(const PyValue& root, const std::string& file) {
     out.meta["model"] = nanogpt_model_config(require(args, file, "model_args", Kind::kDict), file);
     out.model_config_origin = file + " ['model_args']";
   }
-  if (is_modded_save(root, out.model)) read_modded_save(root, file, out);
+  if (modded) read_modded_save(root, file, out);
   if (const PyValue* step = root.find("step"); step && step->is(Kind::kInt)) {
     out.meta["step"] = step->integer;
   }

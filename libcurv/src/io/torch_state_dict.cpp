@@ -202,14 +202,8 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
   }
   if (const PyValue* flag = group.find("use_muon"); flag && flag->is(Kind::kBool)) {
     parsed.use_muon = flag->boolean;
-    if (!flag->boolean) {
-      // The auxiliary AdamW's hyper-parameters have their own names in libcurv's Muon.
-      nlohmann::json adam = nlohmann::json::object();
-      for (const auto& [key, value] : parsed.hyper.items()) {
-        adam[key == "weight_decay" ? "adam_weight_decay" : "adam_" + key] = value;
-      }
-      parsed.hyper = adam;
-    }
+    // The auxiliary AdamW's hyper-parameters have their own names in libcurv's Muon.
+    if (!flag->boolean) parsed.hyper = adam_part_hyper(parsed.hyper);
   }
   if (const PyValue* names = group.find("param_names")) {
     if (!names->is(Kind::kList) || names->items.size() != parsed.params.size()) {
@@ -280,6 +274,15 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
 }
 
 }  // namespace
+
+nlohmann::json adam_part_hyper(const nlohmann::json& hyper) {
+  nlohmann::json adam = nlohmann::json::object();
+  for (const char* key : {"lr", "beta1", "beta2", "eps"}) {
+    if (hyper.contains(key)) adam[std::string("adam_") + key] = hyper[key];
+  }
+  if (hyper.contains("weight_decay")) adam["adam_weight_decay"] = hyper["weight_decay"];
+  return adam;
+}
 
 nlohmann::json adopt_recognition(IndexedOptimizerState& state, const Recognition& r) {
   for (size_t g = 0; g < state.groups.size() && g < r.orthogonalised.size(); ++g) {
@@ -354,6 +357,8 @@ void set_hyper(std::vector<std::pair<std::string, double>>& hyper, const std::st
 }
 
 }  // namespace
+
+std::vector<std::string> torch_optimizer_rules() { return torch_state::rule_lines(); }
 
 void name_optimizer(Checkpoint& ckpt, const std::string& rule,
                     const std::vector<std::pair<std::string, double>>& hyper,

@@ -19,25 +19,37 @@ namespace curv {
 namespace {
 
 // torch.optim.Muon: B ← lerp(B, g, 1 − μ); Nesterov lerp(g, B, μ); Newton–Schulz in bfloat16
-// (torch/optim/_muon.py, _zeropower_via_newtonschulz); θ ← θ(1 − lr·wd) − lr·adjust(A, B)·O.
+// (torch/optim/_muon.py, _zeropower_via_newtonschulz); θ ← θ(1 − lr·wd) − lr·adjust(A, B)·O. On
+// the parameters outside its partition, torch.optim.AdamW with the adam_* fields: the pairing
+// torch's documentation recommends, read from a list of the two optimizers' states.
 class TorchMuon : public Optimizer {
  public:
-  TorchMuon(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {
-    for (const auto& p : space_.params()) {
-      if (p.shape.size() != 2) {
-        throw InvalidArgument(fmt::format(
-            "optimizer torch-muon: parameter '{}' has shape {}; torch.optim.Muon takes matrices "
-            "only (its other parameters belong to another optimizer)",
-            p.name, shape_string(p.shape)));
+  TorchMuon(OptimizerConfig c, const ParamSpace& s, const ModelStructure& structure)
+      : Optimizer(std::move(c), s), muon_(rules::muon_partition(config_, space_, structure)) {
+    for (size_t i = 0; i < space_.size(); ++i) {
+      if (muon_[i] && space_[i].shape.size() != 2) {
+        throw InvalidArgument(
+            fmt::format("optimizer torch-muon: parameter '{}' has shape {}; torch.optim.Muon "
+                        "takes matrices only (muon_params '{}')",
+                        space_[i].name, shape_string(space_[i].shape), config_.muon_params));
       }
     }
   }
   std::unique_ptr<Optimizer> clone() const override { return std::make_unique<TorchMuon>(*this); }
 
  protected:
-  std::vector<std::string> slots(size_t) const override { return {"momentum_buffer"}; }
-  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t) override {
+  std::string rule(size_t i) const override { return muon_[i] ? config_.name : "adamw"; }
+  std::vector<std::string> slots(size_t i) const override {
+    if (!muon_[i]) return {"exp_avg", "exp_avg_sq"};
+    return {"momentum_buffer"};
+  }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
     const auto& c = config_;
+    if (!muon_[i]) {
+      return rules::adamw_update(theta, g, slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), t,
+                                 c.adam_lr, c.adam_beta1, c.adam_beta2, c.adam_eps,
+                                 c.adam_weight_decay);
+    }
     at::Tensor& buf = slot(i, "momentum_buffer", g);
     buf.lerp_(g, 1 - c.momentum);
     const at::Tensor d = c.nesterov ? g.lerp(buf, c.momentum) : buf;
@@ -60,6 +72,9 @@ class TorchMuon : public Optimizer {
     after.add_(x, -c.lr * ratio);
     return after - theta;
   }
+
+ private:
+  std::vector<bool> muon_;
 };
 
 // torch.optim.NAdam: μₜ = β₁(1 − ½·0.96^(t·ψ)), the product of the μ kept as a float32 scalar
@@ -264,8 +279,8 @@ std::unique_ptr<Optimizer> make(const OptimizerConfig& c, const ParamSpace& s) {
 namespace rules {
 
 std::unique_ptr<Optimizer> torch_muon(const OptimizerConfig& c, const ParamSpace& s,
-                                      const ModelStructure&) {
-  return make<TorchMuon>(c, s);
+                                      const ModelStructure& structure) {
+  return std::make_unique<TorchMuon>(c, s, structure);
 }
 std::unique_ptr<Optimizer> nadam(const OptimizerConfig& c, const ParamSpace& s,
                                  const ModelStructure&) {

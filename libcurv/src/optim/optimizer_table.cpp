@@ -107,10 +107,11 @@ const std::vector<OptimizerEntry>& optimizer_table() {
                      }),
          rules::lion},
         {"torch-muon",
-         "torch.optim.Muon: moving-average momentum orthogonalised by Newton-Schulz in bfloat16, "
-         "on every parameter it holds (matrices only)",
+         "torch.optim.Muon: moving-average momentum orthogonalised by Newton-Schulz in bfloat16 "
+         "on hidden matrices, torch.optim.AdamW (adam_*) on the rest",
          {"lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_a", "ns_b", "ns_c", "eps",
-          "adjust_lr"},
+          "adjust_lr", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps", "adam_weight_decay",
+          "muon_params"},
          defaults_of("torch-muon",
                      [](OptimizerConfig& c) {
                        c.lr = 1e-3;
@@ -118,6 +119,8 @@ const std::vector<OptimizerEntry>& optimizer_table() {
                        c.momentum = 0.95;
                        c.nesterov = true;
                        c.eps = 1e-7;
+                       c.adam_beta2 = 0.999;  // torch.optim.AdamW's defaults
+                       c.adam_weight_decay = 1e-2;
                      }),
          rules::torch_muon},
         {"nadam",

@@ -230,6 +230,19 @@ at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor
   return theta * (-lr * wd) - step_size * (m / denom);
 }
 
+std::vector<bool> muon_partition(const OptimizerConfig& config, const ParamSpace& space,
+                                 const ModelStructure& structure) {
+  structure.validate(space);
+  std::regex pattern(config.muon_params.empty() ? "." : config.muon_params);
+  std::vector<bool> muon;
+  for (size_t i = 0; i < space.size(); ++i) {
+    muon.push_back(config.muon_params.empty()
+                       ? structure.is_hidden_matrix(i, space)
+                       : space[i].shape.size() >= 2 && std::regex_search(space[i].name, pattern));
+  }
+  return muon;
+}
+
 }  // namespace rules
 
 namespace {
@@ -329,17 +342,8 @@ class Lion : public Optimizer {
 class MuonFamily : public Optimizer {
  public:
   MuonFamily(OptimizerConfig config, const ParamSpace& space, const ModelStructure& structure)
-      : Optimizer(std::move(config), space) {
-    structure.validate(space_);
-    std::regex pattern(config_.muon_params.empty() ? "." : config_.muon_params);
-    for (size_t i = 0; i < space_.size(); ++i) {
-      const bool muon =
-          config_.muon_params.empty()
-              ? structure.is_hidden_matrix(i, space_)
-              : space_[i].shape.size() >= 2 && std::regex_search(space_[i].name, pattern);
-      muon_.push_back(muon);
-    }
-  }
+      : Optimizer(std::move(config), space),
+        muon_(rules::muon_partition(config_, space_, structure)) {}
   std::unique_ptr<Optimizer> clone() const override { return std::make_unique<MuonFamily>(*this); }
 
  protected:

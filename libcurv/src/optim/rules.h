@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <vector>
 
 #include "curv/optim/optimizers.h"
 
@@ -28,5 +29,11 @@ Factory soap;
 // for θ with gradient g, moments m and v updated in place, at step t.
 at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
                         int64_t t, double lr, double b1, double b2, double eps, double wd);
+
+// The Muon rules' partition: parameter i is orthogonalised when it has two or more dimensions
+// and its name matches config.muon_params (a regex), or, without one, when `structure` calls it
+// a hidden matrix (not an embedding or the head). The others take the AdamW part (adam_*).
+std::vector<bool> muon_partition(const OptimizerConfig& config, const ParamSpace& space,
+                                 const ModelStructure& structure);
 
 }  // namespace curv::rules

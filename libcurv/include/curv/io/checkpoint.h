@@ -214,6 +214,9 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order = "auto",
                              const ModelStructure* structure = nullptr);
+// The rules that rebuild saved torch optimizer states, one line each for help texts:
+// "soap (pytorch-optimizer's SOAP): exp_avg, exp_avg_sq, GG, Q, ...", in recognition's order.
+std::vector<std::string> torch_optimizer_rules();
 // The rule of `ckpt`'s saved optimizer state, named by the user (--optimizer) rather than
 // recognised from its keys: a torch state is checked against `rule` (its state keys and
 // param_group keys must be the rule's: InvalidArgument naming the file and what differs), a
