@@ -175,6 +175,9 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
       {"adafactor", "adafactor", "torch.optim.Adafactor"},
       {"soap", "soap", "pytorch-optimizer's SOAP"},
       {"soap_options", "soap", "pytorch-optimizer's SOAP"},
+      {"shampoo", "shampoo", "pytorch-optimizer's Shampoo"},
+      {"shampoo_decoupled", "shampoo", "pytorch-optimizer's Shampoo"},
+      {"schedulefree", "adamw-schedulefree", "AdamWScheduleFree in train mode"},
       {"ademamix", "ademamix", "pytorch-optimizer's AdEMAMix"},
       {"ademamix_l2", "ademamix", "pytorch-optimizer's AdEMAMix"},
   };
@@ -195,6 +198,18 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
   }
   // pytorch-optimizer keeps its step count in the group.
   CHECK(load("soap", "").meta.optimizer->step_count == 3);
+  // Schedule-Free counts its steps in 'k'; saved in eval mode, its parameters are not the point
+  // its step moves.
+  CHECK(load("schedulefree", "").meta.optimizer->step_count == 3);
+  const Checkpoint eval = load("schedulefree_eval", "_hf");
+  CHECK(eval.optimizer_name().empty());
+  CHECK_THAT(eval.meta.optimizer->refusal,
+             Contains("optimizer.pt") && Contains("eval mode") && Contains("optimizer.train()"));
+  // Shampoo's inverse-root period is not in its state: every step unless named.
+  CHECK(rebuilt_step_error(load("shampoo_every2", ""), "shampoo_every2") > 1e-3);
+  Checkpoint every2 = load("shampoo_every2", "");
+  name_optimizer(every2, "shampoo", {{"precondition_frequency", 2}});
+  CHECK(rebuilt_step_error(every2, "shampoo_every2") < 1e-12);
 }
 
 TEST_CASE("torch.optim.Muon: rebuilt with its bfloat16 Newton-Schulz", "[optimizers]") {

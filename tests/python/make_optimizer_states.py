@@ -3,8 +3,8 @@
 Usage: make_optimizer_states.py OUT
 
 Runs under any torch from 1.13 (Debian's) on; torch.optim.Muon (torch >= 2.9), Adafactor
-(>= 2.5), the decoupled NAdam and RAdam, and pytorch-optimizer's SOAP and AdEMAMix only where they
-exist.
+(>= 2.5), the decoupled NAdam and RAdam, pytorch-optimizer's SOAP, Shampoo and AdEMAMix, and
+Schedule-Free AdamW only where they exist.
 
 For each case, a tiny two-layer model trained N steps (three unless the case says) by the
 optimizer, saved two ways: OUT/<case>/step_N.pt (torch.save of {'model', 'optimizer'}: the pt
@@ -94,6 +94,14 @@ class KellerMuon(torch.optim.Optimizer):
                 p.add_(buf, alpha=-group["lr"])
 
 
+def schedule_free(m, **kwargs):
+    """Schedule-Free AdamW in train mode, as it must be when it steps (and as it is saved here)."""
+    import schedulefree
+    opt = schedulefree.AdamWScheduleFree(m.parameters(), **kwargs)
+    opt.train()
+    return opt
+
+
 def matrices(m):
     return [p for p in m.parameters() if p.dim() == 2]
 
@@ -145,11 +153,27 @@ def cases():
             m.parameters(), lr=3e-3, betas=(0.9, 0.99), shampoo_beta=0.9, weight_decay=0.1,
             precondition_frequency=2, precondition_1d=True, correct_bias=False,
             normalize_gradient=True), None, 4)
+        out["shampoo"] = (lambda m: pytorch_optimizer.Shampoo(
+            m.parameters(), lr=1e-2, momentum=0.9, weight_decay=0.1), None)
+        out["shampoo_decoupled"] = (lambda m: pytorch_optimizer.Shampoo(
+            m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True), None)
+        # Its inverse roots every second step: the state does not record that.
+        out["shampoo_every2"] = (lambda m: pytorch_optimizer.Shampoo(
+            m.parameters(), lr=1e-2, preconditioning_compute_steps=2), None, 4)
         out["ademamix"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True,
             t_alpha_beta3=10), None)
         out["ademamix_l2"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1), None)
+    except ImportError:
+        pass
+    try:
+        import schedulefree  # noqa: F401
+        out["schedulefree"] = (lambda m: schedule_free(m, lr=1e-2, weight_decay=0.1,
+                                                       warmup_steps=2), None)
+        # Saved in eval mode: its parameters would be the average x.
+        out["schedulefree_eval"] = (lambda m: schedule_free(m, lr=1e-2),
+                                    with_key("train_mode", False))
     except ImportError:
         pass
     return out

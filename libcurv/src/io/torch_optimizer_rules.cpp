@@ -109,6 +109,28 @@ const std::vector<Rule>& rules() {
                      "normalize_gradient", "eps", "step"},
                     {"shampoo_beta", "precondition_frequency", "max_precondition_dim"},
                     {{"merge_dims", false}}};
+    // Schedule-Free AdamW's groups carry its step count (k), the running weight sum and lr_max.
+    const std::vector<std::string> schedulefree_reads = {
+        "lr",         "betas",  "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power",
+        "weight_sum", "lr_max", "k",   "scheduled_lr"};
+    GroupShape schedulefree_train{{"z", "exp_avg_sq"},
+                                  schedulefree_reads,
+                                  {"weight_sum", "lr_max", "train_mode"},
+                                  {{"train_mode", true}}};
+    GroupShape schedulefree_eval{{"z", "exp_avg_sq"},
+                                 schedulefree_reads,
+                                 {"weight_sum", "lr_max", "train_mode"},
+                                 {{"train_mode", false}}};
+    // One statistic and inverse root per dimension: pre_cond_0, inv_pre_cond_0 for every
+    // parameter, more for tensors of more dimensions.
+    GroupShape shampoo{
+        {"pre_cond_0", "inv_pre_cond_0"},
+        {"lr", "momentum", "weight_decay", "weight_decouple", "fixed_decay", "matrix_eps", "step"},
+        {"matrix_eps"},
+        {},
+        false,
+        {"momentum_buffer", "pre_cond_1", "inv_pre_cond_1", "pre_cond_2", "inv_pre_cond_2",
+         "pre_cond_3", "inv_pre_cond_3"}};
     return std::vector<Rule>{
         {"adamw", "torch.optim.AdamW", {adamw}, ""},
         {"adam", "torch.optim.Adam", {adam}, ""},
@@ -116,12 +138,23 @@ const std::vector<Rule>& rules() {
         {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
         {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
         {"lion", "lion-pytorch's Lion", {lion}, ""},
-        {"torch-muon", "torch.optim.Muon", {torch_muon}, ""},
+        {"torch-muon", "torch.optim.Muon", {torch_muon}, ""},  // with AdamW: optimizer_list
         {"nadam", "torch.optim.NAdam", {nadam}, ""},
         {"radam", "torch.optim.RAdam", {radam}, ""},
         {"adafactor", "torch.optim.Adafactor", {adafactor}, ""},
         {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
         {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
+        {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
+        {"adamw-schedulefree",
+         "schedulefree's AdamWScheduleFree in train mode: parameters y, the step audited is y's",
+         {schedulefree_train},
+         ""},
+        {"adamw-schedulefree",
+         "schedulefree's AdamWScheduleFree in eval mode",
+         {schedulefree_eval},
+         "saved in eval mode (train_mode False): its parameters are the average x, not the point "
+         "y where its gradient is taken and which its step moves; save it after "
+         "optimizer.train(), or audit it along delta"},
     };
   }();
   return table;
@@ -313,16 +346,20 @@ Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
 std::vector<std::string> rule_lines() {
   std::vector<std::string> lines;
   for (const auto& rule : rules()) {
+    // One entry per key; Shampoo's per-dimension keys (pre_cond_0, pre_cond_1, ...) as pre_cond_k.
     std::vector<std::string> state;
     for (const auto& shape : rule.shapes) {
       for (const auto& keys : {shape.state, shape.optional_state}) {
-        for (const auto& key : keys) {
+        for (std::string key : keys) {
+          const auto digits = key.find_last_not_of("0123456789");
+          if (digits + 1 < key.size() && key[digits] == '_') key = key.substr(0, digits + 1) + "k";
           if (!contains(state, key)) state.push_back(key);
         }
       }
     }
-    lines.push_back(fmt::format("{} ({}): {}", rule.name, rule.writer,
-                                state.empty() ? "no state" : join(state, ", ")));
+    lines.push_back(fmt::format("{} ({}): {}{}", rule.name, rule.writer,
+                                state.empty() ? "no state" : join(state, ", "),
+                                rule.refusal.empty() ? "" : " (refused: not rebuilt)"));
   }
   return lines;
 }

@@ -140,6 +140,12 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       {"precondition_1d", "precondition_1d"},
       {"correct_bias", "correct_bias"},
       {"normalize_gradient", "normalize_gradient"},
+      {"matrix_eps", "matrix_eps"},
+      {"warmup_steps", "warmup_steps"},
+      {"r", "r"},
+      {"weight_lr_power", "weight_lr_power"},
+      {"weight_sum", "weight_sum"},
+      {"lr_max", "lr_max"},
   };
   nlohmann::json hyper = nlohmann::json::object();
   for (const auto& [k, v] : group.entries) {
@@ -188,9 +194,16 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
     parsed.params.push_back(p->integer);
   }
   parsed.hyper = group_hyper(group, origin);
-  if (const PyValue* step = group.find("step"); step && !step->is(Kind::kNone)) {
+  // pytorch-optimizer counts steps in 'step'; Schedule-Free in 'k' (beside its 'weight_sum').
+  const PyValue* step = group.find("step");
+  const char* step_key = "step";
+  if (!step && group.find("weight_sum")) {
+    step = group.find("k");
+    step_key = "k";
+  }
+  if (step && !step->is(Kind::kNone)) {
     step_count = std::max<int64_t>(step_count.value_or(0),
-                                   std::llround(number(*step, origin, where + ".step")));
+                                   std::llround(number(*step, origin, where + "." + step_key)));
   }
   for (const auto& [k, v] : group.entries) {
     if (!k->is(Kind::kString) || k->text == "params" || k->text == "param_names") continue;

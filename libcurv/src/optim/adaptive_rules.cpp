@@ -269,6 +269,53 @@ class AdEMAMix : public Optimizer {
   }
 };
 
+// schedulefree's AdamWScheduleFree (adamw_schedulefree.py, its foreach path), in train mode: the
+// parameters are y, where the gradient is taken; z is the base iterate and the average
+// x = (y − (1 − β₁)z)/β₁ is implicit. The group's running weight_sum and lr_max advance once per
+// step, before its first parameter.
+class AdamWScheduleFree : public Optimizer {
+ public:
+  AdamWScheduleFree(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
+  std::unique_ptr<Optimizer> clone() const override {
+    return std::make_unique<AdamWScheduleFree>(*this);
+  }
+
+ protected:
+  std::vector<std::string> slots(size_t) const override { return {"z", "exp_avg_sq"}; }
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+    auto& c = config_;
+    const double k = static_cast<double>(t - 1);
+    const double sched =
+        t - 1 < c.warmup_steps ? (k + 1) / static_cast<double>(c.warmup_steps) : 1.0;
+    const double lr = c.lr * sched;
+    if (advanced_ != t) {
+      // The group's scalars, once per step.
+      c.lr_max = std::max(lr, c.lr_max);
+      weight_ = std::pow(k + 1, c.r) * std::pow(c.lr_max, c.weight_lr_power);
+      c.weight_sum = c.weight_sum + weight_;
+      advanced_ = t;
+    }
+    const double ckp1 = c.weight_sum == 0 ? 0.0 : weight_ / c.weight_sum;
+    const double bias2 = 1 - std::pow(c.beta2, k + 1);
+    at::Tensor z = slot(i, "z", g), v = slot(i, "exp_avg_sq", g);
+    if (t == 1) z.copy_(theta);  // the reference starts z at the parameters
+    v.mul_(c.beta2).addcmul_(g, g, 1 - c.beta2);
+    at::Tensor denom = v.div(bias2);
+    denom.sqrt_().add_(c.eps);
+    at::Tensor normalized = g.div(denom);
+    if (c.weight_decay != 0) normalized.add_(theta, c.weight_decay);
+    at::Tensor after = theta.clone();
+    after.lerp_(z, ckp1);
+    after.add_(normalized, lr * (c.beta1 * (1 - ckp1) - 1));
+    z.sub_(normalized, lr);
+    return after - theta;
+  }
+
+ private:
+  int64_t advanced_ = 0;
+  double weight_ = 0;
+};
+
 template <typename Rule>
 std::unique_ptr<Optimizer> make(const OptimizerConfig& c, const ParamSpace& s) {
   return std::make_unique<Rule>(c, s);
@@ -297,6 +344,10 @@ std::unique_ptr<Optimizer> adafactor(const OptimizerConfig& c, const ParamSpace&
 std::unique_ptr<Optimizer> ademamix(const OptimizerConfig& c, const ParamSpace& s,
                                     const ModelStructure&) {
   return make<AdEMAMix>(c, s);
+}
+std::unique_ptr<Optimizer> adamw_schedulefree(const OptimizerConfig& c, const ParamSpace& s,
+                                              const ModelStructure&) {
+  return make<AdamWScheduleFree>(c, s);
 }
 
 }  // namespace rules

@@ -64,6 +64,12 @@ const std::vector<Field>& fields() {
       {"precondition_1d", nullptr, &OptimizerConfig::precondition_1d},
       {"correct_bias", nullptr, &OptimizerConfig::correct_bias},
       {"normalize_gradient", nullptr, &OptimizerConfig::normalize_gradient},
+      {"matrix_eps", &OptimizerConfig::matrix_eps},
+      {"warmup_steps", nullptr, nullptr, &OptimizerConfig::warmup_steps},
+      {"r", &OptimizerConfig::r},
+      {"weight_lr_power", &OptimizerConfig::weight_lr_power},
+      {"weight_sum", &OptimizerConfig::weight_sum},
+      {"lr_max", &OptimizerConfig::lr_max},
   };
   return f;
 }
@@ -206,6 +212,12 @@ void OptimizerConfig::validate() const {
   check("beta3", beta3, beta3 >= 0 && beta3 < 1);
   check("alpha", alpha, alpha >= 0);
   check("t_alpha_beta3", t_alpha_beta3, t_alpha_beta3 >= 0);
+  check("matrix_eps", matrix_eps, matrix_eps >= 0);
+  check("warmup_steps", static_cast<double>(warmup_steps), warmup_steps >= 0);
+  check("r", r, r >= 0);
+  check("weight_lr_power", weight_lr_power, weight_lr_power >= 0);
+  check("weight_sum", weight_sum, weight_sum >= 0);
+  check("lr_max", lr_max, true);
   check("shampoo_beta", shampoo_beta, shampoo_beta >= 0 && shampoo_beta < 1);
   check("precondition_frequency", static_cast<double>(precondition_frequency),
         precondition_frequency >= 1);

@@ -151,6 +151,13 @@ const std::vector<OptimizerEntry>& optimizer_table() {
           "decoupled", "fixed_decay"},
          defaults_of("ademamix", [](OptimizerConfig& c) { c.lr = 1e-3; }),
          rules::ademamix},
+        {"adamw-schedulefree",
+         "Schedule-Free AdamW (schedulefree): the step of y, where the gradient is taken, toward "
+         "the iterate z and the weighted average x",
+         {"lr", "weight_decay", "beta1", "beta2", "eps", "warmup_steps", "r", "weight_lr_power",
+          "weight_sum", "lr_max"},
+         defaults_of("adamw-schedulefree", [](OptimizerConfig& c) { c.lr = 0.0025; }),
+         rules::adamw_schedulefree},
         {"soap",
          "SOAP (pytorch-optimizer): Adam in the eigenbases of Shampoo's Kronecker factors, "
          "refreshed every precondition_frequency steps",
@@ -164,6 +171,13 @@ const std::vector<OptimizerEntry>& optimizer_table() {
                        c.weight_decay = 1e-2;
                      }),
          rules::soap},
+        {"shampoo",
+         "Shampoo (pytorch-optimizer): the gradient multiplied along each dimension by the inverse "
+         "2·order-th root of its accumulated statistic",
+         {"lr", "weight_decay", "momentum", "decoupled", "fixed_decay", "matrix_eps",
+          "precondition_frequency"},
+         defaults_of("shampoo", [](OptimizerConfig& c) { c.precondition_frequency = 1; }),
+         rules::shampoo},
     };
   }();
   return table;

@@ -1,7 +1,8 @@
 // Optimizers as update rules u = rule(θ, g, state): the same objects train models (θ ← θ + u),
 // rebuild the step an optimizer would take at a checkpoint from its saved state, and take what-if
 // steps from fresh state. AdamW, Adam, Muon (and variants), NorMuon, torch.optim.Muon, SGD,
-// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix and SOAP (docs/optimizers.md).
+// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix, SOAP, Shampoo and Schedule-Free AdamW
+// (docs/optimizers.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -78,6 +79,17 @@ struct OptimizerConfig {
   bool precondition_1d = false;
   bool correct_bias = true;
   bool normalize_gradient = false;
+  // Shampoo: the statistics' starting multiple of I (matrix_eps); its inverse roots are recomputed
+  // every precondition_frequency steps.
+  double matrix_eps = 1e-6;
+  // Schedule-Free AdamW: its linear warm-up, the average's weights ((k+1)^r · lr_max^
+  // weight_lr_power), and the running sum of those weights and largest lr so far, which its
+  // param_groups carry from step to step.
+  int64_t warmup_steps = 0;
+  double r = 0.0;
+  double weight_lr_power = 2.0;
+  double weight_sum = 0.0;
+  double lr_max = -1.0;
 
   // The table entry's defaults (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
   // wd 1e-2; muon lr 0.02, μ 0.95, Nesterov; normuon lr 0.02, μ 0.95, β₂ 0.95; sgd lr 0.1;
