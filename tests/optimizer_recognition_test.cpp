@@ -9,9 +9,11 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "curv/core/error.h"
 #include "curv/io/checkpoint.h"
+#include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
 #include "curv/optim/optimizers.h"
 #include "test_support.h"
@@ -27,10 +29,14 @@ namespace {
 // LibTorch rounds those products alike; Debian's 1.13 rounds them otherwise, and bfloat16's
 // iteration itself is only a few per cent from float64's (2% and 8% on one 3 x 4 matrix under
 // 2.15 and 1.13, 7% between the two), so against 1.13 the step agrees to that.
+// An audit along such a step (g·u, uᵀHu, NDS, ‖u‖ against torch.autograd's) agrees to the float64
+// HVP's precision under 2.x, and to that precision of the step under 1.13.
 #if TORCH_VERSION_MAJOR >= 2
 constexpr double kTorchMuonTolerance = 1e-12;
+constexpr double kTorchMuonAuditTolerance = kTolFloat64;
 #else
 constexpr double kTorchMuonTolerance = 0.1;
+constexpr double kTorchMuonAuditTolerance = 0.25;
 #endif
 
 // The states written by `run` (run_transformers_python: .venv's torch 2.x with
@@ -328,5 +334,62 @@ TEST_CASE("torch 1.13's states: SGD recognised, Adam and AdamW refused until nam
     name_optimizer(wrong, other);
     CHECK(rebuilt_step_error(right, name, dir) < 1e-13);
     CHECK(rebuilt_step_error(wrong, name, dir) > 1e-3);
+  }
+}
+
+TEST_CASE("curv_export.save_checkpoint saves each rule's state in the native layout",
+          "[optimizers]") {
+  // case, rule, matrices only (a torch.optim.Muon alone holds no other parameter)
+  const std::vector<std::tuple<std::string, std::string, bool>> cases = {
+      {"adamw", "adamw", false},
+      {"adam", "adam", false},
+      {"sgd", "sgd", false},
+      {"nadamw", "nadam", false},
+      {"radam_rectified", "radam", false},
+      {"adafactor", "adafactor", false},
+      {"torch_muon_rms", "torch-muon", true},
+      {"muon_adamw", "torch-muon", false},
+      {"soap_options", "soap", false},
+      {"shampoo", "shampoo", false},
+      {"ademamix", "ademamix", false},
+      {"schedulefree", "adamw-schedulefree", false},
+  };
+  const auto natives = nlohmann::json::parse(std::ifstream(states() + "/cases.json"))["native"];
+  for (const auto& [name, rule, matrices] : cases) {
+    INFO(name);
+    REQUIRE(std::find(natives.begin(), natives.end(), name) != natives.end());
+    const Checkpoint ckpt = load(name, "_native");
+    CHECK(ckpt.optimizer_name() == rule);
+    const double error = rebuilt_step_error(ckpt, name, states(), matrices);
+    INFO("relative error " << error);
+    CHECK(error < (rule == "torch-muon" ? kTorchMuonTolerance : 1e-12));
+  }
+  const Checkpoint pair = load("muon_adamw", "_native");
+  CHECK(pair.meta.optimizer->muon_params ==
+        std::optional<std::string>("^(0\\.weight|2\\.weight)$"));
+}
+
+TEST_CASE("ndsprobe audits a nanoGPT run of torch.optim.Muon with AdamW along its update",
+          "[optimizers][ndsprobe]") {
+  REQUIRE(has_case("nanogpt_muon_adamw"));
+  TempDir out;
+  run_tool("ndsprobe", states() + "/nanogpt_muon_adamw --data " + states() +
+                           "/nanogpt_probe.safetensors --dtype float64 --no-realized "
+                           "--directions update,torch-muon -o " +
+                           out.file("o.h5"));
+  const auto reference =
+      nlohmann::json::parse(std::ifstream(states() + "/nanogpt_muon_adamw.json"));
+  H5Reader reader(out.file("o.h5"));
+  for (const std::string direction : {"update", "torch-muon"}) {
+    const std::string unit = "/runs/nanogpt_muon_adamw/step_2/" + direction;
+    CHECK(reader.attribute_string(unit, "optimizer_rule") == "torch-muon");
+    CHECK_THAT(reader.attribute_string(unit, "optimizer_recognition"),
+               Contains("torch.optim.Muon with torch.optim.AdamW"));
+    for (const char* key : {"first_order", "curvature", "nds", "update_norm"}) {
+      INFO(direction << " " << key);
+      const double want = reference["torch_muon"][key].get<double>();
+      const double got = reader.attribute_double(unit, key);
+      CHECK(std::abs(got - want) <= kTorchMuonAuditTolerance * std::abs(want));
+    }
   }
 }

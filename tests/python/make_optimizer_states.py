@@ -12,8 +12,11 @@ layout) and OUT/<case>_hf/checkpoint-N/ (pytorch_model.bin, optimizer.pt, traine
 Trainer folder). Cases whose writer is older than this torch (groups without
 decoupled_weight_decay, torch < 2.7) or hand-made (an unknown key) are edited state dicts of the
 real classes. OUT/<case>_next_step.safetensors holds, per parameter, a gradient g.<name> and the
-step u.<name> the optimizer itself takes from the saved state with it. OUT/cases.json lists the
-cases with the torch version.
+step u.<name> the optimizer itself takes from the saved state with it. OUT/nanogpt_muon_adamw/
+is a nanoGPT run of torch.optim.Muon with AdamW (torch >= 2.9), with its probe batch and
+torch.autograd's audit of its next step. OUT/<case>_native/step_N/ is the same run saved by
+tools/python/curv_export.save_checkpoint (libcurv's native layout), for every case it accepts.
+OUT/cases.json lists the cases, those saved natively ("native") and the torch version.
 """
 import copy
 import json
@@ -23,7 +26,11 @@ import sys
 import torch
 from torch import nn
 
-from make_torch_fixtures import save_safetensors
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python"))
+import curv_export  # noqa: E402
+
+from make_torch_fixtures import CONFIG, GPT, muon_groups, nanogpt_ckpt, reference, save_safetensors
 
 
 def model():
@@ -31,9 +38,11 @@ def model():
     return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)).double()
 
 
-def trained(make_optimizer, steps=3):
+def trained(make_optimizer, steps=3, native=None):
     """The model and its optimizer's state_dict after `steps` steps, and the next step the
-    optimizer takes with a fixed gradient: {g.<name>, u.<name>}."""
+    optimizer takes with a fixed gradient: {g.<name>, u.<name>}. With `native`, the run is also
+    saved there by curv_export.save_checkpoint before that step; whether it could be is returned
+    last."""
     m = model()
     made = make_optimizer(m)
     opts = made if isinstance(made, list) else [made]
@@ -50,6 +59,13 @@ def trained(make_optimizer, steps=3):
     states = [copy.deepcopy(opt.state_dict()) for opt in opts]
     saved = ({k: v.clone() for k, v in m.state_dict().items()},
              states if isinstance(made, list) else states[0])
+    saved_native = False
+    if native:
+        try:
+            curv_export.save_checkpoint(m, made, steps, native)
+            saved_native = True
+        except ValueError:  # a state libcurv does not rebuild (AMSGrad, ...)
+            pass
     step = {}
     for name, p in m.named_parameters():
         p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
@@ -59,7 +75,7 @@ def trained(make_optimizer, steps=3):
         opt.step()
     for name, p in m.named_parameters():
         step["u." + name] = p.detach() - before[name]
-    return saved[0], saved[1], step
+    return saved[0], saved[1], step, saved_native
 
 
 def without(key):
@@ -179,12 +195,68 @@ def cases():
     return out
 
 
+class Optimizers:
+    """Several optimizers stepped together, saved as the list of their states."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    def zero_grad(self):
+        for opt in self.optimizers:
+            opt.zero_grad()
+
+    def step(self):
+        for opt in self.optimizers:
+            opt.step()
+
+    def state_dict(self):
+        return [opt.state_dict() for opt in self.optimizers]
+
+    def load_state_dict(self, states):
+        for opt, state in zip(self.optimizers, states):
+            opt.load_state_dict(state)
+
+
+def muon_with_adamw(model):
+    """torch.optim.Muon on nanoGPT's hidden matrices, AdamW on the rest (its groups' settings)."""
+    hidden, rest = muon_groups(model)
+    return Optimizers(
+        torch.optim.Muon(hidden["params"], lr=hidden["lr"], weight_decay=hidden["weight_decay"]),
+        torch.optim.AdamW(rest["params"], lr=rest["lr"], betas=rest["betas"],
+                          weight_decay=rest["weight_decay"]))
+
+
+def nanogpt_muon_adamw(out):
+    """A nanoGPT trained two steps by torch.optim.Muon with AdamW, saved as nanoGPT saves
+    (ckpt.pt, 'optimizer' the list of both states), a probe batch, and torch.autograd's audit of
+    the step the pair takes next from the saved state (reference.json, direction torch_muon)."""
+    torch.manual_seed(5)
+    model = GPT(CONFIG).double()
+    optimizer = muon_with_adamw(model)
+    g = torch.Generator().manual_seed(6)
+    data = torch.randint(0, CONFIG["vocab_size"], (12, CONFIG["block_size"] + 1), generator=g)
+    tx, ty = data[:8, :-1].contiguous(), data[:8, 1:].contiguous()
+    x, y = data[8:, :-1].contiguous(), data[8:, 1:].contiguous()
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(tx, ty).backward()
+        optimizer.step()
+    run = f"{out}/nanogpt_muon_adamw"
+    os.makedirs(run, exist_ok=True)
+    torch.save(nanogpt_ckpt(model, optimizer, 2), f"{run}/ckpt.pt")
+    save_safetensors(f"{out}/nanogpt_probe.safetensors", {"inputs": x, "targets": y})
+    reference(f"{run}/ckpt.pt", None, CONFIG, x, y, f"{out}/nanogpt_muon_adamw.json",
+              make_optimizer=muon_with_adamw, step_name="torch_muon")
+
+
 def main():
     out = sys.argv[1]
-    written = []
+    written, natives = [], []
     for name, (make, edit, *steps) in cases().items():
         steps = steps[0] if steps else 3
-        weights, osd, step = trained(make, steps)
+        weights, osd, step, native = trained(make, steps, f"{out}/{name}_native")
+        if native:
+            natives.append(name)
         if edit:
             osd = edit(osd)
         os.makedirs(f"{out}/{name}", exist_ok=True)
@@ -199,8 +271,11 @@ def main():
         torch.save(osd, f"{hf}/optimizer.pt")
         with open(f"{hf}/trainer_state.json", "w") as f:
             json.dump({"global_step": steps, "log_history": []}, f)
+    if hasattr(torch.optim, "Muon"):
+        nanogpt_muon_adamw(out)
+        written.append("nanogpt_muon_adamw")
     with open(f"{out}/cases.json", "w") as f:
-        json.dump({"torch": torch.__version__, "cases": written}, f)
+        json.dump({"torch": torch.__version__, "cases": written, "native": natives}, f)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,120 @@ _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
               torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
-# torch.optim class -> the libcurv optimizer whose rebuilt step matches it.
-_OPTIMIZERS = {"AdamW": "adamw", "SGD": "sgd"}
+# Optimizer class -> the libcurv rule whose rebuilt step matches it (docs/optimizers.md):
+# torch.optim's, pytorch-optimizer's and schedulefree's, by module and class name.
+_OPTIMIZERS = {
+    ("torch.optim", "AdamW"): "adamw",
+    ("torch.optim", "Adam"): "adam",
+    ("torch.optim", "SGD"): "sgd",
+    ("torch.optim", "NAdam"): "nadam",
+    ("torch.optim", "RAdam"): "radam",
+    ("torch.optim", "Adafactor"): "adafactor",
+    ("torch.optim", "Muon"): "torch-muon",
+    ("pytorch_optimizer", "SOAP"): "soap",
+    ("pytorch_optimizer", "Shampoo"): "shampoo",
+    ("pytorch_optimizer", "AdEMAMix"): "ademamix",
+    ("schedulefree", "AdamWScheduleFree"): "adamw-schedulefree",
+}
+
+# param_group keys -> libcurv's field names, where they differ; tuples are split below.
+_RENAMED = {"d": "clip_threshold", "decoupled_weight_decay": "decoupled",
+            "weight_decouple": "decoupled"}
+_NUMERIC = ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov", "ns_steps",
+            "momentum_decay", "beta2_decay", "alpha", "t_alpha_beta3", "fixed_decay",
+            "shampoo_beta", "precondition_frequency", "max_precondition_dim", "precondition_1d",
+            "correct_bias", "normalize_gradient", "matrix_eps", "warmup_steps", "r",
+            "weight_lr_power", "weight_sum", "lr_max", "d", "decoupled_weight_decay",
+            "weight_decouple")
+_ADJUST_LR = {None: 0.0, "original": 0.0, "match_rms_adamw": 1.0, "spectral_unclamped": 2.0}
+
+
+def _rule_of(optimizer):
+    cls = type(optimizer)
+    package = cls.__module__.split(".")[0]
+    top = "torch.optim" if cls.__module__.startswith("torch.optim") else package
+    rule = _OPTIMIZERS.get((top, cls.__name__))
+    if rule is None:
+        known = ", ".join(f"{m}.{c}" for m, c in _OPTIMIZERS)
+        raise ValueError(f"optimizer {cls.__module__}.{cls.__name__}: libcurv rebuilds the steps "
+                         f"of {known}; save with optimizer=None")
+    groups = optimizer.param_groups
+    if rule == "adam" and all(g.get("decoupled_weight_decay") for g in groups):
+        rule = "adamw"  # torch >= 2.7's Adam(decoupled_weight_decay=True) is AdamW
+    if any(g.get("amsgrad") for g in groups) or any(g.get("maximize") for g in groups):
+        raise ValueError(f"optimizer {cls.__name__}: amsgrad and maximize steps are not rebuilt")
+    if rule == "adamw-schedulefree" and not all(g.get("train_mode") for g in groups):
+        raise ValueError("AdamWScheduleFree in eval mode: its parameters are the average x; "
+                         "call optimizer.train() before saving")
+    if rule == "soap" and any(g.get("merge_dims") for g in groups):
+        raise ValueError("SOAP with merge_dims=True is not rebuilt")
+    return rule
+
+
+def _hyper(group):
+    hyper = {}
+    for key in _NUMERIC:
+        value = group.get(key)
+        if isinstance(value, (bool, int, float)):
+            hyper[_RENAMED.get(key, key)] = float(value)
+    if "betas" in group:
+        for name, beta in zip(("beta1", "beta2", "beta3"), group["betas"]):
+            hyper[name] = float(beta)
+    if isinstance(group.get("eps"), (tuple, list)):  # Adafactor's (eps1, eps2)
+        eps1, eps2 = group["eps"]
+        hyper["eps"] = 0.0 if eps1 is None else float(eps1)
+        hyper["eps2"] = float(eps2)
+    if "ns_coefficients" in group:
+        hyper["ns_a"], hyper["ns_b"], hyper["ns_c"] = map(float, group["ns_coefficients"])
+    if "adjust_lr_fn" in group:
+        hyper["adjust_lr"] = _ADJUST_LR[group["adjust_lr_fn"]]
+    return hyper
+
+
+def _adam_part(hyper):
+    """An AdamW group's hyper-parameters as the AdamW part of torch-muon reads them."""
+    names = {"lr": "adam_lr", "beta1": "adam_beta1", "beta2": "adam_beta2", "eps": "adam_eps",
+             "weight_decay": "adam_weight_decay"}
+    return {names[k]: v for k, v in hyper.items() if k in names}
+
+
+def _optimizer_meta(optimizers, names):
+    """meta.json's "optimizer" and the state tensors by "<param>.<key>" of one optimizer, or of
+    torch.optim.Muon with AdamW (a list of the two: the rule torch-muon, AdamW its adam_* part)."""
+    rules = [_rule_of(opt) for opt in optimizers]
+    if len(optimizers) > 1 and sorted(rules) != ["adamw", "torch-muon"]:
+        raise ValueError(f"optimizers {rules}: libcurv rebuilds several optimizers only as "
+                         "torch.optim.Muon with torch.optim.AdamW")
+    state, groups, step_count, muon_names = {}, [], 0, []
+    for opt, rule in zip(optimizers, rules):
+        for group in opt.param_groups:
+            hyper = _hyper(group)
+            if len(optimizers) > 1 and rule == "adamw":
+                hyper = _adam_part(hyper)
+            groups.append({"params": [names[id(p)] for p in group["params"]], "hyper": hyper})
+            for key in ("step", "k"):  # pytorch-optimizer's and Schedule-Free's group counts
+                if isinstance(group.get(key), int) and (key == "step" or "weight_sum" in group):
+                    step_count = max(step_count, group[key])
+            for p in group["params"]:
+                if rule == "torch-muon":
+                    muon_names.append(names[id(p)])
+                for key, value in opt.state.get(p, {}).items():
+                    if key == "step":
+                        step_count = max(step_count, int(value))
+                    elif torch.is_tensor(value):
+                        state[f"{names[id(p)]}.{key}"] = value
+                    elif isinstance(value, (list, tuple)):  # SOAP's GG and Q: one per dimension
+                        for k, item in enumerate(value):
+                            if torch.is_tensor(item):
+                                state[f"{names[id(p)]}.{key}.{k}"] = item
+    hyper = {}
+    for group in groups[::-1]:
+        hyper.update(group["hyper"])
+    meta = {"name": "torch-muon" if "torch-muon" in rules else rules[0], "hyper": hyper,
+            "step_count": step_count, "param_groups": groups}
+    if muon_names:
+        meta["muon_params"] = "^(" + "|".join(n.replace(".", "\\.") for n in muon_names) + ")$"
+    return meta, state
 
 
 class _WithLoss(nn.Module):
@@ -112,24 +224,15 @@ def save_safetensors(path, tensors, metadata=None):
     os.replace(tmp, path)
 
 
-def _hyper(group):
-    hyper = {}
-    for key in ("lr", "eps", "weight_decay", "momentum", "dampening"):
-        if isinstance(group.get(key), (int, float)):
-            hyper[key] = float(group[key])
-    if "nesterov" in group:
-        hyper["nesterov"] = 1.0 if group["nesterov"] else 0.0
-    if "betas" in group:
-        hyper["beta1"], hyper["beta2"] = float(group["betas"][0]), float(group["betas"][1])
-    return hyper
-
-
 def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=None):
     """Writes run_dir/step_<step>/ in libcurv's native layout: optimizer.safetensors (state by
     parameter name), meta.json (optimizer name, hyper-parameters, step count, parameter groups),
     then model.safetensors last, so an interrupted save is skipped by ndsprobe.
 
-    prefix: the prefix export_model returned. optimizer: a torch.optim.AdamW or SGD, or None.
+    prefix: the prefix export_model returned. optimizer: one whose steps libcurv rebuilds
+    (torch.optim's AdamW, Adam, SGD, NAdam, RAdam, Adafactor, Muon; pytorch-optimizer's SOAP,
+    Shampoo, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
+    [torch.optim.Muon, torch.optim.AdamW] of a run stepping both, or None.
     model_config: a built-in model config (dict) to record as meta.json's "model".
     """
     folder = os.path.join(run_dir, f"step_{int(step)}")
@@ -142,22 +245,8 @@ def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=Non
     if model_config is not None:
         meta["model"] = model_config
     if optimizer is not None:
-        kind = type(optimizer).__name__
-        if kind not in _OPTIMIZERS:
-            raise ValueError(f"optimizer {kind}: libcurv rebuilds the steps of "
-                             f"{', '.join(_OPTIMIZERS)}; save with optimizer=None")
-        state, groups, step_count = {}, [], 0
-        for group in optimizer.param_groups:
-            groups.append({"params": [names[id(p)] for p in group["params"]],
-                           "hyper": _hyper(group)})
-            for p in group["params"]:
-                for key, value in optimizer.state.get(p, {}).items():
-                    if key == "step":
-                        step_count = max(step_count, int(value))
-                    elif torch.is_tensor(value) and value.shape == p.shape:
-                        state[f"{names[id(p)]}.{key}"] = value
-        meta["optimizer"] = {"name": _OPTIMIZERS[kind], "hyper": groups[0]["hyper"],
-                             "step_count": step_count, "param_groups": groups}
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        meta["optimizer"], state = _optimizer_meta(optimizers, names)
         save_safetensors(os.path.join(folder, "optimizer.safetensors"), state)
     with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=1)
