@@ -176,6 +176,14 @@ def cases():
         # Its inverse roots every second step: the state does not record that.
         out["shampoo_every2"] = (lambda m: pytorch_optimizer.Shampoo(
             m.parameters(), lr=1e-2, preconditioning_compute_steps=2), None, 4)
+        out["adamuon"] = (lambda m: pytorch_optimizer.AdaMuon([
+            {"params": matrices(m), "use_muon": True, "lr": 0.02, "weight_decay": 0.05},
+            {"params": [p for p in m.parameters() if p.dim() != 2], "use_muon": False,
+             "lr": 3e-3, "weight_decay": 0.01}]), None)
+        out["adamuon_l2"] = (lambda m: pytorch_optimizer.AdaMuon([
+            {"params": matrices(m), "use_muon": True, "weight_decay": 0.05},
+            {"params": [p for p in m.parameters() if p.dim() != 2], "use_muon": False}],
+            weight_decouple=False, use_adjusted_lr=False), None)
         out["ademamix"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True,
             t_alpha_beta3=10), None)

@@ -39,18 +39,19 @@ _OPTIMIZERS = {
     ("pytorch_optimizer", "SOAP"): "soap",
     ("pytorch_optimizer", "Shampoo"): "shampoo",
     ("pytorch_optimizer", "AdEMAMix"): "ademamix",
+    ("pytorch_optimizer", "AdaMuon"): "adamuon",
     ("schedulefree", "AdamWScheduleFree"): "adamw-schedulefree",
 }
 
 # param_group keys -> libcurv's field names, where they differ; tuples are split below.
 _RENAMED = {"d": "clip_threshold", "decoupled_weight_decay": "decoupled",
-            "weight_decouple": "decoupled"}
+            "weight_decouple": "decoupled", "use_adjusted_lr": "rms_scale"}
 _NUMERIC = ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov", "ns_steps",
             "momentum_decay", "beta2_decay", "alpha", "t_alpha_beta3", "fixed_decay",
             "shampoo_beta", "precondition_frequency", "max_precondition_dim", "precondition_1d",
             "correct_bias", "normalize_gradient", "matrix_eps", "warmup_steps", "r",
             "weight_lr_power", "weight_sum", "lr_max", "d", "decoupled_weight_decay",
-            "weight_decouple")
+            "weight_decouple", "use_adjusted_lr")
 _ADJUST_LR = {None: 0.0, "original": 0.0, "match_rms_adamw": 1.0, "spectral_unclamped": 2.0}
 
 
@@ -91,6 +92,10 @@ def _hyper(group):
         hyper["eps2"] = float(eps2)
     if "ns_coefficients" in group:
         hyper["ns_a"], hyper["ns_b"], hyper["ns_c"] = map(float, group["ns_coefficients"])
+    if "ns_coeffs" in group:  # pytorch-optimizer's schedule: one tuple is rebuilt
+        if len(group["ns_coeffs"]) != 1:
+            raise ValueError("a Newton-Schulz schedule of several coefficient tuples is not rebuilt")
+        hyper["ns_a"], hyper["ns_b"], hyper["ns_c"] = map(float, group["ns_coeffs"][0])
     if "adjust_lr_fn" in group:
         hyper["adjust_lr"] = _ADJUST_LR[group["adjust_lr_fn"]]
     return hyper
@@ -99,7 +104,7 @@ def _hyper(group):
 def _adam_part(hyper):
     """An AdamW group's hyper-parameters as the AdamW part of torch-muon reads them."""
     names = {"lr": "adam_lr", "beta1": "adam_beta1", "beta2": "adam_beta2", "eps": "adam_eps",
-             "weight_decay": "adam_weight_decay"}
+             "weight_decay": "adam_weight_decay", "decoupled": "decoupled"}
     return {names[k]: v for k, v in hyper.items() if k in names}
 
 
@@ -110,22 +115,26 @@ def _optimizer_meta(optimizers, names):
     if len(optimizers) > 1 and sorted(rules) != ["adamw", "torch-muon"]:
         raise ValueError(f"optimizers {rules}: libcurv rebuilds several optimizers only as "
                          "torch.optim.Muon with torch.optim.AdamW")
-    state, groups, step_count, muon_names = {}, [], 0, []
+    state, groups, step_count, muon_names = {}, [], None, []
     for opt, rule in zip(optimizers, rules):
         for group in opt.param_groups:
             hyper = _hyper(group)
-            if len(optimizers) > 1 and rule == "adamw":
+            # The AdamW of a Muon rule: torch.optim.AdamW beside torch.optim.Muon, or AdaMuon's
+            # groups without use_muon.
+            aux = (len(optimizers) > 1 and rule == "adamw") or (
+                rule == "adamuon" and not group.get("use_muon"))
+            if aux:
                 hyper = _adam_part(hyper)
             groups.append({"params": [names[id(p)] for p in group["params"]], "hyper": hyper})
             for key in ("step", "k"):  # pytorch-optimizer's and Schedule-Free's group counts
                 if isinstance(group.get(key), int) and (key == "step" or "weight_sum" in group):
-                    step_count = max(step_count, group[key])
+                    step_count = max(step_count or 0, group[key])
             for p in group["params"]:
-                if rule == "torch-muon":
+                if rule == "torch-muon" or (rule == "adamuon" and group.get("use_muon")):
                     muon_names.append(names[id(p)])
                 for key, value in opt.state.get(p, {}).items():
                     if key == "step":
-                        step_count = max(step_count, int(value))
+                        step_count = max(step_count or 0, int(value))
                     elif torch.is_tensor(value):
                         state[f"{names[id(p)]}.{key}"] = value
                     elif isinstance(value, (list, tuple)):  # SOAP's GG and Q: one per dimension
@@ -136,7 +145,10 @@ def _optimizer_meta(optimizers, names):
     for group in groups[::-1]:
         hyper.update(group["hyper"])
     meta = {"name": "torch-muon" if "torch-muon" in rules else rules[0], "hyper": hyper,
-            "step_count": step_count, "param_groups": groups}
+            "param_groups": groups}
+    # An optimizer that counts no steps (SGD) leaves the count to the checkpoint's step.
+    if step_count is not None:
+        meta["step_count"] = step_count
     if muon_names:
         meta["muon_params"] = "^(" + "|".join(n.replace(".", "\\.") for n in muon_names) + ")$"
     return meta, state

@@ -46,11 +46,17 @@ std::string count_problem(const OrderInput& in, size_t expected, const char* wha
 }
 
 // The shape the state tensor `key` has for a parameter of `shape`: the parameter's own, or that of
-// the statistics some rules keep (NAdam's scalar mu_product, Adafactor's row and column moments,
+// the statistics some rules keep (NAdam's scalar mu_product, AdaMuon's flat v, Adafactor's row and
+// column moments,
 // SOAP's Kronecker factors GG.k and eigenbases Q.k, Shampoo's pre_cond_k and inv_pre_cond_k;
 // docs/optimizers.md).
 std::vector<int64_t> state_shape(const std::string& key, std::vector<int64_t> shape) {
   if (key == "mu_product") return {};
+  if (key == "v") {  // AdaMuon's second moment of the flattened matrix
+    int64_t numel = 1;
+    for (int64_t n : shape) numel *= n;
+    return {numel};
+  }
   if (key == "row_var" && !shape.empty()) shape.back() = 1;
   if (key == "col_var" && shape.size() >= 2) shape[shape.size() - 2] = 1;
   for (const char* factor : {"GG.", "Q.", "pre_cond_", "inv_pre_cond_"}) {

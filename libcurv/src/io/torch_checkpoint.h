@@ -90,7 +90,8 @@ std::shared_ptr<IndexedOptimizerState> optimizer_state_dict(const PyValue& dict,
                                                             const std::string& implied_by = "");
 
 // An AdamW group's hyper-parameters as the AdamW part of a Muon rule reads them: lr, beta1, beta2,
-// eps and weight_decay as adam_*; its other fields (decoupled) left out.
+// eps and weight_decay as adam_*, decoupled as it is (AdaMuon's weight_decouple); the rest left
+// out.
 nlohmann::json adam_part_hyper(const nlohmann::json& hyper);
 // Several optimizers' states saved as a list ('optimizer': [muon.state_dict(),
 // adamw.state_dict()]): torch.optim.Muon over the matrices with torch.optim.AdamW over the rest,

@@ -109,6 +109,17 @@ const std::vector<Rule>& rules() {
                      "normalize_gradient", "eps", "step"},
                     {"shampoo_beta", "precondition_frequency", "max_precondition_dim"},
                     {{"merge_dims", false}}};
+    // AdaMuon: groups marked use_muon, each with pytorch-optimizer's 'step'.
+    GroupShape adamuon_muon{{"m", "v"},
+                            {"lr", "betas", "weight_decay", "weight_decouple", "ns_steps",
+                             "ns_coeffs", "use_adjusted_lr", "eps", "step"},
+                            {"use_muon", "ns_coeffs", "use_adjusted_lr"},
+                            {{"use_muon", true}},
+                            true};
+    GroupShape adamuon_adam{adam_state,
+                            {"lr", "betas", "weight_decay", "weight_decouple", "eps", "step"},
+                            {"use_muon", "weight_decouple"},
+                            {{"use_muon", false}}};
     // Schedule-Free AdamW's groups carry its step count (k), the running weight sum and lr_max.
     const std::vector<std::string> schedulefree_reads = {
         "lr",         "betas",  "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power",
@@ -145,6 +156,7 @@ const std::vector<Rule>& rules() {
         {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
         {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
         {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
+        {"adamuon", "pytorch-optimizer's AdaMuon", {adamuon_muon, adamuon_adam}, ""},
         {"adamw-schedulefree",
          "schedulefree's AdamWScheduleFree in train mode: parameters y, the step audited is y's",
          {schedulefree_train},

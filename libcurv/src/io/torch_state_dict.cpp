@@ -132,6 +132,7 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       {"fixed_decay", "fixed_decay"},
       {"beta2_decay", "beta2_decay"},
       {"d", "clip_threshold"},
+      {"use_adjusted_lr", "rms_scale"},
       {"alpha", "alpha"},
       {"t_alpha_beta3", "t_alpha_beta3"},
       {"shampoo_beta", "shampoo_beta"},
@@ -159,6 +160,14 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       split_tuple(hyper, *v, {"eps", "eps2"}, {2}, origin, where, "a number or (eps1, eps2)");
     } else if (key == "ns_coefficients") {
       split_tuple(hyper, *v, {"ns_a", "ns_b", "ns_c"}, {3}, origin, where, "(a, b, c)");
+    } else if (key == "ns_coeffs") {
+      // pytorch-optimizer's schedule of coefficient tuples, one per step: one tuple is read.
+      if ((!v->is(Kind::kList) && !v->is(Kind::kTuple)) || v->items.size() != 1) {
+        throw FormatError(fmt::format(
+            "{}: '{}' is {}, expected one (a, b, c) tuple (a schedule of several is not rebuilt)",
+            origin, where, v->brief()));
+      }
+      split_tuple(hyper, *v->items[0], {"ns_a", "ns_b", "ns_c"}, {3}, origin, where, "(a, b, c)");
     } else if (key == "adjust_lr_fn") {
       hyper["adjust_lr"] = adjust_lr_code(*v, origin, where);
     } else {
@@ -294,6 +303,7 @@ nlohmann::json adam_part_hyper(const nlohmann::json& hyper) {
     if (hyper.contains(key)) adam[std::string("adam_") + key] = hyper[key];
   }
   if (hyper.contains("weight_decay")) adam["adam_weight_decay"] = hyper["weight_decay"];
+  if (hyper.contains("decoupled")) adam["decoupled"] = hyper["decoupled"];
   return adam;
 }
 

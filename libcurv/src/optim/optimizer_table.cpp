@@ -171,6 +171,24 @@ const std::vector<OptimizerEntry>& optimizer_table() {
                        c.weight_decay = 1e-2;
                      }),
          rules::soap},
+        {"adamuon",
+         "AdaMuon (pytorch-optimizer): Muon's bfloat16 Newton-Schulz output divided by its own "
+         "second moment and rescaled, on hidden matrices; AdamW (adam_*) on the rest",
+         {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled", "ns_steps", "ns_a", "ns_b",
+          "ns_c", "rms_scale", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps",
+          "adam_weight_decay", "muon_params"},
+         defaults_of("adamuon",
+                     [](OptimizerConfig& c) {
+                       c.lr = 2e-2;
+                       c.beta2 = 0.95;
+                       c.eps = 1e-10;
+                       c.decoupled = true;
+                       c.rms_scale = true;
+                       c.adam_lr = 3e-4;
+                       c.adam_beta2 = 0.999;
+                       c.adam_eps = 1e-10;
+                     }),
+         rules::adamuon},
         {"shampoo",
          "Shampoo (pytorch-optimizer): the gradient multiplied along each dimension by the inverse "
          "2·order-th root of its accumulated statistic",

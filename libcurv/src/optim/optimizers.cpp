@@ -101,6 +101,11 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
   throw std::logic_error("Optimizer::slot: slot '" + key + "' was just created");
 }
 
+bool Optimizer::has_slot(size_t i, const std::string& key) const {
+  return std::any_of(state_[i].begin(), state_[i].end(),
+                     [&key](const auto& kv) { return kv.first == key; });
+}
+
 void Optimizer::check_step_arguments(const ParamVector& theta, const ParamVector& grad) const {
   if (theta.size() != space_.size() || grad.size() != space_.size()) {
     throw InvalidArgument(
@@ -279,13 +284,14 @@ class Sgd : public Optimizer {
     return config_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"}
                                  : std::vector<std::string>{};
   }
-  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t t) override {
+  at::Tensor update(size_t i, const at::Tensor& theta, const at::Tensor& g, int64_t) override {
     const auto& c = config_;
     at::Tensor d = c.weight_decay != 0 ? g + c.weight_decay * theta : g;
     if (c.momentum != 0) {
+      const bool fresh = !has_slot(i, "momentum_buffer");
       at::Tensor& buf = slot(i, "momentum_buffer", g);
       // torch.optim.SGD starts the buffer at the first gradient, undamped.
-      if (t == 1) {
+      if (fresh) {
         buf.copy_(d);
       } else {
         buf.mul_(c.momentum).add_(d, 1 - c.dampening);

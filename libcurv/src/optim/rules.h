@@ -22,8 +22,8 @@ Factory adamw, muon_family, sgd, signsgd, signum, lion;
 // adaptive_rules.cpp: torch.optim's Muon, NAdam, RAdam and Adafactor; pytorch-optimizer's
 // AdEMAMix; schedulefree's AdamWScheduleFree.
 Factory torch_muon, nadam, radam, adafactor, ademamix, adamw_schedulefree;
-// soap.cpp, shampoo.cpp: pytorch-optimizer's SOAP and Shampoo.
-Factory soap, shampoo;
+// soap.cpp, shampoo.cpp, adamuon.cpp: pytorch-optimizer's SOAP, Shampoo and AdaMuon.
+Factory soap, shampoo, adamuon;
 
 // PyTorch's AdamW step, operation for operation (torch/optim/adamw.py, single-tensor path): u
 // for θ with gradient g, moments m and v updated in place, at step t.

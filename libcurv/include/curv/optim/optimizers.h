@@ -174,6 +174,9 @@ class Optimizer {
     return std::nullopt;
   }
   at::Tensor& slot(size_t i, const std::string& key, const at::Tensor& like);
+  // Whether parameter i holds the slot `key` yet: false before its first step, whatever the step
+  // count (torch.optim.SGD starts its buffer when it has none, and saves no count).
+  bool has_slot(size_t i, const std::string& key) const;
   // Parameter i's slots as `saved` holds them, each read into a tensor of `options` (its stored
   // dtype on the CPU when unset). A slot `saved` lacks is left out when step_count is 0 (the state
   // starts at zero), else InvalidArgument naming `source`, the state, the rule and the parameter;
