@@ -243,7 +243,7 @@ def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=Non
 
     prefix: the prefix export_model returned. optimizer: one whose steps libcurv rebuilds
     (torch.optim's AdamW, Adam, SGD, NAdam, RAdam, Adafactor, Muon; pytorch-optimizer's SOAP,
-    Shampoo, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
+    Shampoo, AdaMuon, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
     [torch.optim.Muon, torch.optim.AdamW] of a run stepping both, or None.
     model_config: a built-in model config (dict) to record as meta.json's "model".
     """
