@@ -22,6 +22,185 @@ OptimizerConfig defaults_of(const char* name, Change change) {
   return c;
 }
 
+// libcurv's own rules: AdamW and Adam, the Muon family, SGD and the sign methods. The keys are the
+// fields each rule's update() reads; the Muon family's AdamW part reads the adam_* fields on
+// parameters outside its partition.
+std::vector<OptimizerEntry> first_entries() {
+  static const std::vector<std::string> kMuonKeys = {
+      "lr",           "weight_decay", "momentum",    "nesterov",
+      "sum_momentum", "rms_scale",    "ns_steps",    "ns_a",
+      "ns_b",         "ns_c",         "exact_polar", "adam_lr",
+      "adam_beta1",   "adam_beta2",   "adam_eps",    "adam_weight_decay",
+      "muon_params"};
+  std::vector<std::string> normuon_keys = kMuonKeys;
+  normuon_keys.insert(normuon_keys.begin() + 3, "beta2");
+  return std::vector<OptimizerEntry>{
+      {"adamw",
+       "AdamW (PyTorch semantics: bias correction, decoupled weight decay)",
+       {"lr", "weight_decay", "beta1", "beta2", "eps"},
+       defaults_of("adamw",
+                   [](OptimizerConfig& c) {
+                     c.lr = 1e-3;
+                     c.weight_decay = 1e-2;
+                   }),
+       rules::adamw},
+      {"adam",
+       "Adam (PyTorch semantics: bias correction, weight decay coupled as an L2 term in the "
+       "gradient)",
+       {"lr", "weight_decay", "beta1", "beta2", "eps"},
+       defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+       rules::adamw},
+      {"muon",
+       "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
+       "rest",
+       kMuonKeys,
+       defaults_of("muon",
+                   [](OptimizerConfig& c) {
+                     c.lr = 0.02;
+                     c.momentum = 0.95;
+                     c.nesterov = true;
+                   }),
+       rules::muon_family},
+      {"normuon", "NorMuon: Muon with a row-wise second moment after orthogonalisation",
+       normuon_keys,
+       defaults_of("normuon",
+                   [](OptimizerConfig& c) {
+                     c.lr = 0.02;
+                     c.momentum = 0.95;
+                     c.beta2 = 0.95;
+                     c.nesterov = true;
+                   }),
+       rules::muon_family},
+      {"sgd",
+       "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
+       {"lr", "weight_decay", "momentum", "dampening", "nesterov"},
+       defaults_of("sgd", [](OptimizerConfig& c) { c.lr = 0.1; }),
+       rules::sgd},
+      {"signsgd",
+       "signSGD: the sign of the gradient, decoupled weight decay",
+       {"lr", "weight_decay"},
+       defaults_of("signsgd", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+       rules::signsgd},
+      {"signum",
+       "Signum: the sign of an EMA of gradients (momentum), decoupled weight decay",
+       {"lr", "weight_decay", "momentum"},
+       defaults_of("signum",
+                   [](OptimizerConfig& c) {
+                     c.lr = 1e-3;
+                     c.momentum = 0.9;
+                   }),
+       rules::signum},
+      {"lion",
+       "Lion: the sign of an interpolation of momentum (beta1) and gradient, beta2 EMA",
+       {"lr", "weight_decay", "beta1", "beta2"},
+       defaults_of("lion",
+                   [](OptimizerConfig& c) {
+                     c.lr = 1e-4;
+                     c.beta1 = 0.9;
+                     c.beta2 = 0.99;
+                   }),
+       rules::lion},
+  };
+}
+
+// The rules of other implementations' classes, each with their defaults: torch.optim's Muon, NAdam,
+// RAdam and Adafactor, schedulefree's AdamWScheduleFree, pytorch-optimizer's AdEMAMix, SOAP,
+// AdaMuon and Shampoo.
+std::vector<OptimizerEntry> zoo_entries() {
+  return std::vector<OptimizerEntry>{
+      {"torch-muon",
+       "torch.optim.Muon: moving-average momentum orthogonalised by Newton-Schulz in bfloat16 "
+       "on hidden matrices, torch.optim.AdamW (adam_*) on the rest",
+       {"lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_a", "ns_b", "ns_c", "eps",
+        "adjust_lr", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps", "adam_weight_decay",
+        "muon_params"},
+       defaults_of("torch-muon",
+                   [](OptimizerConfig& c) {
+                     c.lr = 1e-3;
+                     c.weight_decay = 0.1;
+                     c.momentum = 0.95;
+                     c.nesterov = true;
+                     c.eps = 1e-7;
+                     c.adam_beta2 = 0.999;  // torch.optim.AdamW's defaults
+                     c.adam_weight_decay = 1e-2;
+                   }),
+       rules::torch_muon},
+      {"nadam",
+       "NAdam (torch.optim.NAdam): Nesterov momentum with the momentum-decay schedule; L2 or "
+       "decoupled weight decay",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum_decay", "decoupled"},
+       defaults_of("nadam", [](OptimizerConfig& c) { c.lr = 2e-3; }),
+       rules::nadam},
+      {"radam",
+       "RAdam (torch.optim.RAdam): Adam with the variance rectification, SGD with momentum "
+       "while it is undefined",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled"},
+       defaults_of("radam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+       rules::radam},
+      {"adafactor",
+       "Adafactor (torch.optim.Adafactor): factored second moments, relative step size, "
+       "update clipping",
+       {"lr", "weight_decay", "beta2_decay", "eps", "eps2", "clip_threshold"},
+       defaults_of("adafactor",
+                   [](OptimizerConfig& c) {
+                     c.lr = 1e-2;
+                     c.eps = 0.0;
+                   }),
+       rules::adafactor},
+      {"ademamix",
+       "AdEMAMix (pytorch-optimizer): Adam plus a slow EMA of gradients weighted by alpha",
+       {"lr", "weight_decay", "beta1", "beta2", "beta3", "alpha", "t_alpha_beta3", "eps",
+        "decoupled", "fixed_decay"},
+       defaults_of("ademamix", [](OptimizerConfig& c) { c.lr = 1e-3; }),
+       rules::ademamix},
+      {"adamw-schedulefree",
+       "Schedule-Free AdamW (schedulefree): the step of y, where the gradient is taken, toward "
+       "the iterate z and the weighted average x",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "warmup_steps", "r", "weight_lr_power",
+        "weight_sum", "lr_max"},
+       defaults_of("adamw-schedulefree", [](OptimizerConfig& c) { c.lr = 0.0025; }),
+       rules::adamw_schedulefree},
+      {"soap",
+       "SOAP (pytorch-optimizer): Adam in the eigenbases of Shampoo's Kronecker factors, "
+       "refreshed every precondition_frequency steps",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "shampoo_beta", "precondition_frequency",
+        "max_precondition_dim", "precondition_1d", "correct_bias", "normalize_gradient"},
+       defaults_of("soap",
+                   [](OptimizerConfig& c) {
+                     c.lr = 3e-3;
+                     c.beta1 = 0.95;
+                     c.beta2 = 0.95;
+                     c.weight_decay = 1e-2;
+                   }),
+       rules::soap},
+      {"adamuon",
+       "AdaMuon (pytorch-optimizer): Muon's bfloat16 Newton-Schulz output divided by its own "
+       "second moment and rescaled, on hidden matrices; AdamW (adam_*) on the rest",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled", "ns_steps", "ns_a", "ns_b",
+        "ns_c", "rms_scale", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps", "adam_weight_decay",
+        "muon_params"},
+       defaults_of("adamuon",
+                   [](OptimizerConfig& c) {
+                     c.lr = 2e-2;
+                     c.beta2 = 0.95;
+                     c.eps = 1e-10;
+                     c.decoupled = true;
+                     c.rms_scale = true;
+                     c.adam_lr = 3e-4;
+                     c.adam_beta2 = 0.999;
+                     c.adam_eps = 1e-10;
+                   }),
+       rules::adamuon},
+      {"shampoo",
+       "Shampoo (pytorch-optimizer): the gradient multiplied along each dimension by the inverse "
+       "2·order-th root of its accumulated statistic",
+       {"lr", "weight_decay", "momentum", "decoupled", "fixed_decay", "matrix_eps",
+        "precondition_frequency"},
+       defaults_of("shampoo", [](OptimizerConfig& c) { c.precondition_frequency = 1; }),
+       rules::shampoo},
+  };
+}
+
 }  // namespace
 
 bool OptimizerEntry::reads(const std::string& key) const {
@@ -29,174 +208,10 @@ bool OptimizerEntry::reads(const std::string& key) const {
 }
 
 const std::vector<OptimizerEntry>& optimizer_table() {
-  // The keys are the fields each rule's update() reads; the Muon family's AdamW part reads the
-  // adam_* fields on parameters outside its partition.
-  static const std::vector<std::string> kMuonKeys = {
-      "lr",           "weight_decay", "momentum",    "nesterov",
-      "sum_momentum", "rms_scale",    "ns_steps",    "ns_a",
-      "ns_b",         "ns_c",         "exact_polar", "adam_lr",
-      "adam_beta1",   "adam_beta2",   "adam_eps",    "adam_weight_decay",
-      "muon_params"};
   static const std::vector<OptimizerEntry> table = [] {
-    std::vector<std::string> normuon_keys = kMuonKeys;
-    normuon_keys.insert(normuon_keys.begin() + 3, "beta2");
-    return std::vector<OptimizerEntry>{
-        {"adamw",
-         "AdamW (PyTorch semantics: bias correction, decoupled weight decay)",
-         {"lr", "weight_decay", "beta1", "beta2", "eps"},
-         defaults_of("adamw",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-3;
-                       c.weight_decay = 1e-2;
-                     }),
-         rules::adamw},
-        {"adam",
-         "Adam (PyTorch semantics: bias correction, weight decay coupled as an L2 term in the "
-         "gradient)",
-         {"lr", "weight_decay", "beta1", "beta2", "eps"},
-         defaults_of("adam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         rules::adamw},
-        {"muon",
-         "Muon: Newton-Schulz-orthogonalised momentum on hidden matrices, AdamW (adam_*) on the "
-         "rest",
-         kMuonKeys,
-         defaults_of("muon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 0.02;
-                       c.momentum = 0.95;
-                       c.nesterov = true;
-                     }),
-         rules::muon_family},
-        {"normuon", "NorMuon: Muon with a row-wise second moment after orthogonalisation",
-         normuon_keys,
-         defaults_of("normuon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 0.02;
-                       c.momentum = 0.95;
-                       c.beta2 = 0.95;
-                       c.nesterov = true;
-                     }),
-         rules::muon_family},
-        {"sgd",
-         "SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD)",
-         {"lr", "weight_decay", "momentum", "dampening", "nesterov"},
-         defaults_of("sgd", [](OptimizerConfig& c) { c.lr = 0.1; }),
-         rules::sgd},
-        {"signsgd",
-         "signSGD: the sign of the gradient, decoupled weight decay",
-         {"lr", "weight_decay"},
-         defaults_of("signsgd", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         rules::signsgd},
-        {"signum",
-         "Signum: the sign of an EMA of gradients (momentum), decoupled weight decay",
-         {"lr", "weight_decay", "momentum"},
-         defaults_of("signum",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-3;
-                       c.momentum = 0.9;
-                     }),
-         rules::signum},
-        {"lion",
-         "Lion: the sign of an interpolation of momentum (beta1) and gradient, beta2 EMA",
-         {"lr", "weight_decay", "beta1", "beta2"},
-         defaults_of("lion",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-4;
-                       c.beta1 = 0.9;
-                       c.beta2 = 0.99;
-                     }),
-         rules::lion},
-        {"torch-muon",
-         "torch.optim.Muon: moving-average momentum orthogonalised by Newton-Schulz in bfloat16 "
-         "on hidden matrices, torch.optim.AdamW (adam_*) on the rest",
-         {"lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_a", "ns_b", "ns_c", "eps",
-          "adjust_lr", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps", "adam_weight_decay",
-          "muon_params"},
-         defaults_of("torch-muon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-3;
-                       c.weight_decay = 0.1;
-                       c.momentum = 0.95;
-                       c.nesterov = true;
-                       c.eps = 1e-7;
-                       c.adam_beta2 = 0.999;  // torch.optim.AdamW's defaults
-                       c.adam_weight_decay = 1e-2;
-                     }),
-         rules::torch_muon},
-        {"nadam",
-         "NAdam (torch.optim.NAdam): Nesterov momentum with the momentum-decay schedule; L2 or "
-         "decoupled weight decay",
-         {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum_decay", "decoupled"},
-         defaults_of("nadam", [](OptimizerConfig& c) { c.lr = 2e-3; }),
-         rules::nadam},
-        {"radam",
-         "RAdam (torch.optim.RAdam): Adam with the variance rectification, SGD with momentum "
-         "while it is undefined",
-         {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled"},
-         defaults_of("radam", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         rules::radam},
-        {"adafactor",
-         "Adafactor (torch.optim.Adafactor): factored second moments, relative step size, "
-         "update clipping",
-         {"lr", "weight_decay", "beta2_decay", "eps", "eps2", "clip_threshold"},
-         defaults_of("adafactor",
-                     [](OptimizerConfig& c) {
-                       c.lr = 1e-2;
-                       c.eps = 0.0;
-                     }),
-         rules::adafactor},
-        {"ademamix",
-         "AdEMAMix (pytorch-optimizer): Adam plus a slow EMA of gradients weighted by alpha",
-         {"lr", "weight_decay", "beta1", "beta2", "beta3", "alpha", "t_alpha_beta3", "eps",
-          "decoupled", "fixed_decay"},
-         defaults_of("ademamix", [](OptimizerConfig& c) { c.lr = 1e-3; }),
-         rules::ademamix},
-        {"adamw-schedulefree",
-         "Schedule-Free AdamW (schedulefree): the step of y, where the gradient is taken, toward "
-         "the iterate z and the weighted average x",
-         {"lr", "weight_decay", "beta1", "beta2", "eps", "warmup_steps", "r", "weight_lr_power",
-          "weight_sum", "lr_max"},
-         defaults_of("adamw-schedulefree", [](OptimizerConfig& c) { c.lr = 0.0025; }),
-         rules::adamw_schedulefree},
-        {"soap",
-         "SOAP (pytorch-optimizer): Adam in the eigenbases of Shampoo's Kronecker factors, "
-         "refreshed every precondition_frequency steps",
-         {"lr", "weight_decay", "beta1", "beta2", "eps", "shampoo_beta", "precondition_frequency",
-          "max_precondition_dim", "precondition_1d", "correct_bias", "normalize_gradient"},
-         defaults_of("soap",
-                     [](OptimizerConfig& c) {
-                       c.lr = 3e-3;
-                       c.beta1 = 0.95;
-                       c.beta2 = 0.95;
-                       c.weight_decay = 1e-2;
-                     }),
-         rules::soap},
-        {"adamuon",
-         "AdaMuon (pytorch-optimizer): Muon's bfloat16 Newton-Schulz output divided by its own "
-         "second moment and rescaled, on hidden matrices; AdamW (adam_*) on the rest",
-         {"lr", "weight_decay", "beta1", "beta2", "eps", "decoupled", "ns_steps", "ns_a", "ns_b",
-          "ns_c", "rms_scale", "adam_lr", "adam_beta1", "adam_beta2", "adam_eps",
-          "adam_weight_decay", "muon_params"},
-         defaults_of("adamuon",
-                     [](OptimizerConfig& c) {
-                       c.lr = 2e-2;
-                       c.beta2 = 0.95;
-                       c.eps = 1e-10;
-                       c.decoupled = true;
-                       c.rms_scale = true;
-                       c.adam_lr = 3e-4;
-                       c.adam_beta2 = 0.999;
-                       c.adam_eps = 1e-10;
-                     }),
-         rules::adamuon},
-        {"shampoo",
-         "Shampoo (pytorch-optimizer): the gradient multiplied along each dimension by the inverse "
-         "2·order-th root of its accumulated statistic",
-         {"lr", "weight_decay", "momentum", "decoupled", "fixed_decay", "matrix_eps",
-          "precondition_frequency"},
-         defaults_of("shampoo", [](OptimizerConfig& c) { c.precondition_frequency = 1; }),
-         rules::shampoo},
-    };
+    std::vector<OptimizerEntry> all = first_entries();
+    for (auto& entry : zoo_entries()) all.push_back(std::move(entry));
+    return all;
   }();
   return table;
 }
