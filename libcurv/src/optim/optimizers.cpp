@@ -191,6 +191,12 @@ ParamVector Optimizer::step_from_saved(const ParamVector& theta, const ParamVect
   step_count_ = step_count + 1;
   ParamVector u;
   u.reserve(theta.size());
+  // Set for the loop, and cleared however it ends.
+  state_dropped_ = true;
+  struct Clear {
+    bool& flag;
+    ~Clear() { flag = false; }
+  } clear{state_dropped_};
   for (size_t i = 0; i < theta.size(); ++i) {
     state_[i] = saved_slots(i, state, step_count, source, theta[i].options());
     u.push_back(update(i, theta[i].detach(), grad[i].detach(), step_count_));

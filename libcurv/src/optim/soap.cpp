@@ -16,6 +16,19 @@ namespace curv {
 
 namespace {
 
+// The eigenvectors of a Kronecker factor, ascending, as the reference finds them: in its dtype, or
+// in float64 when that fails (LAPACK's float32 workspace query overflows past a few thousand
+// rows on some builds), cast back.
+at::Tensor eigenbasis(const at::Tensor& gg) {
+  try {
+    return std::get<1>(at::linalg_eigh(gg + 1e-30 * at::eye(gg.size(0), gg.options())));
+  } catch (const c10::Error&) {
+    const at::Tensor wide = gg.to(at::kDouble);
+    return std::get<1>(at::linalg_eigh(wide + 1e-30 * at::eye(gg.size(0), wide.options())))
+        .to(gg.scalar_type());
+  }
+}
+
 class Soap : public Optimizer {
  public:
   Soap(OptimizerConfig c, const ParamSpace& s) : Optimizer(std::move(c), s) {}
@@ -91,9 +104,7 @@ class Soap : public Optimizer {
     if (first) {
       for (size_t k : dims) {
         const at::Tensor& gg = slot(i, "GG." + std::to_string(k), g);
-        const at::Tensor eye = at::eye(gg.size(0), gg.options());
-        const at::Tensor q = std::get<1>(at::linalg_eigh(gg + 1e-30 * eye));
-        slot(i, "Q." + std::to_string(k), g) = at::flip(q, {1});
+        slot(i, "Q." + std::to_string(k), g) = at::flip(eigenbasis(gg), {1});
       }
     } else if (step > 0 && step % c.precondition_frequency == 0) {
       at::Tensor exp_avg_sq = slot(i, "exp_avg_sq", g);
@@ -118,6 +129,7 @@ class Soap : public Optimizer {
     const auto& c = config_;
     if (t == 1) {
       // The first call sets the factors and their eigenbases up and leaves θ where it is.
+      if (state_dropped()) return at::zeros_like(theta);
       slot(i, "exp_avg", g);
       update_preconditioner(i, g, 0, true);
       return at::zeros_like(theta);
@@ -143,7 +155,8 @@ class Soap : public Optimizer {
     at::Tensor after = theta.clone();
     after.add_(direction, -step_size);
     if (c.weight_decay != 0) after.mul_(1.0 - c.weight_decay * c.lr);
-    update_preconditioner(i, g, step, false);
+    // The factors and bases this step leaves shape the next step only.
+    if (!state_dropped()) update_preconditioner(i, g, step, false);
     return after - theta;
   }
 };

@@ -185,10 +185,14 @@ class Optimizer {
       size_t i, const TensorSource& saved, int64_t step_count, const std::string& source,
       const std::optional<at::TensorOptions>& options) const;
   void check_step_arguments(const ParamVector& theta, const ParamVector& grad) const;
+  // True while step_from_saved takes its step: the state is dropped after it, so work that only
+  // shapes later steps (SOAP's factor updates and eigenbasis refreshes) can be left out.
+  bool state_dropped() const { return state_dropped_; }
 
   OptimizerConfig config_;
   ParamSpace space_;
   int64_t step_count_ = 0;
+  bool state_dropped_ = false;
   // state_[i][key]
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> state_;
 };
