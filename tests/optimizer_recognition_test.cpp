@@ -39,22 +39,21 @@ constexpr double kTorchMuonTolerance = 0.1;
 constexpr double kTorchMuonAuditTolerance = 0.25;
 #endif
 
-// The states written by `run` (run_transformers_python: .venv's torch 2.x with
-// pytorch-optimizer; run_python: Debian's torch 1.13) into a folder of the test run.
-std::string written_by(void (*run)(const std::string&, const std::vector<std::string>&)) {
-  static std::vector<std::unique_ptr<TempDir>> dirs;
-  dirs.push_back(std::make_unique<TempDir>());
-  run("make_optimizer_states.py", {dirs.back()->path()});
-  return dirs.back()->path();
+// The states written by .venv's torch 2.x with pytorch-optimizer and schedulefree
+// (`transformers`), or by Debian's torch 1.13, once per build for every test case here.
+std::string written_by(bool transformers) {
+  return python_fixture("make_optimizer_states.py",
+                        {"make_torch_fixtures.py", "../../tools/python/curv_export.py"},
+                        "cases.json", transformers);
 }
 
 const std::string& states() {
-  static const std::string dir = written_by(run_transformers_python);
+  static const std::string dir = written_by(true);
   return dir;
 }
 
 const std::string& states_1_13() {
-  static const std::string dir = written_by(run_python);
+  static const std::string dir = written_by(false);
   return dir;
 }
 

@@ -76,18 +76,17 @@ void run_transformers_python(const std::string& script, const std::vector<std::s
   run_script(CURV_TRANSFORMERS_PYTHON, script, args);
 }
 
-std::string torchrun_fixture(const std::string& script, const std::string& env) {
-  std::string text;
-  for (const std::string& name :
-       {script, std::string("make_dcp_runs.py"), std::string("transformers_reference.py")}) {
-    std::ifstream in(std::string(CURV_TEST_PYDIR) + "/" + name, std::ios::binary);
-    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+namespace {
+
+// The folder `command OUT` makes, made once per build and kept in the build's test cache under a
+// name hashing `key` (the scripts' text and the interpreter), `marker` the file that says it is
+// complete; a lock makes test processes that start together wait for the first one's run.
+std::string cached_output(const std::string& stem, const std::string& key,
+                          const std::string& marker, const std::string& command_prefix,
+                          const std::string& python) {
   const std::string cache = CURV_TEST_CACHE_DIR;
   std::filesystem::create_directories(cache);
-  const std::string stem = script.substr(0, script.find('.'));
-  const std::string done =
-      cache + "/" + stem + "-" + std::to_string(std::hash<std::string>{}(text));
+  const std::string done = cache + "/" + stem + "-" + std::to_string(std::hash<std::string>{}(key));
   const int lock =
       ::open((cache + "/" + stem + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   REQUIRE(lock >= 0);
@@ -96,23 +95,52 @@ std::string torchrun_fixture(const std::string& script, const std::string& env) 
     int fd;
     ~Unlock() { ::close(fd); }
   } unlock{lock};
-  if (!std::filesystem::exists(done + "/reference.json")) {
+  if (!std::filesystem::exists(done + "/" + marker)) {
     const std::string making = done + ".making";
     std::filesystem::remove_all(making);
     std::filesystem::create_directories(making);
-    const std::string command = env + " OMP_NUM_THREADS=1 " + CURV_TRANSFORMERS_PYTHON +
-                                " -m torch.distributed.run --standalone --nproc_per_node 2 " +
-                                CURV_TEST_PYDIR + "/" + script + " " + making;
+    const std::string command = command_prefix + " " + making;
     std::string output;
     const int status = run_command(command, &output);
-    INFO("the pinned torch comes from scripts/setup-pypi.sh (" CURV_TRANSFORMERS_PYTHON ")\n"
-         << command << "\n"
-         << output);
+    INFO("the Python is " << python << "\n" << command << "\n" << output);
     REQUIRE(status == 0);
     std::filesystem::remove_all(done);
     std::filesystem::rename(making, done);
   }
   return done;
+}
+
+std::string text_of(const std::vector<std::string>& scripts) {
+  std::string text;
+  for (const std::string& name : scripts) {
+    std::ifstream in(std::string(CURV_TEST_PYDIR) + "/" + name, std::ios::binary);
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string torchrun_fixture(const std::string& script, const std::string& env) {
+  const std::string text =
+      text_of({script, "make_dcp_runs.py", "transformers_reference.py"}) + CURV_TRANSFORMERS_PYTHON;
+  return cached_output(script.substr(0, script.find('.')), text, "reference.json",
+                       env + " OMP_NUM_THREADS=1 " + CURV_TRANSFORMERS_PYTHON +
+                           " -m torch.distributed.run --standalone --nproc_per_node 2 " +
+                           CURV_TEST_PYDIR + "/" + script,
+                       CURV_TRANSFORMERS_PYTHON);
+}
+
+std::string python_fixture(const std::string& script, const std::vector<std::string>& imports,
+                           const std::string& marker, bool transformers) {
+  const std::string python = transformers ? CURV_TRANSFORMERS_PYTHON : CURV_TEST_PYTHON;
+  std::vector<std::string> scripts = {script};
+  scripts.insert(scripts.end(), imports.begin(), imports.end());
+  const std::string stem =
+      script.substr(0, script.find('.')) + (transformers ? "-transformers" : "-system");
+  return cached_output(stem, text_of(scripts) + python, marker,
+                       "OMP_NUM_THREADS=1 " + python + " " + CURV_TEST_PYDIR + "/" + script,
+                       python);
 }
 
 std::string tool_path(const std::string& name) {

@@ -48,6 +48,12 @@ void run_transformers_python(const std::string& script, const std::vector<std::s
 // scripts it imports, so a changed script makes it again; a lock makes test processes that start
 // together wait for the first one's run. Fails the test with the output when the script fails.
 std::string torchrun_fixture(const std::string& script, const std::string& env = "");
+// The same for `python tests/python/<script> OUT`, with the pinned torch 2.x (`transformers`:
+// CURV_TRANSFORMERS_PYTHON) or the system one (CURV_TEST_PYTHON): made once per build for the
+// fixtures several test cases read; `imports` (paths relative to tests/python) are hashed with
+// the script, `marker` is the file the script writes last.
+std::string python_fixture(const std::string& script, const std::vector<std::string>& imports,
+                           const std::string& marker, bool transformers);
 
 // Runs a shell command, returns its exit status; stdout+stderr are captured into `output`.
 int run_command(const std::string& command, std::string* output = nullptr);
