@@ -54,14 +54,7 @@ class AdaMuon : public Optimizer {
     const double eps = muon ? c.eps : c.adam_eps;
     const double step = static_cast<double>(t);
     const double bias1 = 1.0 - std::pow(b1, step), bias2 = 1.0 - std::pow(b2, step);
-    at::Tensor after = theta.clone(), d = g;
-    if (wd != 0) {
-      if (c.decoupled) {
-        after.mul_(1.0 - wd * lr);
-      } else if (wd > 0) {
-        d = g.add(theta, wd);
-      }
-    }
+    auto [after, d] = rules::weight_decayed(theta, g, wd, c.decoupled, lr);
     if (!muon) {
       at::Tensor m = slot(i, "exp_avg", g), v = slot(i, "exp_avg_sq", g);
       m.lerp_(d, 1.0 - b1);

@@ -101,14 +101,7 @@ class NAdam : public Optimizer {
     if (t == 1) mu_product.fill_(1.0);  // torch starts the product at one
     const double step = static_cast<double>(t);
     const double bias2 = 1 - std::pow(c.beta2, step);
-    at::Tensor after = theta.clone(), d = g;
-    if (c.weight_decay != 0) {
-      if (c.decoupled) {
-        after.mul_(1 - c.lr * c.weight_decay);
-      } else {
-        d = g.add(theta, c.weight_decay);
-      }
-    }
+    auto [after, d] = rules::weight_decayed(theta, g, c.weight_decay, c.decoupled, c.lr);
     const double mu = c.beta1 * (1.0 - 0.5 * std::pow(0.96, step * c.momentum_decay));
     const double mu_next = c.beta1 * (1.0 - 0.5 * std::pow(0.96, (step + 1) * c.momentum_decay));
     mu_product.mul_(mu);
@@ -137,14 +130,7 @@ class RAdam : public Optimizer {
     const auto& c = config_;
     at::Tensor m = slot(i, "exp_avg", g), v = slot(i, "exp_avg_sq", g);
     const double step = static_cast<double>(t);
-    at::Tensor after = theta.clone(), d = g;
-    if (c.weight_decay != 0) {
-      if (c.decoupled) {
-        after.mul_(1 - c.lr * c.weight_decay);
-      } else {
-        d = g.add(theta, c.weight_decay);
-      }
-    }
+    auto [after, d] = rules::weight_decayed(theta, g, c.weight_decay, c.decoupled, c.lr);
     m.lerp_(d, 1 - c.beta1);
     v.mul_(c.beta2).addcmul_(d, d, 1 - c.beta2);
     const double bias1 = 1 - std::pow(c.beta1, step);
@@ -249,14 +235,8 @@ class AdEMAMix : public Optimizer {
       beta3 =
           std::min(std::exp(log1 * log3 / ((1.0 - step / T) * log3 + (step / T) * log1)), c.beta3);
     }
-    at::Tensor after = theta.clone(), d = g;
-    if (c.weight_decay != 0) {
-      if (c.decoupled) {
-        after.mul_(1.0 - c.weight_decay * (c.fixed_decay ? 1.0 : c.lr));
-      } else if (c.weight_decay > 0) {
-        d = g.add(theta, c.weight_decay);
-      }
-    }
+    auto [after, d] =
+        rules::weight_decayed(theta, g, c.weight_decay, c.decoupled, c.fixed_decay ? 1.0 : c.lr);
     m.lerp_(d, 1.0 - c.beta1);
     v.mul_(c.beta2).addcmul_(d, d, 1.0 - c.beta2);
     slow.lerp_(d, 1.0 - beta3);
@@ -315,6 +295,27 @@ class AdamWScheduleFree : public Optimizer {
   int64_t advanced_ = 0;
   double weight_ = 0;
 };
+
+}  // namespace
+
+namespace rules {
+
+std::pair<at::Tensor, at::Tensor> weight_decayed(const at::Tensor& theta, const at::Tensor& g,
+                                                 double wd, bool decoupled, double scale) {
+  at::Tensor after = theta.clone(), d = g;
+  if (wd != 0) {
+    if (decoupled) {
+      after.mul_(1.0 - wd * scale);
+    } else {
+      d = g.add(theta, wd);
+    }
+  }
+  return {after, d};
+}
+
+}  // namespace rules
+
+namespace {
 
 template <typename Rule>
 std::unique_ptr<Optimizer> make(const OptimizerConfig& c, const ParamSpace& s) {

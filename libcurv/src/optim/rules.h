@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "curv/optim/optimizers.h"
@@ -29,6 +30,12 @@ Factory soap, shampoo, adamuon;
 // for θ with gradient g, moments m and v updated in place, at step t.
 at::Tensor adamw_update(const at::Tensor& theta, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
                         int64_t t, double lr, double b1, double b2, double eps, double wd);
+
+// Weight decay as torch.optim and pytorch-optimizer apply it before a step: decoupled, the
+// parameter becomes θ(1 − wd·scale) (scale lr, or 1 for a fixed decay) and the gradient stays;
+// else the parameter stays and the gradient becomes g + wd·θ (L2). Returns {θ', gradient}.
+std::pair<at::Tensor, at::Tensor> weight_decayed(const at::Tensor& theta, const at::Tensor& g,
+                                                 double wd, bool decoupled, double scale);
 
 // The Muon rules' partition: parameter i is orthogonalised when it has two or more dimensions
 // and its name matches config.muon_params (a regex), or, without one, when `structure` calls it

@@ -56,16 +56,10 @@ class Shampoo : public Optimizer {
         stat("pre_cond_", k).copy_(at::eye(g.size(k), g.options()).mul_(c.matrix_eps));
       }
     }
-    at::Tensor d = g.clone();
-    if (c.momentum > 0) d.lerp_(slot(i, "momentum_buffer", g), c.momentum);
-    at::Tensor after = theta.clone();
-    if (c.weight_decay != 0) {
-      if (c.decoupled) {
-        after.mul_(1.0 - c.weight_decay * (c.fixed_decay ? 1.0 : c.lr));
-      } else if (c.weight_decay > 0) {
-        d.add_(theta, c.weight_decay);
-      }
-    }
+    at::Tensor mixed = g.clone();
+    if (c.momentum > 0) mixed.lerp_(slot(i, "momentum_buffer", g), c.momentum);
+    auto [after, d] = rules::weight_decayed(theta, mixed, c.weight_decay, c.decoupled,
+                                            c.fixed_decay ? 1.0 : c.lr);
     const at::Tensor statistics = d;
     const auto original = d.sizes().vec();
     at::Tensor x = d;
