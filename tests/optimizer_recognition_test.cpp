@@ -186,6 +186,8 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
       {"schedulefree", "adamw-schedulefree", "AdamWScheduleFree in train mode"},
       {"adamuon", "adamuon", "pytorch-optimizer's AdaMuon", kTorchMuonTolerance},
       {"adamuon_l2", "adamuon", "pytorch-optimizer's AdaMuon", kTorchMuonTolerance},
+      {"mars", "mars", "pytorch-optimizer's MARS"},
+      {"mars_l2", "mars", "pytorch-optimizer's MARS"},
       {"ademamix", "ademamix", "pytorch-optimizer's AdEMAMix"},
       {"ademamix_l2", "ademamix", "pytorch-optimizer's AdEMAMix"},
   };
@@ -213,6 +215,9 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
   CHECK(eval.optimizer_name().empty());
   CHECK_THAT(eval.meta.optimizer->refusal,
              Contains("optimizer.pt") && Contains("eval mode") && Contains("optimizer.train()"));
+  // MARS's other types take other steps: refused by name.
+  CHECK(load("mars_lion", "").optimizer_name().empty());
+  CHECK_THAT(load("mars_lion", "").meta.optimizer->refusal, Contains("mars_type is not 'adamw'"));
   // Shampoo's inverse-root period is not in its state: every step unless named.
   CHECK(rebuilt_step_error(load("shampoo_every2", ""), "shampoo_every2") > 1e-3);
   Checkpoint every2 = load("shampoo_every2", "");
@@ -356,6 +361,7 @@ TEST_CASE("curv_export.save_checkpoint saves each rule's state in the native lay
       {"ademamix", "ademamix", false},
       {"schedulefree", "adamw-schedulefree", false},
       {"adamuon", "adamuon", false},
+      {"mars", "mars", false},
   };
   const auto natives = nlohmann::json::parse(std::ifstream(states() + "/cases.json"))["native"];
   for (const auto& [name, rule, matrices] : cases) {

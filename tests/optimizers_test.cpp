@@ -207,7 +207,8 @@ TEST_CASE(
         "normuon", "lion", "signum", "nadam:weight_decay=0.1", "radam",
         "adafactor:weight_decay=0.1", "ademamix:t_alpha_beta3=10", "soap:precondition_frequency=2",
         "shampoo:momentum=0.9,precondition_frequency=2",
-        "adamw-schedulefree:warmup_steps=2,weight_decay=0.1", "adamuon:weight_decay=0.1"}) {
+        "adamw-schedulefree:warmup_steps=2,weight_decay=0.1", "adamuon:weight_decay=0.1",
+        "mars:weight_decay=0.1,optimize_1d=1"}) {
     INFO(spec);
     // Three steps give every slot a value; the fourth is taken both ways from the saved state.
     auto trained = make_optimizer(OptimizerConfig::parse(spec), space);
@@ -342,7 +343,7 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
   REQUIRE(optimizer_names() ==
           std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd", "signsgd", "signum",
                                    "lion", "torch-muon", "nadam", "radam", "adafactor", "ademamix",
-                                   "adamw-schedulefree", "soap", "adamuon", "shampoo"});
+                                   "adamw-schedulefree", "soap", "adamuon", "mars", "shampoo"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);

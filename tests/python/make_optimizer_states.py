@@ -184,6 +184,13 @@ def cases():
             {"params": matrices(m), "use_muon": True, "weight_decay": 0.05},
             {"params": [p for p in m.parameters() if p.dim() != 2], "use_muon": False}],
             weight_decouple=False, use_adjusted_lr=False), None)
+        out["mars"] = (lambda m: pytorch_optimizer.MARS(m.parameters(), lr=1e-2,
+                                                        weight_decay=0.05), None)
+        out["mars_l2"] = (lambda m: pytorch_optimizer.MARS(
+            m.parameters(), lr=1e-2, weight_decay=0.05, weight_decouple=False,
+            optimize_1d=True), None)
+        out["mars_lion"] = (lambda m: pytorch_optimizer.MARS(m.parameters(), mars_type="lion"),
+                            None)
         out["ademamix"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True,
             t_alpha_beta3=10), None)

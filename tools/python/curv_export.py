@@ -40,6 +40,7 @@ _OPTIMIZERS = {
     ("pytorch_optimizer", "Shampoo"): "shampoo",
     ("pytorch_optimizer", "AdEMAMix"): "ademamix",
     ("pytorch_optimizer", "AdaMuon"): "adamuon",
+    ("pytorch_optimizer", "MARS"): "mars",
     ("schedulefree", "AdamWScheduleFree"): "adamw-schedulefree",
 }
 
@@ -51,7 +52,8 @@ _NUMERIC = ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov", "n
             "shampoo_beta", "precondition_frequency", "max_precondition_dim", "precondition_1d",
             "correct_bias", "normalize_gradient", "matrix_eps", "warmup_steps", "r",
             "weight_lr_power", "weight_sum", "lr_max", "d", "decoupled_weight_decay",
-            "weight_decouple", "use_adjusted_lr")
+            "weight_decouple", "use_adjusted_lr", "gamma", "optimize_1d", "lr_1d_factor",
+            "weight_decay_1d")
 _ADJUST_LR = {None: 0.0, "original": 0.0, "match_rms_adamw": 1.0, "spectral_unclamped": 2.0}
 
 
@@ -74,6 +76,9 @@ def _rule_of(optimizer):
                          "call optimizer.train() before saving")
     if rule == "soap" and any(g.get("merge_dims") for g in groups):
         raise ValueError("SOAP with merge_dims=True is not rebuilt")
+    if rule == "mars" and any(g.get("mars_type") != "adamw" or g.get("ams_bound")
+                              or g.get("cautious") for g in groups):
+        raise ValueError("MARS is rebuilt of its adamw type, without ams_bound or cautious")
     return rule
 
 
@@ -92,6 +97,8 @@ def _hyper(group):
         hyper["eps2"] = float(eps2)
     if "ns_coefficients" in group:
         hyper["ns_a"], hyper["ns_b"], hyper["ns_c"] = map(float, group["ns_coefficients"])
+    if "betas_1d" in group:
+        hyper["beta1_1d"], hyper["beta2_1d"] = map(float, group["betas_1d"])
     if "ns_coeffs" in group:  # pytorch-optimizer's schedule: one tuple is rebuilt
         if len(group["ns_coeffs"]) != 1:
             raise ValueError("a Newton-Schulz schedule of several coefficient tuples is not rebuilt")
@@ -243,7 +250,7 @@ def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=Non
 
     prefix: the prefix export_model returned. optimizer: one whose steps libcurv rebuilds
     (torch.optim's AdamW, Adam, SGD, NAdam, RAdam, Adafactor, Muon; pytorch-optimizer's SOAP,
-    Shampoo, AdaMuon, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
+    Shampoo, AdaMuon, MARS, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
     [torch.optim.Muon, torch.optim.AdamW] of a run stepping both, or None.
     model_config: a built-in model config (dict) to record as meta.json's "model".
     """

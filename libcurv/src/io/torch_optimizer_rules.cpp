@@ -20,16 +20,20 @@ struct GroupShape {
   std::vector<std::string> markers;  // keys the writer always records: recognition needs them
   // Boolean keys accepted with one value only (absent is fine unless a marker).
   std::vector<std::pair<std::string, bool>> flags;
+  // String keys accepted with one value only (MARS's mars_type).
+  std::vector<std::pair<std::string, std::string>> texts;
   bool orthogonalised = false;  // its parameters take the Muon step
 
   GroupShape(std::vector<std::string> state, std::vector<std::string> reads,
              std::vector<std::string> markers, std::vector<std::pair<std::string, bool>> flags,
-             bool orthogonalised = false, std::vector<std::string> optional_state = {})
+             bool orthogonalised = false, std::vector<std::string> optional_state = {},
+             std::vector<std::pair<std::string, std::string>> texts = {})
       : state(std::move(state)),
         optional_state(std::move(optional_state)),
         reads(std::move(reads)),
         markers(std::move(markers)),
         flags(std::move(flags)),
+        texts(std::move(texts)),
         orthogonalised(orthogonalised) {}
 };
 
@@ -120,6 +124,16 @@ const std::vector<Rule>& rules() {
                             {"lr", "betas", "weight_decay", "weight_decouple", "eps", "step"},
                             {"use_muon", "weight_decouple"},
                             {{"use_muon", false}}};
+    // MARS of its default AdamW type; its lion and shampoo types take other steps.
+    GroupShape mars{
+        {"exp_avg", "exp_avg_sq", "last_grad"},
+        {"lr", "lr_1d", "lr_1d_factor", "betas", "betas_1d", "gamma", "optimize_1d", "weight_decay",
+         "weight_decay_1d", "weight_decouple", "fixed_decay", "eps", "step", "mars_type"},
+        {"gamma", "mars_type", "lr_1d_factor"},
+        {{"ams_bound", false}, {"cautious", false}},
+        false,
+        {},
+        {{"mars_type", "adamw"}}};
     // Schedule-Free AdamW's groups carry its step count (k), the running weight sum and lr_max.
     const std::vector<std::string> schedulefree_reads = {
         "lr",         "betas",  "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power",
@@ -157,6 +171,7 @@ const std::vector<Rule>& rules() {
         {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
         {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
         {"adamuon", "pytorch-optimizer's AdaMuon", {adamuon_muon, adamuon_adam}, ""},
+        {"mars", "pytorch-optimizer's MARS (mars_type adamw)", {mars}, ""},
         {"adamw-schedulefree",
          "schedulefree's AdamWScheduleFree in train mode: parameters y, the step audited is y's",
          {schedulefree_train},
@@ -203,6 +218,12 @@ std::string misfit(const GroupKeys& group, const GroupShape& shape) {
   };
   for (const auto& f : shape.flags) check_flag(f);
   check_flag(kNotMaximize);
+  for (const auto& [key, want] : shape.texts) {
+    const auto it = group.texts.find(key);
+    if (group.keys.count(key) && (it == group.texts.end() || it->second != want)) {
+      wrong.push_back(fmt::format("{} is not '{}'", key, want));
+    }
+  }
   for (const auto& key : group.state) {
     if (!contains(shape.state, key) && !contains(shape.optional_state, key)) {
       extra_state.push_back(key);

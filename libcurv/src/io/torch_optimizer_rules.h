@@ -14,9 +14,10 @@ namespace curv::torch_state {
 
 // What one param_group records, as far as recognition needs it.
 struct GroupKeys {
-  std::set<std::string> keys;          // every key but "params" and "param_names"
-  std::map<std::string, bool> flags;   // the keys whose value is a bool
-  std::optional<double> weight_decay;  // "weight_decay" when it is a number
+  std::set<std::string> keys;                // every key but "params" and "param_names"
+  std::map<std::string, bool> flags;         // the keys whose value is a bool
+  std::map<std::string, std::string> texts;  // the keys whose value is a string
+  std::optional<double> weight_decay;        // "weight_decay" when it is a number
   // Per-parameter state keys over the group's parameters (tensors other than "step").
   std::set<std::string> state;
 };

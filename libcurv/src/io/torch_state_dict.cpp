@@ -133,6 +133,10 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       {"beta2_decay", "beta2_decay"},
       {"d", "clip_threshold"},
       {"use_adjusted_lr", "rms_scale"},
+      {"gamma", "gamma"},
+      {"optimize_1d", "optimize_1d"},
+      {"lr_1d_factor", "lr_1d_factor"},
+      {"weight_decay_1d", "weight_decay_1d"},
       {"alpha", "alpha"},
       {"t_alpha_beta3", "t_alpha_beta3"},
       {"shampoo_beta", "shampoo_beta"},
@@ -156,6 +160,8 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
     if (key == "betas") {
       split_tuple(hyper, *v, {"beta1", "beta2", "beta3"}, {2, 3}, origin, where,
                   "(beta1, beta2) or (beta1, beta2, beta3)");
+    } else if (key == "betas_1d") {
+      split_tuple(hyper, *v, {"beta1_1d", "beta2_1d"}, {2}, origin, where, "(beta1, beta2)");
     } else if (key == "eps" && (v->is(Kind::kTuple) || v->is(Kind::kList))) {
       split_tuple(hyper, *v, {"eps", "eps2"}, {2}, origin, where, "a number or (eps1, eps2)");
     } else if (key == "ns_coefficients") {
@@ -218,6 +224,7 @@ IndexedOptimizerState::Group parse_group(const PyValue& groups, size_t g, const 
     if (!k->is(Kind::kString) || k->text == "params" || k->text == "param_names") continue;
     keys.keys.insert(k->text);
     if (v->is(Kind::kBool)) keys.flags[k->text] = v->boolean;
+    if (v->is(Kind::kString)) keys.texts[k->text] = v->text;
   }
   if (parsed.hyper.contains("weight_decay")) {
     keys.weight_decay = parsed.hyper["weight_decay"].get<double>();

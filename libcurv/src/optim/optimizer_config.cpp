@@ -70,6 +70,12 @@ const std::vector<Field>& fields() {
       {"weight_lr_power", &OptimizerConfig::weight_lr_power},
       {"weight_sum", &OptimizerConfig::weight_sum},
       {"lr_max", &OptimizerConfig::lr_max},
+      {"gamma", &OptimizerConfig::gamma},
+      {"optimize_1d", nullptr, &OptimizerConfig::optimize_1d},
+      {"lr_1d_factor", &OptimizerConfig::lr_1d_factor},
+      {"beta1_1d", &OptimizerConfig::beta1_1d},
+      {"beta2_1d", &OptimizerConfig::beta2_1d},
+      {"weight_decay_1d", &OptimizerConfig::weight_decay_1d},
   };
   return f;
 }
@@ -218,6 +224,11 @@ void OptimizerConfig::validate() const {
   check("weight_lr_power", weight_lr_power, weight_lr_power >= 0);
   check("weight_sum", weight_sum, weight_sum >= 0);
   check("lr_max", lr_max, true);
+  check("gamma", gamma, gamma >= 0);
+  check("lr_1d_factor", lr_1d_factor, lr_1d_factor >= 0);
+  check("beta1_1d", beta1_1d, beta1_1d >= 0 && beta1_1d < 1);
+  check("beta2_1d", beta2_1d, beta2_1d >= 0 && beta2_1d < 1);
+  check("weight_decay_1d", weight_decay_1d, weight_decay_1d >= 0);
   check("shampoo_beta", shampoo_beta, shampoo_beta >= 0 && shampoo_beta < 1);
   check("precondition_frequency", static_cast<double>(precondition_frequency),
         precondition_frequency >= 1);

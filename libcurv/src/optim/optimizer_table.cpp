@@ -191,6 +191,19 @@ std::vector<OptimizerEntry> zoo_entries() {
                      c.adam_eps = 1e-10;
                    }),
        rules::adamuon},
+      {"mars",
+       "MARS (pytorch-optimizer, its AdamW type): Adam on the gradient corrected by its change "
+       "since the last step (gamma), clipped to norm 1; plain Adam on vectors (*_1d)",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "gamma", "optimize_1d", "lr_1d_factor",
+        "beta1_1d", "beta2_1d", "weight_decay_1d", "decoupled", "fixed_decay"},
+       defaults_of("mars",
+                   [](OptimizerConfig& c) {
+                     c.lr = 3e-3;
+                     c.beta1 = 0.95;
+                     c.beta2 = 0.99;
+                     c.decoupled = true;
+                   }),
+       rules::mars},
       {"shampoo",
        "Shampoo (pytorch-optimizer): the gradient multiplied along each dimension by the inverse "
        "2·order-th root of its accumulated statistic",

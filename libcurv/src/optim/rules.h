@@ -23,8 +23,9 @@ Factory adamw, muon_family, sgd, signsgd, signum, lion;
 // adaptive_rules.cpp: torch.optim's Muon, NAdam, RAdam and Adafactor; pytorch-optimizer's
 // AdEMAMix; schedulefree's AdamWScheduleFree.
 Factory torch_muon, nadam, radam, adafactor, ademamix, adamw_schedulefree;
-// soap.cpp, shampoo.cpp, adamuon.cpp: pytorch-optimizer's SOAP, Shampoo and AdaMuon.
-Factory soap, shampoo, adamuon;
+// soap.cpp, shampoo.cpp, adamuon.cpp, mars.cpp: pytorch-optimizer's SOAP, Shampoo, AdaMuon and
+// MARS.
+Factory soap, shampoo, adamuon, mars;
 
 // PyTorch's AdamW step, operation for operation (torch/optim/adamw.py, single-tensor path): u
 // for θ with gradient g, moments m and v updated in place, at step t.

@@ -1,8 +1,8 @@
 // Optimizers as update rules u = rule(θ, g, state): the same objects train models (θ ← θ + u),
 // rebuild the step an optimizer would take at a checkpoint from its saved state, and take what-if
 // steps from fresh state. AdamW, Adam, Muon (and variants), NorMuon, torch.optim.Muon, SGD,
-// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix, SOAP, Shampoo and Schedule-Free AdamW
-// (docs/optimizers.md).
+// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix, SOAP, Shampoo, AdaMuon, MARS and
+// Schedule-Free AdamW (docs/optimizers.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -90,6 +90,14 @@ struct OptimizerConfig {
   double weight_lr_power = 2.0;
   double weight_sum = 0.0;
   double lr_max = -1.0;
+  // MARS (its AdamW type): the variance-reduction weight gamma on matrices (every parameter with
+  // optimize_1d), and the plain AdamW of its vectors: lr·lr_1d_factor, betas_1d, weight_decay_1d.
+  double gamma = 0.025;
+  bool optimize_1d = false;
+  double lr_1d_factor = 1.0;
+  double beta1_1d = 0.9;
+  double beta2_1d = 0.95;
+  double weight_decay_1d = 0.1;
 
   // The table entry's defaults (REFERENCES.md): adamw lr 1e-3, β (0.9, 0.999), ε 1e-8,
   // wd 1e-2; muon lr 0.02, μ 0.95, Nesterov; normuon lr 0.02, μ 0.95, β₂ 0.95; sgd lr 0.1;
