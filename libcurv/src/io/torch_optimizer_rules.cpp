@@ -56,133 +56,147 @@ const std::vector<std::string> kIgnored = {"params", "param_names", "initial_lr"
 // checks it (misfit), so no shape lists it among its flags.
 const std::pair<std::string, bool> kNotMaximize = {"maximize", false};
 
-const std::vector<Rule>& rules() {
-  static const std::vector<Rule> table = [] {
-    const std::vector<std::string> adam_state = {"exp_avg", "exp_avg_sq"};
-    const std::vector<std::string> adam_reads = {"lr", "betas", "eps", "weight_decay"};
-    GroupShape adamw{adam_state,
-                     adam_reads,
-                     {"amsgrad", "decoupled_weight_decay"},
-                     {{"amsgrad", false}, {"decoupled_weight_decay", true}}};
-    GroupShape adam{adam_state,
-                    adam_reads,
-                    {"amsgrad", "decoupled_weight_decay"},
-                    {{"amsgrad", false}, {"decoupled_weight_decay", false}}};
-    GroupShape sgd{{"momentum_buffer"},
-                   {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
-                   {"dampening", "nesterov"},
-                   {}};
-    GroupShape muon_group{{"momentum_buffer"},
-                          {"lr", "momentum", "weight_decay"},
-                          {"use_muon"},
+// torch.optim's classes and the reference optimizers (Keller Jordan's Muon, lion-pytorch's Lion).
+std::vector<Rule> torch_rules() {
+  const std::vector<std::string> adam_state = {"exp_avg", "exp_avg_sq"};
+  const std::vector<std::string> adam_reads = {"lr", "betas", "eps", "weight_decay"};
+  GroupShape adamw{adam_state,
+                   adam_reads,
+                   {"amsgrad", "decoupled_weight_decay"},
+                   {{"amsgrad", false}, {"decoupled_weight_decay", true}}};
+  GroupShape adam{adam_state,
+                  adam_reads,
+                  {"amsgrad", "decoupled_weight_decay"},
+                  {{"amsgrad", false}, {"decoupled_weight_decay", false}}};
+  GroupShape sgd{{"momentum_buffer"},
+                 {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+                 {"dampening", "nesterov"},
+                 {}};
+  GroupShape muon_group{{"momentum_buffer"},
+                        {"lr", "momentum", "weight_decay"},
+                        {"use_muon"},
+                        {{"use_muon", true}},
+                        true};
+  GroupShape aux_adam{adam_state, adam_reads, {"use_muon"}, {{"use_muon", false}}};
+  // Keller Jordan's plain Muon records nothing SGD or another momentum method would not: it is
+  // read only when named.
+  GroupShape plain_muon{{"momentum_buffer"}, {"lr", "momentum", "weight_decay"}, {}, {}, true};
+  GroupShape lion{{"exp_avg"}, {"lr", "betas", "weight_decay"}, {"betas"}, {}};
+  GroupShape torch_muon{{"momentum_buffer"},
+                        {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
+                         "ns_steps", "eps", "adjust_lr_fn"},
+                        {"ns_coefficients", "adjust_lr_fn"},
+                        {},
+                        true};
+  GroupShape nadam{
+      {"exp_avg", "exp_avg_sq", "mu_product"},
+      {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay"},
+      {"momentum_decay"},
+      {}};
+  GroupShape radam{
+      adam_state, {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"}, {}, {}};
+  GroupShape adafactor{{},
+                       {"lr", "beta2_decay", "eps", "d", "weight_decay"},
+                       {"beta2_decay", "d"},
+                       {},
+                       false,
+                       {"row_var", "col_var", "variance"}};
+  return std::vector<Rule>{
+      {"adamw", "torch.optim.AdamW", {adamw}, ""},
+      {"adam", "torch.optim.Adam", {adam}, ""},
+      {"sgd", "torch.optim.SGD", {sgd}, ""},
+      {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
+      {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
+      {"lion", "lion-pytorch's Lion", {lion}, ""},
+      {"torch-muon", "torch.optim.Muon", {torch_muon}, ""},  // with AdamW: optimizer_list
+      {"nadam", "torch.optim.NAdam", {nadam}, ""},
+      {"radam", "torch.optim.RAdam", {radam}, ""},
+      {"adafactor", "torch.optim.Adafactor", {adafactor}, ""},
+  };
+}
+
+// pytorch-optimizer's and schedulefree's classes. pytorch-optimizer keeps its step count in each
+// group ('step').
+std::vector<Rule> package_rules() {
+  const std::vector<std::string> adam_state = {"exp_avg", "exp_avg_sq"};
+  GroupShape ademamix{{"exp_avg", "exp_avg_sq", "exp_avg_slow"},
+                      {"lr", "betas", "weight_decay", "weight_decouple", "fixed_decay", "alpha",
+                       "t_alpha_beta3", "eps", "step"},
+                      {"alpha", "t_alpha_beta3"},
+                      {}};
+  GroupShape soap{{"exp_avg", "exp_avg_sq", "GG", "Q", "precondition_frequency", "shampoo_beta"},
+                  {"lr", "betas", "shampoo_beta", "weight_decay", "precondition_frequency",
+                   "max_precondition_dim", "precondition_1d", "correct_bias", "normalize_gradient",
+                   "eps", "step"},
+                  {"shampoo_beta", "precondition_frequency", "max_precondition_dim"},
+                  {{"merge_dims", false}}};
+  // AdaMuon: groups marked use_muon, each with pytorch-optimizer's 'step'.
+  GroupShape adamuon_muon{{"m", "v"},
+                          {"lr", "betas", "weight_decay", "weight_decouple", "ns_steps",
+                           "ns_coeffs", "use_adjusted_lr", "eps", "step"},
+                          {"use_muon", "ns_coeffs", "use_adjusted_lr"},
                           {{"use_muon", true}},
                           true};
-    GroupShape aux_adam{adam_state, adam_reads, {"use_muon"}, {{"use_muon", false}}};
-    // Keller Jordan's plain Muon records nothing SGD or another momentum method would not: it is
-    // read only when named.
-    GroupShape plain_muon{{"momentum_buffer"}, {"lr", "momentum", "weight_decay"}, {}, {}, true};
-    GroupShape lion{{"exp_avg"}, {"lr", "betas", "weight_decay"}, {"betas"}, {}};
-    GroupShape torch_muon{{"momentum_buffer"},
-                          {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
-                           "ns_steps", "eps", "adjust_lr_fn"},
-                          {"ns_coefficients", "adjust_lr_fn"},
-                          {},
-                          true};
-    GroupShape nadam{
-        {"exp_avg", "exp_avg_sq", "mu_product"},
-        {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay"},
-        {"momentum_decay"},
-        {}};
-    GroupShape radam{
-        adam_state, {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"}, {}, {}};
-    GroupShape adafactor{{},
-                         {"lr", "beta2_decay", "eps", "d", "weight_decay"},
-                         {"beta2_decay", "d"},
-                         {},
-                         false,
-                         {"row_var", "col_var", "variance"}};
-    // pytorch-optimizer keeps its step count in each group ('step').
-    GroupShape ademamix{{"exp_avg", "exp_avg_sq", "exp_avg_slow"},
-                        {"lr", "betas", "weight_decay", "weight_decouple", "fixed_decay", "alpha",
-                         "t_alpha_beta3", "eps", "step"},
-                        {"alpha", "t_alpha_beta3"},
-                        {}};
-    GroupShape soap{{"exp_avg", "exp_avg_sq", "GG", "Q", "precondition_frequency", "shampoo_beta"},
-                    {"lr", "betas", "shampoo_beta", "weight_decay", "precondition_frequency",
-                     "max_precondition_dim", "precondition_1d", "correct_bias",
-                     "normalize_gradient", "eps", "step"},
-                    {"shampoo_beta", "precondition_frequency", "max_precondition_dim"},
-                    {{"merge_dims", false}}};
-    // AdaMuon: groups marked use_muon, each with pytorch-optimizer's 'step'.
-    GroupShape adamuon_muon{{"m", "v"},
-                            {"lr", "betas", "weight_decay", "weight_decouple", "ns_steps",
-                             "ns_coeffs", "use_adjusted_lr", "eps", "step"},
-                            {"use_muon", "ns_coeffs", "use_adjusted_lr"},
-                            {{"use_muon", true}},
-                            true};
-    GroupShape adamuon_adam{adam_state,
-                            {"lr", "betas", "weight_decay", "weight_decouple", "eps", "step"},
-                            {"use_muon", "weight_decouple"},
-                            {{"use_muon", false}}};
-    // MARS of its default AdamW type; its lion and shampoo types take other steps.
-    GroupShape mars{
-        {"exp_avg", "exp_avg_sq", "last_grad"},
-        {"lr", "lr_1d", "lr_1d_factor", "betas", "betas_1d", "gamma", "optimize_1d", "weight_decay",
-         "weight_decay_1d", "weight_decouple", "fixed_decay", "eps", "step", "mars_type"},
-        {"gamma", "mars_type", "lr_1d_factor"},
-        {{"ams_bound", false}, {"cautious", false}},
-        false,
-        {},
-        {{"mars_type", "adamw"}}};
-    // Schedule-Free AdamW's groups carry its step count (k), the running weight sum and lr_max.
-    const std::vector<std::string> schedulefree_reads = {
-        "lr",         "betas",  "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power",
-        "weight_sum", "lr_max", "k",   "scheduled_lr"};
-    GroupShape schedulefree_train{{"z", "exp_avg_sq"},
-                                  schedulefree_reads,
-                                  {"weight_sum", "lr_max", "train_mode"},
-                                  {{"train_mode", true}}};
-    GroupShape schedulefree_eval{{"z", "exp_avg_sq"},
-                                 schedulefree_reads,
-                                 {"weight_sum", "lr_max", "train_mode"},
-                                 {{"train_mode", false}}};
-    // One statistic and inverse root per dimension: pre_cond_0, inv_pre_cond_0 for every
-    // parameter, more for tensors of more dimensions.
-    GroupShape shampoo{
-        {"pre_cond_0", "inv_pre_cond_0"},
-        {"lr", "momentum", "weight_decay", "weight_decouple", "fixed_decay", "matrix_eps", "step"},
-        {"matrix_eps"},
-        {},
-        false,
-        {"momentum_buffer", "pre_cond_1", "inv_pre_cond_1", "pre_cond_2", "inv_pre_cond_2",
-         "pre_cond_3", "inv_pre_cond_3"}};
-    return std::vector<Rule>{
-        {"adamw", "torch.optim.AdamW", {adamw}, ""},
-        {"adam", "torch.optim.Adam", {adam}, ""},
-        {"sgd", "torch.optim.SGD", {sgd}, ""},
-        {"muon", "Keller Jordan's MuonWithAuxAdam", {muon_group, aux_adam}, ""},
-        {"muon", "Keller Jordan's Muon", {plain_muon}, "", true},
-        {"lion", "lion-pytorch's Lion", {lion}, ""},
-        {"torch-muon", "torch.optim.Muon", {torch_muon}, ""},  // with AdamW: optimizer_list
-        {"nadam", "torch.optim.NAdam", {nadam}, ""},
-        {"radam", "torch.optim.RAdam", {radam}, ""},
-        {"adafactor", "torch.optim.Adafactor", {adafactor}, ""},
-        {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
-        {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
-        {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
-        {"adamuon", "pytorch-optimizer's AdaMuon", {adamuon_muon, adamuon_adam}, ""},
-        {"mars", "pytorch-optimizer's MARS (mars_type adamw)", {mars}, ""},
-        {"adamw-schedulefree",
-         "schedulefree's AdamWScheduleFree in train mode: parameters y, the step audited is y's",
-         {schedulefree_train},
-         ""},
-        {"adamw-schedulefree",
-         "schedulefree's AdamWScheduleFree in eval mode",
-         {schedulefree_eval},
-         "saved in eval mode (train_mode False): its parameters are the average x, not the point "
-         "y where its gradient is taken and which its step moves; save it after "
-         "optimizer.train(), or audit it along delta"},
-    };
+  GroupShape adamuon_adam{adam_state,
+                          {"lr", "betas", "weight_decay", "weight_decouple", "eps", "step"},
+                          {"use_muon", "weight_decouple"},
+                          {{"use_muon", false}}};
+  // MARS of its default AdamW type; its lion and shampoo types take other steps.
+  GroupShape mars{
+      {"exp_avg", "exp_avg_sq", "last_grad"},
+      {"lr", "lr_1d", "lr_1d_factor", "betas", "betas_1d", "gamma", "optimize_1d", "weight_decay",
+       "weight_decay_1d", "weight_decouple", "fixed_decay", "eps", "step", "mars_type"},
+      {"gamma", "mars_type", "lr_1d_factor"},
+      {{"ams_bound", false}, {"cautious", false}},
+      false,
+      {},
+      {{"mars_type", "adamw"}}};
+  // Schedule-Free AdamW's groups carry its step count (k), the running weight sum and lr_max.
+  const std::vector<std::string> schedulefree_reads = {
+      "lr",         "betas",  "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power",
+      "weight_sum", "lr_max", "k",   "scheduled_lr"};
+  GroupShape schedulefree_train{{"z", "exp_avg_sq"},
+                                schedulefree_reads,
+                                {"weight_sum", "lr_max", "train_mode"},
+                                {{"train_mode", true}}};
+  GroupShape schedulefree_eval{{"z", "exp_avg_sq"},
+                               schedulefree_reads,
+                               {"weight_sum", "lr_max", "train_mode"},
+                               {{"train_mode", false}}};
+  // One statistic and inverse root per dimension: pre_cond_0, inv_pre_cond_0 for every
+  // parameter, more for tensors of more dimensions.
+  GroupShape shampoo{
+      {"pre_cond_0", "inv_pre_cond_0"},
+      {"lr", "momentum", "weight_decay", "weight_decouple", "fixed_decay", "matrix_eps", "step"},
+      {"matrix_eps"},
+      {},
+      false,
+      {"momentum_buffer", "pre_cond_1", "inv_pre_cond_1", "pre_cond_2", "inv_pre_cond_2",
+       "pre_cond_3", "inv_pre_cond_3"}};
+  return std::vector<Rule>{
+      {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
+      {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
+      {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
+      {"adamuon", "pytorch-optimizer's AdaMuon", {adamuon_muon, adamuon_adam}, ""},
+      {"mars", "pytorch-optimizer's MARS (mars_type adamw)", {mars}, ""},
+      {"adamw-schedulefree",
+       "schedulefree's AdamWScheduleFree in train mode: parameters y, the step audited is y's",
+       {schedulefree_train},
+       ""},
+      {"adamw-schedulefree",
+       "schedulefree's AdamWScheduleFree in eval mode",
+       {schedulefree_eval},
+       "saved in eval mode (train_mode False): its parameters are the average x, not the point "
+       "y where its gradient is taken and which its step moves; save it after "
+       "optimizer.train(), or audit it along delta"},
+  };
+}
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = [] {
+    std::vector<Rule> all = torch_rules();
+    for (auto& rule : package_rules()) all.push_back(std::move(rule));
+    return all;
   }();
   return table;
 }
