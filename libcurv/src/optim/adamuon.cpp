@@ -75,6 +75,7 @@ class AdaMuon : public Optimizer {
     const double scale = std::sqrt(static_cast<double>(std::min(rows, cols)));
     // Python's scale / tensor is the tensor's reciprocal times scale, here in bfloat16.
     o.mul_(at::linalg_vector_norm(o, 2).add_(eps).reciprocal() * scale);
+    // Muon's two scales (muon_scale), the second by math.pow(x, 0.5) as the reference takes it.
     const double ratio =
         c.rms_scale
             ? 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)))

@@ -63,11 +63,11 @@ class TorchMuon : public Optimizer {
       x = at::addmm(x, gram_update, x, c.ns_a);
     }
     if (tall) x = x.t();
-    const double rows = static_cast<double>(theta.size(0));
-    const double cols = static_cast<double>(theta.size(1));
-    const double ratio = c.adjust_lr == 1   ? 0.2 * std::sqrt(std::max(rows, cols))
-                         : c.adjust_lr == 2 ? std::sqrt(rows / cols)
-                                            : std::sqrt(std::max(1.0, rows / cols));
+    // "original" and "match_rms_adamw" are Muon's two scales; "spectral_unclamped" is its own.
+    const int64_t rows = theta.size(0), cols = theta.size(1);
+    const double ratio = c.adjust_lr == 2
+                             ? std::sqrt(static_cast<double>(rows) / static_cast<double>(cols))
+                             : muon_scale(rows, cols, c.adjust_lr == 1);
     at::Tensor after = theta.mul(1 - c.lr * c.weight_decay);
     after.add_(x, -c.lr * ratio);
     return after - theta;

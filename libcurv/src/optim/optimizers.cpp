@@ -72,9 +72,6 @@ std::vector<int64_t> Optimizer::slot_shape(size_t i, const std::string&) const {
 
 at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& like) {
   auto& state = state_[i];
-  auto has = [&state](const std::string& k) {
-    return std::any_of(state.begin(), state.end(), [&k](const auto& kv) { return kv.first == k; });
-  };
   // Every missing slot of the parameter is created at once, before any reference is returned:
   // the update rules hold references to two slots in one call (adamw_update(...,
   // slot(i, "exp_avg", g), slot(i, "exp_avg_sq", g), ...)), and adding the second later would
@@ -85,9 +82,9 @@ at::Tensor& Optimizer::slot(size_t i, const std::string& key, const at::Tensor& 
     return own ? like.options().dtype(*own) : like.options();
   };
   for (const auto& k : slots(i)) {
-    if (!has(k)) state.emplace_back(k, at::zeros(slot_shape(i, k), options(k)));
+    if (!has_slot(i, k)) state.emplace_back(k, at::zeros(slot_shape(i, k), options(k)));
   }
-  if (!has(key)) state.emplace_back(key, at::zeros(slot_shape(i, key), options(key)));
+  if (!has_slot(i, key)) state.emplace_back(key, at::zeros(slot_shape(i, key), options(key)));
   for (auto& [k, t] : state) {
     if (k != key) continue;
     // Saved state may come in another dtype or device than the model probing it; a slot with a
