@@ -20,7 +20,10 @@
 # CURV_REPRO_CHECKPOINTS (10: saved and probed every STEPS/10 updates), CURV_REPRO_SEEDS
 # ("0 1 2 3 4"), CURV_REPRO_EXPONENTS ("0 0.5 1"), CURV_REPRO_MODEL (a built-in model config;
 # examples/configs/llama-tiny.json), CURV_REPRO_JOBS (the number of cores: processes at once, one
-# thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1.
+# thread each), CURV_BUILD_DIR (build), CURV_SKIP_BUILD=1. scripts/optimizers.sh runs the same
+# steps on other optimizers through CURV_REPRO_OPTIMIZERS ("adamw muon normuon"; AdamW first, the
+# baseline of every comparison), CURV_REPRO_BLOCKS ("layer component"), CURV_REPRO_CONTROL (1:
+# step 4 runs) and CURV_REPRO_SUMMARY (tools/python/reproduce_summary.py).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build}"
@@ -31,28 +34,49 @@ exponents="${CURV_REPRO_EXPONENTS:-0 0.5 1}"
 jobs="${CURV_REPRO_JOBS:-$(nproc)}"
 model="${CURV_REPRO_MODEL:-$root/examples/configs/llama-tiny.json}"
 checkpoints="${CURV_REPRO_CHECKPOINTS:-10}"
+optimizers="${CURV_REPRO_OPTIMIZERS:-adamw muon normuon}"
+blocks_list="${CURV_REPRO_BLOCKS:-layer component}"
+control="${CURV_REPRO_CONTROL:-1}"
+summary="${CURV_REPRO_SUMMARY:-$root/tools/python/reproduce_summary.py}"
 save_every=$((steps / checkpoints))
 if [ "$save_every" -lt 1 ] || [ $((save_every * checkpoints)) -ne "$steps" ]; then
   echo "reproduce.sh: CURV_REPRO_STEPS=$steps must be a multiple of CURV_REPRO_CHECKPOINTS=$checkpoints" >&2
   exit 2
 fi
 
-# The learning-rate ladders: AdamW's around the usual 1e-3 of small transformers, Muon's and
+# The learning-rate ladders: AdamW's, SOAP's, Shampoo's and Schedule-Free AdamW's around the
+# usual 1e-3 of small transformers, Adafactor's around torch's relative step 1e-2, Muon's and
 # NorMuon's around the 0.02 of modded-nanogpt; Muon and NorMuon update embeddings, head and norms
-# with AdamW at adam_lr = 3e-3. No weight decay anywhere, so only the step rule differs. The sweep
-# starts with the middle three rungs and, while the best validation loss sits at an end of the
-# rungs tried, adds the next rung beyond it, so the chosen rate is bracketed (or the ladder ends).
+# with AdamW at adam_lr = 3e-3. No weight decay anywhere, so only the step rule differs; every
+# other hyper-parameter is the reference class's default (docs/optimizers.md). The sweep starts
+# with the middle three rungs and, while the best validation loss sits at an end of the rungs
+# tried, adds the next rung beyond it, so the chosen rate is bracketed (or the ladder ends).
 declare -A ladder=(
   [adamw]="1e-4 3e-4 1e-3 3e-3 1e-2 3e-2"
   [muon]="0.002 0.005 0.01 0.02 0.05 0.1"
   [normuon]="0.002 0.005 0.01 0.02 0.05 0.1"
+  [soap]="1e-4 3e-4 1e-3 3e-3 1e-2 3e-2"
+  [shampoo]="1e-4 3e-4 1e-3 3e-3 1e-2 3e-2"
+  [adafactor]="1e-3 3e-3 1e-2 3e-2 1e-1 3e-1"
+  [adamw-schedulefree]="1e-4 3e-4 1e-3 3e-3 1e-2 3e-2"
 )
 first_rung=1 last_rung=3  # the middle three of six
-optimizers="adamw muon normuon"
+if [ "${optimizers%% *}" != adamw ]; then
+  echo "reproduce.sh: CURV_REPRO_OPTIMIZERS='$optimizers' must start with adamw, the baseline" >&2
+  exit 2
+fi
+for opt in $optimizers; do
+  if [ -z "${ladder[$opt]:-}" ]; then
+    echo "reproduce.sh: no learning-rate ladder for '$opt' (known: ${!ladder[*]})" >&2
+    exit 2
+  fi
+done
 spec() {  # spec OPTIMIZER LR
   case "$1" in
-    adamw) echo "adamw:lr=$2,weight_decay=0" ;;
-    *) echo "$1:lr=$2,adam_lr=3e-3,weight_decay=0" ;;
+    muon | normuon) echo "$1:lr=$2,adam_lr=3e-3,weight_decay=0" ;;
+    # Schedule-Free warms up itself and keeps its rate: curvtrain's schedule stays flat (train).
+    adamw-schedulefree) echo "$1:lr=$2,weight_decay=0,warmup_steps=50" ;;
+    *) echo "$1:lr=$2,weight_decay=0" ;;
   esac
 }
 
@@ -68,10 +92,11 @@ train() {
   local dir="$1" spec="$2" s="$3" seed="$4" name
   name="$(basename "$(dirname "$dir")")/$(basename "$dir")"
   if [ -f "$dir/step_$steps/model.safetensors" ]; then return 0; fi
-  local resume=()
+  local resume=() schedule=(--warmup 50)
   if [ -f "$dir/step_0/model.safetensors" ]; then resume=(--resume); else rm -rf "$dir"; fi
+  if [[ "$spec" == adamw-schedulefree:* ]]; then schedule=(--warmup 0 --min-lr-ratio 1); fi
   if ! "$curvtrain" -o "$dir" --model "$model" --optimizer "$spec" --zipf-s "$s" --seed "$seed" \
-    --steps "$steps" --batch-size 32 --warmup 50 --save-every "$save_every" \
+    --steps "$steps" --batch-size 32 "${schedule[@]}" --save-every "$save_every" \
     --eval-every "$save_every" --probe-sequences 128 --threads 1 --quiet "${resume[@]}" \
     >"$out/logs/${name//\//_}.log" 2>&1; then
     echo "training $name failed; see $out/logs/${name//\//_}.log" >&2
@@ -173,20 +198,22 @@ done
 # different rates at different s, the rate moves each optimizer's NDS as much as the data do.
 # The control trains AdamW and Muon at every s with the rates chosen at the first s.
 s_first="${exponents%% *}"
-say "fixed-rate control: adamw at ${chosen[$s_first/adamw]}, muon at ${chosen[$s_first/muon]} at every s"
-: >"$out/logs/control.jobs"
-for s in $exponents; do
-  [ "$s" = "$s_first" ] && continue
-  mkdir -p "$out/control/s$s"
-  for opt in adamw muon; do
-    lr=${chosen[$s_first/$opt]}
-    for seed in $seeds; do
-      echo "$out/runs/s$s/${opt}_lr${lr}_seed$seed $(spec "$opt" "$lr") $s $seed" >>"$out/logs/control.jobs"
-      ln -sfn "../../runs/s$s/${opt}_lr${lr}_seed$seed" "$out/control/s$s/${opt}_seed$seed"
+if [ "$control" = 1 ]; then
+  say "fixed-rate control: adamw at ${chosen[$s_first/adamw]}, muon at ${chosen[$s_first/muon]} at every s"
+  : >"$out/logs/control.jobs"
+  for s in $exponents; do
+    [ "$s" = "$s_first" ] && continue
+    mkdir -p "$out/control/s$s"
+    for opt in adamw muon; do
+      lr=${chosen[$s_first/$opt]}
+      for seed in $seeds; do
+        echo "$out/runs/s$s/${opt}_lr${lr}_seed$seed $(spec "$opt" "$lr") $s $seed" >>"$out/logs/control.jobs"
+        ln -sfn "../../runs/s$s/${opt}_lr${lr}_seed$seed" "$out/control/s$s/${opt}_seed$seed"
+      done
     done
   done
-done
-run_jobs "$out/logs/control.jobs"
+  run_jobs "$out/logs/control.jobs"
+fi
 
 # probe SET S BLOCKS: ndsprobe over every run of SET (study or control) at exponent S, resumable.
 # The study's files: ndsprobe_sS_BLOCKS.h5; the control's (layer blocks): ndsprobe_control_sS.h5.
@@ -214,12 +241,14 @@ probe() {
 export -f probe
 export ndsprobe optimizers seeds
 
-say "ndsprobe: every run's update at every checkpoint, layer and component blocks"
+say "ndsprobe: every run's update at every checkpoint, blocks: ${blocks_list// /, }"
 {
-  for s in $exponents; do for blocks in layer component; do echo "study $s $blocks"; done; done
-  for s in $exponents; do [ "$s" = "$s_first" ] || echo "control $s layer"; done
+  for s in $exponents; do for blocks in $blocks_list; do echo "study $s $blocks"; done; done
+  if [ "$control" = 1 ]; then
+    for s in $exponents; do [ "$s" = "$s_first" ] || echo "control $s layer"; done
+  fi
 } | xargs -P "$jobs" -L 1 bash -c 'probe "$@"' _
 
 say "summary"
-/usr/bin/python3 "$root/tools/python/reproduce_summary.py" "$out"
-say "reproduction study finished: $out/summary.md"
+/usr/bin/python3 "$summary" "$out"
+say "study finished: $out/summary.md"

@@ -1,10 +1,15 @@
 // scripts/reproduce.sh end to end at toy size: the sweep's choice, the seeds, ndsprobe with the
 // paired comparisons, and the summary's statistics recomputed independently from the HDF5 files
-// (tests/python/check_reproduce.py); a second invocation resumes and trains nothing again.
+// (tests/python/check_reproduce.py); a second invocation resumes and trains nothing again. And
+// scripts/optimizers.sh, the same steps on six optimizers, each audited along the step its own rule
+// rebuilds (tests/python/check_optimizers_study.py).
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "test_support.h"
 
@@ -50,4 +55,32 @@ TEST_CASE("reproduce.sh sweeps chooses seeds probes and summarizes with checked 
     CHECK(fs::last_write_time(path) == time);
   }
   run_python("check_reproduce.py", {out});
+}
+
+TEST_CASE("optimizers.sh trains probes and summarizes every optimizer along its own update",
+          "[reproduce]") {
+  TempDir dir;
+  std::ofstream(dir.file("tiny.json")) << R"({"arch": "llama", "vocab_size": 64,
+    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 16,
+    "tie_word_embeddings": true})";
+  const std::string build = fs::path(CURV_TOOLS_DIR).parent_path().string();
+  const std::string out = dir.file("optimizers");
+  const std::string optimizers = "adamw muon soap shampoo adafactor adamw-schedulefree";
+  const std::string command =
+      "CURV_SKIP_BUILD=1 CURV_BUILD_DIR=" + build + " CURV_OPTIMIZERS_DIR=" + out +
+      " CURV_OPTIMIZERS_STEPS=6 CURV_REPRO_CHECKPOINTS=2 CURV_OPTIMIZERS_SEEDS='0 1'"
+      " CURV_OPTIMIZERS_EXPONENTS=1 CURV_REPRO_JOBS=2 CURV_REPRO_MODEL=" +
+      dir.file("tiny.json") + " " + CURV_SOURCE_DIR + "/scripts/optimizers.sh";
+  std::string output;
+  const int status = run_command(command, &output);
+  INFO(output);
+  REQUIRE(status == 0);
+  for (const char* plot : {"nds", "rho_within", "validation_loss"}) {
+    CHECK(fs::exists(out + "/plots/" + plot + ".png"));
+  }
+  std::vector<std::string> args = {out};
+  std::istringstream names(optimizers);
+  for (std::string name; names >> name;) args.push_back(name);
+  run_python("check_optimizers_study.py", args);
 }

@@ -102,7 +102,7 @@ def study_layout(study):
     for sdir in sorted(os.listdir(os.path.join(study, "study"))):
         s = float(sdir[1:])
         for run in sorted(os.listdir(os.path.join(study, "study", sdir))):
-            m = re.fullmatch(r"(\w+?)_seed(\d+)", run)
+            m = re.fullmatch(r"([\w-]+?)_seed(\d+)", run)
             if m:
                 layout.setdefault(s, {}).setdefault(m.group(1), []).append(int(m.group(2)))
     return layout
@@ -117,7 +117,7 @@ def load(study, layout):
     totals, blocks, components, buckets, comparisons = [], [], [], [], []
 
     def tag(df, s):
-        parts = df["run"].str.extract(r"(\w+?)_seed(\d+)")
+        parts = df["run"].str.extract(r"([\w-]+?)_seed(\d+)")
         return df.assign(s=s, opt=parts[0], seed=parts[1].astype(int))
 
     for s in layout:
