@@ -82,9 +82,10 @@ ParamSpace space_of(const Checkpoint& ckpt, bool matrices = false) {
 
 // The step the recorded rule rebuilds from the saved state with the case's gradient, against the
 // step the optimizer itself took: the relative error.
+// `note`: what the rebuilt step left out of the reference's (Optimizer::step_note).
 double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
                           const std::string& dir = states(), bool matrices = false,
-                          const std::string& param_order = "model") {
+                          const std::string& param_order = "model", std::string* note = nullptr) {
   const ParamSpace space = space_of(ckpt, matrices);
   resolve_optimizer_state(ckpt, space, param_order);
   const SavedOptimizer saved = saved_optimizer(ckpt);
@@ -102,6 +103,7 @@ double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
   }
   const ParamVector u =
       optimizer->step_from_saved(theta, grad, *saved.state, saved.step_count(), saved.file);
+  if (note) *note = optimizer->step_note();
   double diff = 0, ref = 0;
   for (size_t i = 0; i < space.size(); ++i) {
     const at::Tensor want = next.tensor("u." + space[i].name);
@@ -183,6 +185,11 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
       {"soap_options", "soap", "pytorch-optimizer's SOAP"},
       {"shampoo", "shampoo", "pytorch-optimizer's Shampoo"},
       {"shampoo_decoupled", "shampoo", "pytorch-optimizer's Shampoo"},
+      {"kron", "kron", "pytorch-optimizer's Kron"},
+      {"kron_schedule", "kron", "pytorch-optimizer's Kron"},
+      {"adam_mini", "adam-mini", "adam-mini's Adam_mini"},
+      {"scion", "scion", "pytorch-optimizer's SCION", kTorchMuonTolerance},
+      {"scion_oracles", "scion", "pytorch-optimizer's SCION"},
       {"schedulefree", "adamw-schedulefree", "AdamWScheduleFree in train mode"},
       {"adamuon", "adamuon", "pytorch-optimizer's AdaMuon", kTorchMuonTolerance},
       {"adamuon_l2", "adamuon", "pytorch-optimizer's AdaMuon", kTorchMuonTolerance},
@@ -218,6 +225,15 @@ TEST_CASE("the optimizer zoo: each rule takes its reference's own next step", "[
   // MARS's other types take other steps: refused by name.
   CHECK(load("mars_lion", "").optimizer_name().empty());
   CHECK_THAT(load("mars_lion", "").meta.optimizer->refusal, Contains("mars_type is not 'adamw'"));
+  // Kron's fit at the next step draws from the global generator: the saved factors are used as
+  // they are, and the step says so; a step without a fit is the reference's own.
+  std::string note;
+  CHECK(rebuilt_step_error(load("kron_schedule", ""), "kron_schedule", states(), false, "auto",
+                           &note) < 1e-12);
+  CHECK_THAT(note, Contains("without the fit") && Contains("global generator"));
+  rebuilt_step_error(load("kron", ""), "kron", states(), false, "auto", &note);
+  CHECK(note.empty());
+  CHECK(load("kron", "").meta.optimizer->step_count == 4);
   // Shampoo's inverse-root period is not in its state: every step unless named.
   CHECK(rebuilt_step_error(load("shampoo_every2", ""), "shampoo_every2") > 1e-3);
   Checkpoint every2 = load("shampoo_every2", "");
@@ -358,6 +374,9 @@ TEST_CASE("curv_export.save_checkpoint saves each rule's state in the native lay
       {"muon_adamw", "torch-muon", false},
       {"soap_options", "soap", false},
       {"shampoo", "shampoo", false},
+      {"kron", "kron", false},
+      {"adam_mini", "adam-mini", false},
+      {"scion_oracles", "scion", false},
       {"ademamix", "ademamix", false},
       {"schedulefree", "adamw-schedulefree", false},
       {"adamuon", "adamuon", false},

@@ -340,10 +340,12 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
   CHECK_THROWS_AS(OptimizerConfig::parse("muon:beta2=0.9"), InvalidArgument);
 
   const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
-  REQUIRE(optimizer_names() ==
-          std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd", "signsgd", "signum",
-                                   "lion", "torch-muon", "nadam", "radam", "adafactor", "ademamix",
-                                   "adamw-schedulefree", "soap", "adamuon", "mars", "shampoo"});
+  REQUIRE(optimizer_names() == std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd",
+                                                        "signsgd", "signum", "lion", "torch-muon",
+                                                        "nadam", "radam", "adafactor", "ademamix",
+                                                        "adamw-schedulefree", "soap", "adamuon",
+                                                        "mars", "shampoo", "kron", "adam-mini",
+                                                        "scion"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);
@@ -370,6 +372,23 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
     CHECK(stored.to_json() == d.to_json());
     auto optimizer = make_optimizer(d, space);
     CHECK(optimizer->config().name == entry.name);
+    // Each rule trains: three steps from fresh state on a fixed gradient move θ, finitely.
+    const ParamVector theta = {at::full({3, 4}, 0.5, at::kDouble)};
+    const ParamVector grad = {at::linspace(-1, 1, 12, at::kDouble).view({3, 4})};
+    for (int step = 0; step < 3; ++step) {
+      const ParamVector u = optimizer->step(theta, grad);
+      CHECK(u[0].isfinite().all().item<bool>());
+      CHECK(u[0].abs().max().item<double>() > 0);
+    }
+  }
+  // Kron fits its factors as it trains (every step early on, by the default schedule).
+  auto kron = make_optimizer(OptimizerConfig::parse("kron"), space);
+  for (int step = 0; step < 2; ++step) {
+    kron->step({at::full({3, 4}, 0.5, at::kDouble)},
+               {at::linspace(-1, 1, 12, at::kDouble).view({3, 4})});
+  }
+  for (const auto& [key, value] : kron->state()) {
+    if (key == "w.Q.0") CHECK_FALSE(at::allclose(value, at::eye(3, value.options())));
   }
   // Whether a rebuilt step needs saved state follows from the state the rule keeps.
   CHECK_FALSE(make_optimizer(OptimizerConfig::parse("signsgd"), space)->needs_saved_state());

@@ -3,8 +3,8 @@
 Usage: make_optimizer_states.py OUT
 
 Runs under any torch from 1.13 (Debian's) on; torch.optim.Muon (torch >= 2.9), Adafactor
-(>= 2.5), the decoupled NAdam and RAdam, pytorch-optimizer's SOAP, Shampoo and AdEMAMix, and
-Schedule-Free AdamW only where they exist.
+(>= 2.5), the decoupled NAdam and RAdam, pytorch-optimizer's SOAP, Shampoo, Kron and AdEMAMix,
+Schedule-Free AdamW and Adam-mini only where they exist.
 
 For each case, a tiny two-layer model trained N steps (three unless the case says) by the
 optimizer, saved two ways: OUT/<case>/step_N.pt (torch.save of {'model', 'optimizer'}: the pt
@@ -38,12 +38,37 @@ def model():
     return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)).double()
 
 
-def trained(make_optimizer, steps=3, native=None):
+class AttentionNames(nn.Module):
+    """Parameter names Adam-mini sorts into each of its blocks (width 8 in 2 heads of 32 entries
+    of its query and key matrices): an embedding and the head (per row), query and key (per
+    head), value, output and MLP (per row), biases (Adam) and a norm (one block)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(4, 8)
+        self.q_proj = nn.Linear(8, 8, bias=False)
+        self.k_proj = nn.Linear(8, 8, bias=False)
+        self.v_proj = nn.Linear(8, 8, bias=False)
+        self.o_proj = nn.Linear(8, 8, bias=False)
+        self.mlp = nn.Linear(8, 8)
+        self.norm = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.lm_head = nn.Linear(8, 2, bias=False)
+        self.double()
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x))
+        h = h + self.o_proj(torch.tanh(self.q_proj(h) * self.k_proj(h)) * self.v_proj(h))
+        h = h + torch.tanh(self.mlp(h))
+        return self.lm_head(h * self.norm)
+
+
+def trained(make_optimizer, steps=3, native=None, prepare=None, make_model=model):
     """The model and its optimizer's state_dict after `steps` steps, and the next step the
-    optimizer takes with a fixed gradient: {g.<name>, u.<name>}. With `native`, the run is also
-    saved there by curv_export.save_checkpoint before that step; whether it could be is returned
-    last."""
-    m = model()
+    optimizer takes with a fixed gradient: {g.<name>, u.<name>}; `prepare(optimizer)` edits it
+    before that step. With `native`, the run is also saved there by curv_export.save_checkpoint
+    before that step; whether it could be is returned last."""
+    m = make_model()
     made = make_optimizer(m)
     opts = made if isinstance(made, list) else [made]
     g = torch.Generator().manual_seed(1)
@@ -70,6 +95,8 @@ def trained(make_optimizer, steps=3, native=None):
     for name, p in m.named_parameters():
         p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
         step["g." + name] = p.grad.clone()
+    if prepare:
+        prepare(made)
     before = {name: p.detach().clone() for name, p in m.named_parameters()}
     for opt in opts:
         opt.step()
@@ -191,11 +218,42 @@ def cases():
             optimize_1d=True), None)
         out["mars_lion"] = (lambda m: pytorch_optimizer.MARS(m.parameters(), mars_type="lion"),
                             None)
+        # Kron fits its factors every 1/p steps: with p = 0.5, at the second and fourth steps,
+        # and not at the fifth, whose step is then the reference's own.
+        out["kron"] = (lambda m: pytorch_optimizer.Kron(
+            m.parameters(), lr=1e-2, weight_decay=0.1, pre_conditioner_update_probability=0.5,
+            precondition_dtype=torch.float64), None, 4)
+        # The default schedule fits at every step: the next step's fit draws its probe vector
+        # from the global generator. Its reference is the step without that fit (p set to 0 for
+        # that step), which is what libcurv rebuilds, and says so.
+        out["kron_schedule"] = (lambda m: pytorch_optimizer.Kron(
+            m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=False,
+            memory_save_mode="one_diag", precondition_dtype=None), None, 3,
+            lambda opt: opt.param_groups[0].update(pre_conditioner_update_probability=0.0))
+        # SCION's default oracles (bfloat16 Newton-Schulz on the matrices, bias RMS on vectors)
+        # and, by group, its column (transposed, normalized), sign (constrained), row and identity
+        # oracles with L2 decay.
+        out["scion"] = (lambda m: pytorch_optimizer.SCION(m.parameters(), lr=1e-2,
+                                                          weight_decay=0.1), None)
+        out["scion_oracles"] = (lambda m: pytorch_optimizer.SCION([
+            {"params": [m[0].weight], "norm_type": 6,
+             "norm_kwargs": {"normalized": True, "transpose": True}},
+            {"params": [m[2].weight], "norm_type": 4, "constraint": True},
+            {"params": [m[0].bias], "norm_type": 7},
+            {"params": [m[2].bias], "norm_type": 0}],
+            lr=1e-2, momentum=0.5, scale=2.0, weight_decay=0.1, weight_decouple=False), None)
         out["ademamix"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1, weight_decouple=True,
             t_alpha_beta3=10), None)
         out["ademamix_l2"] = (lambda m: pytorch_optimizer.AdEMAMix(
             m.parameters(), lr=1e-2, weight_decay=0.1), None)
+    except ImportError:
+        pass
+    try:
+        import adam_mini
+        out["adam_mini"] = (lambda m: adam_mini.Adam_mini(
+            m.named_parameters(), lr=1e-2, weight_decay=0.1, dim=8, n_heads=2, verbose=False),
+            None, 3, None, AttentionNames)
     except ImportError:
         pass
     try:
@@ -267,9 +325,12 @@ def nanogpt_muon_adamw(out):
 def main():
     out = sys.argv[1]
     written, natives = [], []
-    for name, (make, edit, *steps) in cases().items():
-        steps = steps[0] if steps else 3
-        weights, osd, step, native = trained(make, steps, f"{out}/{name}_native")
+    for name, (make, edit, *more) in cases().items():
+        steps = more[0] if more else 3
+        prepare = more[1] if len(more) > 1 else None
+        make_model = more[2] if len(more) > 2 else model
+        weights, osd, step, native = trained(make, steps, f"{out}/{name}_native", prepare,
+                                             make_model)
         if native:
             natives.append(name)
         if edit:

@@ -38,23 +38,36 @@ _OPTIMIZERS = {
     ("torch.optim", "Muon"): "torch-muon",
     ("pytorch_optimizer", "SOAP"): "soap",
     ("pytorch_optimizer", "Shampoo"): "shampoo",
+    ("pytorch_optimizer", "Kron"): "kron",
+    ("pytorch_optimizer", "SCION"): "scion",
     ("pytorch_optimizer", "AdEMAMix"): "ademamix",
     ("pytorch_optimizer", "AdaMuon"): "adamuon",
     ("pytorch_optimizer", "MARS"): "mars",
     ("schedulefree", "AdamWScheduleFree"): "adamw-schedulefree",
+    ("adam_mini", "Adam_mini"): "adam-mini",
 }
 
 # param_group keys -> libcurv's field names, where they differ; tuples are split below.
 _RENAMED = {"d": "clip_threshold", "decoupled_weight_decay": "decoupled",
-            "weight_decouple": "decoupled", "use_adjusted_lr": "rms_scale"}
-_NUMERIC = ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov", "ns_steps",
+            "weight_decouple": "decoupled", "use_adjusted_lr": "rms_scale",
+            "pre_conditioner_update_probability": "update_probability", "norm_type": "lmo"}
+# SCION's norm_kwargs -> libcurv's field names.
+_NORM_KWARGS = {"normalize": "lmo_normalize", "normalized": "lmo_normalize",
+                "transpose": "lmo_transpose", "max_scale": "lmo_max_scale", "num_steps": "ns_steps"}
+_NUMERIC = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov", "ns_steps",
             "momentum_decay", "beta2_decay", "alpha", "t_alpha_beta3", "fixed_decay",
             "shampoo_beta", "precondition_frequency", "max_precondition_dim", "precondition_1d",
             "correct_bias", "normalize_gradient", "matrix_eps", "warmup_steps", "r",
             "weight_lr_power", "weight_sum", "lr_max", "d", "decoupled_weight_decay",
             "weight_decouple", "use_adjusted_lr", "gamma", "optimize_1d", "lr_1d_factor",
-            "weight_decay_1d")
+            "weight_decay_1d", "pre_conditioner_update_probability", "update_counter",
+            "max_size_triangular", "min_ndim_triangular", "precondition_lr",
+            "precondition_init_scale", "momentum_into_precondition_update", "norm_type", "scale",
+            "constraint")
 _ADJUST_LR = {None: 0.0, "original": 0.0, "match_rms_adamw": 1.0, "spectral_unclamped": 2.0}
+# Kron's memory_save_mode and precondition_dtype as libcurv's codes.
+_MEMORY_SAVE_MODE = {None: 0.0, "one_diag": 1.0, "smart_one_diag": 2.0, "all_diag": 3.0}
+_PRECONDITION_DTYPE = {None: 0.0, torch.float32: 32.0, torch.float64: 64.0}
 
 
 def _rule_of(optimizer):
@@ -76,6 +89,11 @@ def _rule_of(optimizer):
                          "call optimizer.train() before saving")
     if rule == "soap" and any(g.get("merge_dims") for g in groups):
         raise ValueError("SOAP with merge_dims=True is not rebuilt")
+    if rule == "kron" and any(g.get("mu_dtype") is not None or callable(
+            g.get("pre_conditioner_update_probability")) or g.get("precondition_dtype")
+            not in _PRECONDITION_DTYPE for g in groups):
+        raise ValueError("Kron is rebuilt with mu_dtype None, a constant (or the default) update "
+                         "probability, and precondition_dtype None, float32 or float64")
     if rule == "mars" and any(g.get("mars_type") != "adamw" or g.get("ams_bound")
                               or g.get("cautious") for g in groups):
         raise ValueError("MARS is rebuilt of its adamw type, without ams_bound or cautious")
@@ -105,6 +123,13 @@ def _hyper(group):
         hyper["ns_a"], hyper["ns_b"], hyper["ns_c"] = map(float, group["ns_coeffs"][0])
     if "adjust_lr_fn" in group:
         hyper["adjust_lr"] = _ADJUST_LR[group["adjust_lr_fn"]]
+    if "memory_save_mode" in group:
+        hyper["memory_save_mode"] = _MEMORY_SAVE_MODE[group["memory_save_mode"]]
+    for key, value in (group.get("norm_kwargs") or {}).items():
+        if key in _NORM_KWARGS:
+            hyper[_NORM_KWARGS[key]] = float(value)
+    if "precondition_dtype" in group:
+        hyper["precondition_dtype"] = _PRECONDITION_DTYPE[group["precondition_dtype"]]
     return hyper
 
 
@@ -126,6 +151,8 @@ def _optimizer_meta(optimizers, names):
     for opt, rule in zip(optimizers, rules):
         for group in opt.param_groups:
             hyper = _hyper(group)
+            if rule == "adam-mini":  # an attribute of the optimizer, not of its groups
+                hyper["head_numel"] = float(opt.head_numel)
             # The AdamW of a Muon rule: torch.optim.AdamW beside torch.optim.Muon, or AdaMuon's
             # groups without use_muon.
             aux = (len(optimizers) > 1 and rule == "adamw") or (
@@ -250,7 +277,8 @@ def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=Non
 
     prefix: the prefix export_model returned. optimizer: one whose steps libcurv rebuilds
     (torch.optim's AdamW, Adam, SGD, NAdam, RAdam, Adafactor, Muon; pytorch-optimizer's SOAP,
-    Shampoo, AdaMuon, MARS, AdEMAMix; schedulefree's AdamWScheduleFree in train mode), the list
+    Shampoo, Kron, SCION, AdaMuon, MARS, AdEMAMix; schedulefree's AdamWScheduleFree in train mode;
+    adam-mini's Adam_mini), the list
     [torch.optim.Muon, torch.optim.AdamW] of a run stepping both, or None.
     model_config: a built-in model config (dict) to record as meta.json's "model".
     """

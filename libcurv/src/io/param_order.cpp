@@ -70,6 +70,24 @@ std::vector<int64_t> state_shape(const std::string& key, std::vector<int64_t> sh
   return shape;
 }
 
+// The shapes of state that only its rule can tell from the parameter's: Kron's diagonal factor
+// (Q.k a vector of the parameter's k-th size, where SOAP's is square), and Adam-mini's first
+// moment of a query or key block viewed per head (m: the same entries, rows of head_numel) and
+// second moments (vmean: a scalar, or one per row or head).
+bool rule_shape(const std::string& key, const std::vector<int64_t>& shape,
+                const std::vector<int64_t>& param) {
+  int64_t numel = 1, param_numel = 1;
+  for (int64_t n : shape) numel *= n;
+  for (int64_t n : param) param_numel *= n;
+  if (key == "m") return shape.size() == 2 && numel == param_numel;
+  if (key == "vmean") return shape.empty() || (shape.size() == 2 && shape[1] == 1);
+  if (key.rfind("Q.", 0) != 0 || shape.size() != 1) return false;
+  const std::string index = key.substr(2);
+  if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return false;
+  const size_t k = std::stoul(index);
+  return k < param.size() && shape[0] == param[k];
+}
+
 std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& space,
                          const std::vector<int64_t>& indices, const std::vector<size_t>& params) {
   for (size_t k = 0; k < indices.size(); ++k) {
@@ -78,7 +96,7 @@ std::string check_shapes(const IndexedOptimizerState& ix, const ParamSpace& spac
     const auto& p = space[params[k]];
     for (const auto& [key, t] : it->second) {
       const auto want = state_shape(key, p.shape);
-      if (t.sizes().vec() != want) {
+      if (t.sizes().vec() != want && !rule_shape(key, t.sizes().vec(), p.shape)) {
         // modded-nanogpt's merged state: the key in the file is that of one of the two optimizers.
         const std::string where =
             !ix.modded ? fmt::format("state[{}]", indices[k])

@@ -168,16 +168,15 @@ std::string global_refusal(const std::string& name, PickleGlobals globals) {
       torch_storage_types().count(name)) {
     return "";
   }
-  const bool dcp = globals == PickleGlobals::kDcpMetadata;
   const bool deepspeed = globals == PickleGlobals::kDeepSpeed;
-  if (object_class(name, globals) || extra_callables(globals).count(name) ||
-      (dcp && value_global(name)) || (deepspeed && name == "torch.Tensor")) {
+  if (object_class(name, globals) || extra_callables(globals).count(name) || value_global(name) ||
+      (deepspeed && name == "torch.Tensor")) {
     return "";
   }
   std::vector<std::string> allowed = allowed_torch_globals();
   allowed.insert(allowed.end(), object_classes(globals).begin(), object_classes(globals).end());
   allowed.insert(allowed.end(), extra_callables(globals).begin(), extra_callables(globals).end());
-  if (dcp) allowed.push_back("the torch dtypes");
+  allowed.push_back("the torch dtypes");
   if (deepspeed) allowed.push_back("torch.Tensor");
   return fmt::format(
       "the pickle names the global '{}', which is not allowed (only plain data, tensors and "

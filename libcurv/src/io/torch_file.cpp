@@ -36,7 +36,8 @@ const std::map<std::string, at::ScalarType>& torch_storage_types() {
 const std::vector<std::string>& torch_callable_globals() {
   static const std::vector<std::string> names = {
       "collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
-      "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"};
+      "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
+      "pytorch_optimizer.optimizer.scion.LMONorm"};
   return names;
 }
 

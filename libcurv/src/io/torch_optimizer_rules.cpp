@@ -173,8 +173,33 @@ std::vector<Rule> package_rules() {
       false,
       {"momentum_buffer", "pre_cond_1", "inv_pre_cond_1", "pre_cond_2", "inv_pre_cond_2",
        "pre_cond_3", "inv_pre_cond_3"}};
+  // Kron: its factors Q (one per dimension) and their einsum expressions (strings, rebuilt from
+  // the shape); only the first group counts the steps since the last fit (update_counter).
+  GroupShape kron{
+      {"momentum_buffer", "Q", "expressions"},
+      {"lr", "momentum", "weight_decay", "weight_decouple", "pre_conditioner_update_probability",
+       "max_size_triangular", "min_ndim_triangular", "memory_save_mode",
+       "momentum_into_precondition_update", "precondition_lr", "precondition_init_scale",
+       "mu_dtype", "precondition_dtype", "step", "update_counter"},
+      {"pre_conditioner_update_probability", "precondition_lr", "precondition_init_scale"},
+      {}};
+  // Adam-mini: one group per parameter, named; its block decides the state beside m.
+  GroupShape adam_mini{{"m"},
+                       {"lr", "beta1", "beta2", "eps", "weight_decay", "name"},
+                       {"name", "beta1", "beta2"},
+                       {},
+                       false,
+                       {"v", "vmean", "head_per_gpu", "neuron_per_gpu", "reduced", "block_numel"}};
+  GroupShape scion{{"d"},
+                   {"lr", "momentum", "constraint", "norm_type", "norm_kwargs", "scale",
+                    "weight_decay", "weight_decouple", "step"},
+                   {"norm_type", "norm_kwargs", "constraint"},
+                   {}};
   return std::vector<Rule>{
       {"ademamix", "pytorch-optimizer's AdEMAMix", {ademamix}, ""},
+      {"scion", "pytorch-optimizer's SCION", {scion}, ""},
+      {"adam-mini", "adam-mini's Adam_mini", {adam_mini}, ""},
+      {"kron", "pytorch-optimizer's Kron (PSGD)", {kron}, ""},
       {"soap", "pytorch-optimizer's SOAP", {soap}, ""},
       {"shampoo", "pytorch-optimizer's Shampoo", {shampoo}, ""},
       {"adamuon", "pytorch-optimizer's AdaMuon", {adamuon_muon, adamuon_adam}, ""},

@@ -525,6 +525,13 @@ class Unpickler {
       }
       return args.items[0];  // a Parameter is its data; requires_grad is irrelevant here
     }
+    if (name == "pytorch_optimizer.optimizer.scion.LMONorm") {
+      // SCION's norm_type, an IntEnum: its value.
+      if (args.items.size() != 1 || !args.items[0]->is(Kind::kInt)) {
+        fail(fmt::format("{} with arguments {}", name, args.brief()));
+      }
+      return args.items[0];
+    }
     fail(fmt::format("the global '{}' cannot be called", name));
   }
 

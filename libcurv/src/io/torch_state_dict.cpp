@@ -89,15 +89,24 @@ double number(const PyValue& v, const std::string& origin, const std::string& ke
 namespace {
 
 // torch.optim.Muon's adjust_lr_fn by name -> libcurv's adjust_lr (None is "original").
-double adjust_lr_code(const PyValue& v, const std::string& origin, const std::string& where) {
-  if (v.is(Kind::kNone)) return 0;
-  static const std::vector<std::string> names = {"original", "match_rms_adamw",
-                                                 "spectral_unclamped"};
+// A string-valued key read as the index of its value in `names` (None: `none`).
+double choice_code(const PyValue& v, const std::vector<std::string>& names, double none,
+                   const std::string& origin, const std::string& where) {
+  if (v.is(Kind::kNone)) return none;
   for (size_t k = 0; k < names.size(); ++k) {
     if (v.is(Kind::kString) && v.text == names[k]) return static_cast<double>(k);
   }
   throw FormatError(fmt::format("{}: '{}' is {}, expected one of None, '{}'", origin, where,
                                 v.brief(), join(names, "', '")));
+}
+
+// A dtype key (Kron's precondition_dtype) as libcurv's code: 0 for None, else its bits.
+double dtype_code(const PyValue& v, const std::string& origin, const std::string& where) {
+  if (v.is(Kind::kNone)) return 0;
+  if (v.is(Kind::kGlobal) && v.text == "torch.float32") return 32;
+  if (v.is(Kind::kGlobal) && v.text == "torch.float64") return 64;
+  throw FormatError(fmt::format("{}: '{}' is {}, expected None, torch.float32 or torch.float64",
+                                origin, where, v.brief()));
 }
 
 // A tuple of numbers of the lengths `sizes` allows, into `names` (None entries left out).
@@ -114,9 +123,38 @@ void split_tuple(nlohmann::json& hyper, const PyValue& v, const std::vector<std:
   }
 }
 
+// SCION's norm_kwargs, the options of its oracle: normalize (normalized for the column and row
+// oracles), transpose, max_scale, num_steps; zero_init only shapes the initialisation.
+void scion_norm_kwargs(nlohmann::json& hyper, const PyValue& v, const std::string& origin,
+                       const std::string& where) {
+  if (!v.is(Kind::kDict)) {
+    throw FormatError(fmt::format("{}: '{}' is {}, expected a dict", origin, where, v.brief()));
+  }
+  for (const auto& [k, value] : v.entries) {
+    const std::string key = k->is(Kind::kString) ? k->text : k->brief();
+    const std::string at = where + "." + key;
+    if (key == "normalize" || key == "normalized") {
+      hyper["lmo_normalize"] = number(*value, origin, at);
+    } else if (key == "transpose") {
+      hyper["lmo_transpose"] = number(*value, origin, at);
+    } else if (key == "max_scale") {
+      hyper["lmo_max_scale"] = number(*value, origin, at);
+    } else if (key == "num_steps") {
+      hyper["ns_steps"] = number(*value, origin, at);
+    } else if (key != "zero_init") {
+      throw FormatError(fmt::format(
+          "{}: '{}' is not an option of SCION's oracles (normalize, normalized, transpose, "
+          "max_scale, num_steps, zero_init)",
+          origin, at));
+    }
+  }
+}
+
 // torch param_group keys -> libcurv's hyper-parameter names: betas split in two (three for
-// AdEMAMix), Adafactor's eps pair, torch.optim.Muon's ns_coefficients and adjust_lr_fn, and the
-// keys whose names differ (d, weight_decouple, decoupled_weight_decay). None leaves the default.
+// AdEMAMix), Adafactor's eps pair, torch.optim.Muon's ns_coefficients and adjust_lr_fn, Kron's
+// memory_save_mode and precondition_dtype as codes, and the keys whose names differ (d,
+// weight_decouple, decoupled_weight_decay, pre_conditioner_update_probability). None leaves the
+// default.
 nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
   static const std::vector<std::pair<std::string, std::string>> renamed = {
       {"lr", "lr"},
@@ -151,6 +189,18 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       {"weight_lr_power", "weight_lr_power"},
       {"weight_sum", "weight_sum"},
       {"lr_max", "lr_max"},
+      {"norm_type", "lmo"},
+      {"scale", "scale"},
+      {"constraint", "constraint"},
+      {"beta1", "beta1"},
+      {"beta2", "beta2"},
+      {"pre_conditioner_update_probability", "update_probability"},
+      {"update_counter", "update_counter"},
+      {"max_size_triangular", "max_size_triangular"},
+      {"min_ndim_triangular", "min_ndim_triangular"},
+      {"precondition_lr", "precondition_lr"},
+      {"precondition_init_scale", "precondition_init_scale"},
+      {"momentum_into_precondition_update", "momentum_into_precondition_update"},
   };
   nlohmann::json hyper = nlohmann::json::object();
   for (const auto& [k, v] : group.entries) {
@@ -175,7 +225,23 @@ nlohmann::json group_hyper(const PyValue& group, const std::string& origin) {
       }
       split_tuple(hyper, *v->items[0], {"ns_a", "ns_b", "ns_c"}, {3}, origin, where, "(a, b, c)");
     } else if (key == "adjust_lr_fn") {
-      hyper["adjust_lr"] = adjust_lr_code(*v, origin, where);
+      hyper["adjust_lr"] =
+          choice_code(*v, {"original", "match_rms_adamw", "spectral_unclamped"}, 0, origin, where);
+    } else if (key == "memory_save_mode") {
+      // Kron's modes, after None (0).
+      const double mode =
+          choice_code(*v, {"one_diag", "smart_one_diag", "all_diag"}, -1, origin, where);
+      hyper["memory_save_mode"] = mode + 1;
+    } else if (key == "mu_dtype" && !v->is(Kind::kNone)) {
+      // Kron's momentum in a dtype of its own: its rounding is not rebuilt.
+      throw FormatError(fmt::format(
+          "{}: '{}' is {}; a step is rebuilt only with None (the momentum in the parameter's "
+          "dtype)",
+          origin, where, v->brief()));
+    } else if (key == "norm_kwargs") {
+      scion_norm_kwargs(hyper, *v, origin, where);
+    } else if (key == "precondition_dtype") {
+      hyper["precondition_dtype"] = dtype_code(*v, origin, where);
     } else {
       for (const auto& [torch_key, field] : renamed) {
         if (key == torch_key && !v->is(Kind::kNone)) hyper[field] = number(*v, origin, where);
@@ -294,6 +360,15 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
         for (size_t j = 0; j < sv->items.size(); ++j) {
           if (sv->items[j]->is(Kind::kTensor))
             add(sk->text + "." + std::to_string(j), *sv->items[j]);
+        }
+      }
+    }
+    // Adam-mini views the first moment of its query and key blocks per head (head_per_gpu): the
+    // view's row length is its head_numel, which the state_dict does not record otherwise.
+    if (v->find("head_per_gpu")) {
+      for (const auto& [name, t] : tensors) {
+        if (name == "m" && t.dim() == 2) {
+          out.groups[group_of.at(k->integer)].hyper["head_numel"] = t.size(1);
         }
       }
     }

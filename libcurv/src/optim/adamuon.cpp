@@ -15,20 +15,6 @@ namespace curv {
 
 namespace {
 
-// pytorch-optimizer's zero_power_via_newton_schulz_5 (one coefficient tuple, bfloat16).
-at::Tensor newton_schulz_bf16(const at::Tensor& g, int64_t steps, double a, double b, double c) {
-  const bool tall = g.size(-2) > g.size(-1);
-  at::Tensor x = (tall ? g.mT() : g).to(at::kBFloat16).contiguous();
-  at::Tensor norm = at::linalg_vector_norm(x, 2, at::IntArrayRef{-2, -1}, true);
-  x.div_(norm.clamp_min_(1e-7));
-  for (int64_t k = 0; k < steps; ++k) {
-    const at::Tensor gram = at::mm(x, x.mT());
-    const at::Tensor poly = at::addmm(gram, gram, gram, b, c);
-    x = at::addmm(x, poly, x, a, 1.0);
-  }
-  return tall ? x.mT() : x;
-}
-
 class AdaMuon : public Optimizer {
  public:
   AdaMuon(OptimizerConfig c, const ParamSpace& s, const ModelStructure& structure)
@@ -67,7 +53,7 @@ class AdaMuon : public Optimizer {
     m.lerp_(d, 1.0 - b1);
     const at::Tensor matrix = m.dim() > 2 ? m.view({m.size(0), -1}) : m;
     at::Tensor o =
-        newton_schulz_bf16(matrix, c.ns_steps, c.ns_a, c.ns_b, c.ns_c).reshape(v.sizes());
+        rules::newton_schulz_bf16(matrix, c.ns_steps, c.ns_a, c.ns_b, c.ns_c).reshape(v.sizes());
     v.mul_(b2).addcmul_(o, o, 1.0 - b2);
     o.div_((v / bias2).sqrt_().add_(eps));
     o = o.reshape(theta.sizes());
@@ -91,6 +77,19 @@ class AdaMuon : public Optimizer {
 }  // namespace
 
 namespace rules {
+
+at::Tensor newton_schulz_bf16(const at::Tensor& g, int64_t steps, double a, double b, double c) {
+  const bool tall = g.size(-2) > g.size(-1);
+  at::Tensor x = (tall ? g.mT() : g).to(at::kBFloat16).contiguous();
+  at::Tensor norm = at::linalg_vector_norm(x, 2, at::IntArrayRef{-2, -1}, true);
+  x.div_(norm.clamp_min_(1e-7));
+  for (int64_t k = 0; k < steps; ++k) {
+    const at::Tensor gram = at::mm(x, x.mT());
+    const at::Tensor poly = at::addmm(gram, gram, gram, b, c);
+    x = at::addmm(x, poly, x, a, 1.0);
+  }
+  return tall ? x.mT() : x;
+}
 
 std::unique_ptr<Optimizer> adamuon(const OptimizerConfig& c, const ParamSpace& s,
                                    const ModelStructure& structure) {

@@ -76,6 +76,23 @@ const std::vector<Field>& fields() {
       {"beta1_1d", &OptimizerConfig::beta1_1d},
       {"beta2_1d", &OptimizerConfig::beta2_1d},
       {"weight_decay_1d", &OptimizerConfig::weight_decay_1d},
+      {"update_probability", &OptimizerConfig::update_probability},
+      {"update_counter", nullptr, nullptr, &OptimizerConfig::update_counter},
+      {"max_size_triangular", nullptr, nullptr, &OptimizerConfig::max_size_triangular},
+      {"min_ndim_triangular", nullptr, nullptr, &OptimizerConfig::min_ndim_triangular},
+      {"memory_save_mode", nullptr, nullptr, &OptimizerConfig::memory_save_mode},
+      {"precondition_lr", &OptimizerConfig::precondition_lr},
+      {"precondition_init_scale", &OptimizerConfig::precondition_init_scale},
+      {"precondition_dtype", nullptr, nullptr, &OptimizerConfig::precondition_dtype},
+      {"momentum_into_precondition_update", nullptr,
+       &OptimizerConfig::momentum_into_precondition_update},
+      {"head_numel", nullptr, nullptr, &OptimizerConfig::head_numel},
+      {"lmo", nullptr, nullptr, &OptimizerConfig::lmo},
+      {"lmo_normalize", nullptr, nullptr, &OptimizerConfig::lmo_normalize},
+      {"lmo_transpose", nullptr, &OptimizerConfig::lmo_transpose},
+      {"lmo_max_scale", nullptr, &OptimizerConfig::lmo_max_scale},
+      {"scale", &OptimizerConfig::scale},
+      {"constraint", nullptr, &OptimizerConfig::constraint},
   };
   return f;
 }
@@ -234,6 +251,22 @@ void OptimizerConfig::validate() const {
         precondition_frequency >= 1);
   check("max_precondition_dim", static_cast<double>(max_precondition_dim),
         max_precondition_dim >= 1);
+  check("update_probability", update_probability,
+        update_probability == -1.0 || (update_probability >= 0 && update_probability <= 1));
+  check("update_counter", static_cast<double>(update_counter), update_counter >= 0);
+  check("max_size_triangular", static_cast<double>(max_size_triangular), max_size_triangular >= 0);
+  check("min_ndim_triangular", static_cast<double>(min_ndim_triangular), min_ndim_triangular >= 0);
+  check("memory_save_mode", static_cast<double>(memory_save_mode),
+        memory_save_mode >= 0 && memory_save_mode <= 3);
+  check("precondition_lr", precondition_lr, precondition_lr >= 0);
+  check("precondition_init_scale", precondition_init_scale, precondition_init_scale > 0);
+  check("precondition_dtype", static_cast<double>(precondition_dtype),
+        precondition_dtype == 0 || precondition_dtype == 32 || precondition_dtype == 64);
+  check("head_numel", static_cast<double>(head_numel), head_numel >= 1);
+  check("lmo", static_cast<double>(lmo), lmo >= 0 && lmo <= 7);
+  check("lmo_normalize", static_cast<double>(lmo_normalize),
+        lmo_normalize >= -1 && lmo_normalize <= 1);
+  check("scale", scale, scale > 0);
   if (name == "sgd" && nesterov && (momentum <= 0 || dampening != 0)) {
     throw InvalidArgument(
         "optimizer sgd: nesterov needs momentum > 0 and dampening = 0 (as in "

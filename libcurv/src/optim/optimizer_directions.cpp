@@ -193,8 +193,12 @@ class OptimizerDirection : public Direction {
                                                                : saved.record.recognition;
     c.partition = optimizer.partition();
     const auto& groups = saved.record.param_groups;
+    // What a rule's rebuilt step leaves out of the reference's step goes into the unit's note.
+    std::string left_out;
     if (groups.empty()) {
-      return optimizer.step_from_saved(c.theta, g, *state, saved.step_count(), saved.file);
+      ParamVector u = optimizer.step_from_saved(c.theta, g, *state, saved.step_count(), saved.file);
+      if (!optimizer.step_note().empty()) c.note += "; " + optimizer.step_note();
+      return u;
     }
     ParamVector u(space.size());
     std::vector<bool> grouped(space.size(), false);
@@ -211,6 +215,7 @@ class OptimizerDirection : public Direction {
       const ParamVector sub_u =
           sub->step_from_saved(theta, grad, *state, saved.step_count(), saved.file);
       for (size_t k = 0; k < indices.size(); ++k) u[indices[k]] = sub_u[k];
+      if (!sub->step_note().empty()) left_out = sub->step_note();
     };
     for (size_t k = 0; k < groups.size(); ++k) {
       std::vector<size_t> indices;
@@ -233,6 +238,7 @@ class OptimizerDirection : public Direction {
     }
     if (!rest.empty()) step_of(rest, nullptr);
     if (groups.size() > 1) c.note += fmt::format(", {} parameter groups", groups.size());
+    if (!left_out.empty()) c.note += "; " + left_out;
     return u;
   }
 

@@ -211,6 +211,36 @@ std::vector<OptimizerEntry> zoo_entries() {
         "precondition_frequency"},
        defaults_of("shampoo", [](OptimizerConfig& c) { c.precondition_frequency = 1; }),
        rules::shampoo},
+      {"kron",
+       "PSGD-Kron (pytorch-optimizer's Kron): bias-corrected momentum multiplied along each "
+       "dimension by QᵀQ, Q a triangular (or diagonal) factor fitted every 1/update_probability "
+       "steps, RMS-clipped to 1.1",
+       {"lr", "weight_decay", "momentum", "decoupled", "update_probability", "update_counter",
+        "max_size_triangular", "min_ndim_triangular", "memory_save_mode", "precondition_lr",
+        "precondition_init_scale", "precondition_dtype", "momentum_into_precondition_update"},
+       defaults_of("kron",
+                   [](OptimizerConfig& c) {
+                     c.momentum = 0.9;
+                     c.decoupled = true;
+                   }),
+       rules::kron},
+      {"adam-mini",
+       "Adam-mini (the adam-mini package): Adam with one second moment per block (per head of "
+       "the query and key matrices, per row of the others, per tensor for norms), blocks by name",
+       {"lr", "weight_decay", "beta1", "beta2", "eps", "head_numel"},
+       defaults_of("adam-mini", [](OptimizerConfig&) {}),
+       rules::adam_mini},
+      {"scion",
+       "SCION (pytorch-optimizer): the linear minimisation oracle of a gradient average under a "
+       "norm chosen per parameter (spectral for matrices by default), scaled by a radius",
+       {"lr", "weight_decay", "momentum", "decoupled", "lmo", "lmo_normalize", "lmo_transpose",
+        "lmo_max_scale", "ns_steps", "scale", "constraint"},
+       defaults_of("scion",
+                   [](OptimizerConfig& c) {
+                     c.momentum = 0.1;
+                     c.decoupled = true;
+                   }),
+       rules::scion},
   };
 }
 

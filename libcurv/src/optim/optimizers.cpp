@@ -190,6 +190,7 @@ ParamVector Optimizer::step_from_saved(const ParamVector& theta, const ParamVect
   u.reserve(theta.size());
   // Set for the loop, and cleared however it ends.
   state_dropped_ = true;
+  note_.clear();
   struct Clear {
     bool& flag;
     ~Clear() { flag = false; }

@@ -1,8 +1,8 @@
 // Optimizers as update rules u = rule(θ, g, state): the same objects train models (θ ← θ + u),
 // rebuild the step an optimizer would take at a checkpoint from its saved state, and take what-if
 // steps from fresh state. AdamW, Adam, Muon (and variants), NorMuon, torch.optim.Muon, SGD,
-// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix, SOAP, Shampoo, AdaMuon, MARS and
-// Schedule-Free AdamW (docs/optimizers.md).
+// signSGD, Signum, Lion, NAdam, RAdam, Adafactor, AdEMAMix, SOAP, Shampoo, PSGD-Kron, Adam-mini,
+// SCION, AdaMuon, MARS and Schedule-Free AdamW (docs/optimizers.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -82,6 +82,36 @@ struct OptimizerConfig {
   // Shampoo: the statistics' starting multiple of I (matrix_eps); its inverse roots are recomputed
   // every precondition_frequency steps.
   double matrix_eps = 1e-6;
+  // PSGD-Kron: the factors are fitted every 1/update_probability steps (−1: the reference's
+  // default schedule of the step count), counted from update_counter, its param_groups' count
+  // since the last fit; fit at precondition_lr from precondition_init_scale·I. A dimension of
+  // size above max_size_triangular, or every dimension of a tensor of fewer than
+  // min_ndim_triangular, keeps a diagonal factor; memory_save_mode makes more diagonal (0 None,
+  // 1 one_diag, 2 smart_one_diag, 3 all_diag). Factors are kept in precondition_dtype (32:
+  // float32, 64: float64, 0: the parameter's dtype); momentum_into_precondition_update fits them
+  // to the momentum rather than the gradient.
+  double update_probability = -1.0;
+  int64_t update_counter = 0;
+  int64_t max_size_triangular = 8192;
+  int64_t min_ndim_triangular = 2;
+  int64_t memory_save_mode = 0;
+  double precondition_lr = 0.1;
+  double precondition_init_scale = 1.0;
+  int64_t precondition_dtype = 32;
+  bool momentum_into_precondition_update = true;
+  // Adam-mini: the entries of one head of a query or key block (the reference's dim·dim /
+  // n_heads; its defaults 2048 and 32).
+  int64_t head_numel = 131072;
+  // SCION: the linear minimisation oracle of each step (lmo: 0 none, 1 auto, 2 spectral, 3
+  // spectral of a convolution, 4 sign, 5 bias RMS, 6 column, 7 row; its norm_kwargs: normalize,
+  // −1 for the oracle's own default, transpose, max_scale, and ns_steps), the radius it is scaled
+  // by (scale), and constraint (θ ← (1 − lr)θ instead of weight decay).
+  int64_t lmo = 1;
+  int64_t lmo_normalize = -1;
+  bool lmo_transpose = false;
+  bool lmo_max_scale = false;
+  double scale = 1.0;
+  bool constraint = false;
   // Schedule-Free AdamW: its linear warm-up, the average's weights ((k+1)^r · lr_max^
   // weight_lr_power), and the running sum of those weights and largest lr so far, which its
   // param_groups carry from step to step.
@@ -149,6 +179,9 @@ class Optimizer {
   ParamVector step_from_saved(const ParamVector& theta, const ParamVector& grad,
                               const TensorSource& state, int64_t step_count,
                               const std::string& source);
+  // What the last step_from_saved left out of the reference's step, for the unit's note (Kron's
+  // preconditioner fit, drawn from a generator no state holds); empty when it is that step.
+  const std::string& step_note() const { return note_; }
 
   // State as "<param>.<key>" tensors (PyTorch's key names: exp_avg, exp_avg_sq,
   // momentum_buffer, ...), and back. load_state checks every tensor's presence and shape and
@@ -201,6 +234,7 @@ class Optimizer {
   ParamSpace space_;
   int64_t step_count_ = 0;
   bool state_dropped_ = false;
+  std::string note_;  // step_note()
   // state_[i][key]
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> state_;
 };
