@@ -104,8 +104,7 @@ std::vector<OptimizerEntry> first_entries() {
 }
 
 // The rules of other implementations' classes, each with their defaults: torch.optim's Muon, NAdam,
-// RAdam and Adafactor, schedulefree's AdamWScheduleFree, pytorch-optimizer's AdEMAMix, SOAP,
-// AdaMuon and Shampoo.
+// RAdam and Adafactor, pytorch-optimizer's AdEMAMix and schedulefree's AdamWScheduleFree.
 std::vector<OptimizerEntry> zoo_entries() {
   return std::vector<OptimizerEntry>{
       {"torch-muon",
@@ -160,6 +159,13 @@ std::vector<OptimizerEntry> zoo_entries() {
         "weight_sum", "lr_max"},
        defaults_of("adamw-schedulefree", [](OptimizerConfig& c) { c.lr = 0.0025; }),
        rules::adamw_schedulefree},
+  };
+}
+
+// The matrix-preconditioned and block-wise rules of pytorch-optimizer (SOAP, AdaMuon, MARS,
+// Shampoo, Kron, SCION) and adam-mini, each with its class's defaults.
+std::vector<OptimizerEntry> preconditioned_entries() {
+  return std::vector<OptimizerEntry>{
       {"soap",
        "SOAP (pytorch-optimizer): Adam in the eigenbases of Shampoo's Kronecker factors, "
        "refreshed every precondition_frequency steps",
@@ -254,6 +260,7 @@ const std::vector<OptimizerEntry>& optimizer_table() {
   static const std::vector<OptimizerEntry> table = [] {
     std::vector<OptimizerEntry> all = first_entries();
     for (auto& entry : zoo_entries()) all.push_back(std::move(entry));
+    for (auto& entry : preconditioned_entries()) all.push_back(std::move(entry));
     return all;
   }();
   return table;
