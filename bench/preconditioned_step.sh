@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One rebuilt SOAP step against one HVP at GPT-2 small's shape (the built-in GPT, 124M parameters,
-# float32), side by side in one invocation on the same device and BLAS: AdamW's and SOAP's step
-# rebuilt from their saved state (bench/preconditioned_step_bench), then hvp_bench's first HVP
+# Rebuilt SOAP and Kron steps against one HVP at GPT-2 small's shape (the built-in GPT, 124M
+# parameters, float32), side by side in one invocation on the same device and BLAS: AdamW's,
+# SOAP's and Kron's step rebuilt from their saved state (bench/preconditioned_step_bench), then hvp_bench's first HVP
 # (graph built) and reused HVP on 4 sequences of 256 tokens. An HVP's cost grows at least linearly
 # in the tokens, so 8 × 1024 tokens cost at least 8 times the HVP measured here.
 #
@@ -13,7 +13,7 @@ if [ $# -lt 1 ]; then
   exit 2
 fi
 build=$1 threads=${THREADS:-2}
-for rule in adamw soap; do
+for rule in adamw soap kron; do
   "$build/bench/preconditioned_step_bench" --rule "$rule" --threads "$threads"
 done
 for op in hvp_first hvp_reused; do

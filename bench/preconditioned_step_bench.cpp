@@ -5,7 +5,7 @@
 // clock covers the third step only. bench/preconditioned_step.sh runs it beside hvp_bench's HVP at
 // the same shape.
 //
-//   preconditioned_step_bench --rule soap|adamw [--threads 2]
+//   preconditioned_step_bench --rule soap|kron|adamw [--threads 2]
 //
 // One line: RESULT rule=R seconds=S params=N state_bytes=B u_norm=X
 #include <ATen/ATen.h>
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     if (flag == "--threads") threads = std::stoi(argv[i + 1]);
   }
   if (rule.empty()) {
-    std::fprintf(stderr, "usage: preconditioned_step_bench --rule soap|adamw [--threads N]\n");
+    std::fprintf(stderr, "usage: preconditioned_step_bench --rule soap|kron|adamw [--threads N]\n");
     return 2;
   }
   try {
