@@ -176,7 +176,7 @@ std::string global_refusal(const std::string& name, PickleGlobals globals) {
   std::vector<std::string> allowed = allowed_torch_globals();
   allowed.insert(allowed.end(), object_classes(globals).begin(), object_classes(globals).end());
   allowed.insert(allowed.end(), extra_callables(globals).begin(), extra_callables(globals).end());
-  allowed.push_back("the torch dtypes");
+  allowed.emplace_back("the torch dtypes");
   if (deepspeed) allowed.push_back("torch.Tensor");
   return fmt::format(
       "the pickle names the global '{}', which is not allowed (only plain data, tensors and "
