@@ -12,9 +12,9 @@ CURV_BUILD_DIR="$build" "$root/scripts/build-torch2.sh" -DCURV_BUILD_BENCH=OFF \
 "$root/scripts/check-torch-runtime.sh" "$build"
 echo "== the test suite against LibTorch $(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")"
 # Left to the Debian stage (scripts/test.sh), which runs them against the same tools' code: the
-# notebooks (Debian's Python on a small probe file) and the three tests of the tools as processes
-# (signals, kill -9 at random moments, the reproduction script's sweep), which exercise file
-# commits and resumption rather than LibTorch (352 of the Debian suite's 1428 test-seconds).
-skip='^(every notebook executes headless|kill -9 at 20 random moments|ndsprobe stops cleanly on SIGINT|reproduce.sh sweeps)'
+# notebooks (Debian's Python on a small probe file) and the tests of the tools as processes
+# (signals, kill -9 at random moments, the reproduction and optimizer studies' scripts), which
+# exercise file commits, resumption and scripts rather than LibTorch.
+skip='^(every notebook executes headless|kill -9 at 20 random moments|ndsprobe stops cleanly on SIGINT|reproduce.sh sweeps|optimizers.sh trains)'
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" -E "$skip")
 echo "all checks passed against LibTorch 2.x"

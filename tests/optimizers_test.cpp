@@ -340,12 +340,12 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
   CHECK_THROWS_AS(OptimizerConfig::parse("muon:beta2=0.9"), InvalidArgument);
 
   const ParamSpace space({"w"}, {at::zeros({3, 4}, at::kDouble)});
-  REQUIRE(optimizer_names() == std::vector<std::string>{"adamw", "adam", "muon", "normuon", "sgd",
-                                                        "signsgd", "signum", "lion", "torch-muon",
-                                                        "nadam", "radam", "adafactor", "ademamix",
-                                                        "adamw-schedulefree", "soap", "adamuon",
-                                                        "mars", "shampoo", "kron", "adam-mini",
-                                                        "scion"});
+  REQUIRE(
+      optimizer_names() ==
+      std::vector<std::string>{
+          "adamw", "adam",       "muon",  "normuon", "sgd",       "signsgd",   "signum",
+          "lion",  "torch-muon", "nadam", "radam",   "adafactor", "ademamix",  "adamw-schedulefree",
+          "soap",  "adamuon",    "mars",  "shampoo", "kron",      "adam-mini", "scion"});
   for (const auto& entry : optimizer_table()) {
     INFO(entry.name);
     const OptimizerConfig d = OptimizerConfig::defaults(entry.name);
@@ -372,14 +372,17 @@ TEST_CASE("the optimizer table: keys each optimizer reads, defaults that round-t
     CHECK(stored.to_json() == d.to_json());
     auto optimizer = make_optimizer(d, space);
     CHECK(optimizer->config().name == entry.name);
-    // Each rule trains: three steps from fresh state on a fixed gradient move θ, finitely.
+    // Each rule trains: three steps from fresh state on a fixed gradient move θ, finitely (SOAP's
+    // first step only sets its eigenbases up).
     const ParamVector theta = {at::full({3, 4}, 0.5, at::kDouble)};
     const ParamVector grad = {at::linspace(-1, 1, 12, at::kDouble).view({3, 4})};
+    double moved = 0;
     for (int step = 0; step < 3; ++step) {
       const ParamVector u = optimizer->step(theta, grad);
       CHECK(u[0].isfinite().all().item<bool>());
-      CHECK(u[0].abs().max().item<double>() > 0);
+      moved += u[0].abs().max().item<double>();
     }
+    CHECK(moved > 0);
   }
   // Kron fits its factors as it trains (every step early on, by the default schedule).
   auto kron = make_optimizer(OptimizerConfig::parse("kron"), space);
