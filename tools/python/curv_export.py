@@ -125,9 +125,12 @@ def _hyper(group):
         hyper["adjust_lr"] = _ADJUST_LR[group["adjust_lr_fn"]]
     if "memory_save_mode" in group:
         hyper["memory_save_mode"] = _MEMORY_SAVE_MODE[group["memory_save_mode"]]
-    for key, value in (group.get("norm_kwargs") or {}).items():
-        if key in _NORM_KWARGS:
-            hyper[_NORM_KWARGS[key]] = float(value)
+    if "norm_kwargs" in group:  # SCION: an option left out takes the oracle's default
+        hyper.update({"lmo_normalize": -1.0, "lmo_transpose": 0.0, "lmo_max_scale": 0.0,
+                      "ns_steps": 5.0})
+        for key, value in (group["norm_kwargs"] or {}).items():
+            if key in _NORM_KWARGS:
+                hyper[_NORM_KWARGS[key]] = float(value)
     if "precondition_dtype" in group:
         hyper["precondition_dtype"] = _PRECONDITION_DTYPE[group["precondition_dtype"]]
     return hyper

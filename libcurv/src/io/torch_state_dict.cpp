@@ -130,6 +130,11 @@ void scion_norm_kwargs(nlohmann::json& hyper, const PyValue& v, const std::strin
   if (!v.is(Kind::kDict)) {
     throw FormatError(fmt::format("{}: '{}' is {}, expected a dict", origin, where, v.brief()));
   }
+  // An option the dict leaves out takes the oracle's default, whatever another group set.
+  hyper["lmo_normalize"] = -1;
+  hyper["lmo_transpose"] = 0;
+  hyper["lmo_max_scale"] = 0;
+  hyper["ns_steps"] = 5;
   for (const auto& [k, value] : v.entries) {
     const std::string key = k->is(Kind::kString) ? k->text : k->brief();
     const std::string at = where + "." + key;
