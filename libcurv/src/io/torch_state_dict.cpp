@@ -339,6 +339,7 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
           fmt::format("{}: '{}' is a {}, expected a dict", origin, where, v->type_name()));
     }
     std::set<std::string>& keys = out.keys.groups[group_of.at(k->integer)].state;
+    const int64_t index = k->integer;  // a lambda may not capture a structured binding (C++17)
     NamedTensors tensors;
     for (const auto& [sk, sv] : v->entries) {
       if (!sk->is(Kind::kString)) continue;
@@ -353,7 +354,7 @@ std::optional<int64_t> parse_state(const PyValue& state, const std::map<int64_t,
       auto add = [&](const std::string& name, const PyValue& t) {
         if (!t.tensor.defined() && !t.text.empty()) {
           // Left in its file: a placeholder of its shape, read by name when a step needs it.
-          out.stored_as[{k->integer, name}] = t.text;
+          out.stored_as[{index, name}] = t.text;
           tensors.emplace_back(
               name, at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(at::kMeta)));
         } else {
