@@ -16,14 +16,22 @@
 using namespace curv_test;
 namespace fs = std::filesystem;
 
-TEST_CASE("reproduce.sh sweeps chooses seeds probes and summarizes with checked statistics",
-          "[reproduce]") {
-  TempDir dir;
-  // A 2-layer LLaMA of width 16: every unit takes milliseconds.
+namespace {
+
+// DIR/tiny.json: a 2-layer LLaMA of width 16, so that every unit takes milliseconds.
+void write_tiny_llama(const TempDir& dir) {
   std::ofstream(dir.file("tiny.json")) << R"({"arch": "llama", "vocab_size": 64,
     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 16,
     "tie_word_embeddings": true})";
+}
+
+}  // namespace
+
+TEST_CASE("reproduce.sh sweeps chooses seeds probes and summarizes with checked statistics",
+          "[reproduce]") {
+  TempDir dir;
+  write_tiny_llama(dir);
   const std::string build = fs::path(CURV_TOOLS_DIR).parent_path().string();
   const std::string out = dir.file("study");
   const std::string command =
@@ -60,10 +68,7 @@ TEST_CASE("reproduce.sh sweeps chooses seeds probes and summarizes with checked 
 TEST_CASE("optimizers.sh trains probes and summarizes every optimizer along its own update",
           "[reproduce]") {
   TempDir dir;
-  std::ofstream(dir.file("tiny.json")) << R"({"arch": "llama", "vocab_size": 64,
-    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 16,
-    "tie_word_embeddings": true})";
+  write_tiny_llama(dir);
   const std::string build = fs::path(CURV_TOOLS_DIR).parent_path().string();
   const std::string out = dir.file("optimizers");
   const std::string optimizers = "adamw muon soap shampoo adafactor adamw-schedulefree";

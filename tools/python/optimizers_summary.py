@@ -12,7 +12,6 @@ its ratio to AdamW's is taken per seed and combined on the log scale. Over train
 error bar is the larger of the standard error over seeds and the median probe-batch standard error
 ndsprobe reports for that point, so that a single seed still shows the probe set's noise.
 """
-import json
 import os
 import sys
 
@@ -26,7 +25,7 @@ import pandas as pd  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import curvplot  # noqa: E402
 from reproduce_summary import (fmt, fmt_ci, fmt_pm, log_ratio_interval, mean_se,  # noqa: E402
-                               per_seed_mean, s_name, study_layout, windows)
+                               per_seed_mean, s_name, study_layout, windows, write_summary)
 
 
 def load(study, layout):
@@ -162,12 +161,7 @@ def main():
                   os.path.join(plots, "nds.png"), log_scale=True)
     over_training(totals, layout, order, "rho_within", "ρ_within of the update",
                   os.path.join(plots, "rho_within.png"), log_scale=False)
-    text = "\n".join(md) + "\n"
-    with open(os.path.join(study, "summary.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(study, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
-    print(text)
+    write_summary(study, md, summary)
 
 
 if __name__ == "__main__":

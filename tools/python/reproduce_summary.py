@@ -477,6 +477,12 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(plots, "nds_ratio.png"), dpi=100)
 
+    write_summary(study, md, summary)
+
+
+def write_summary(study, md, summary):
+    """STUDY/summary.md from the markdown lines `md`, STUDY/summary.json from `summary`; prints
+    the markdown."""
     text = "\n".join(md) + "\n"
     with open(os.path.join(study, "summary.md"), "w") as f:
         f.write(text)
