@@ -25,7 +25,8 @@ import pandas as pd  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import curvplot  # noqa: E402
 from reproduce_summary import (fmt, fmt_ci, fmt_pm, log_ratio_interval, mean_se,  # noqa: E402
-                               per_seed_mean, s_name, study_layout, windows, write_summary)
+                               per_seed_mean, s_name, study_layout, sweep_section, windows,
+                               write_summary)
 
 
 def load(study, layout):
@@ -47,19 +48,6 @@ def optimizer_order(layout):
 
 def run_dir(study, s, opt, seed):
     return os.path.join(study, "study", f"s{s_name(s)}", f"{opt}_seed{seed}")
-
-
-def sweep_section(study, md, summary):
-    sweep = pd.read_csv(os.path.join(study, "sweep.csv"))
-    md.append("## Learning-rate sweep (seed 0, validation loss after the last update)\n")
-    md.append("| s | optimizer | learning rate: validation loss | chosen |")
-    md.append("|---|---|---|---|")
-    for (s, opt), g in sweep.groupby(["s", "optimizer"], sort=False):
-        cells = [f"{r.lr:g}: {r.val_loss:.4f}" for r in g.itertuples()]
-        chosen = g[g["chosen"] == 1]["lr"].iloc[0]
-        md.append(f"| {s:g} | {opt} | " + ", ".join(cells) + f" | {chosen:g} |")
-    summary["sweep"] = sweep.to_dict(orient="records")
-    return sweep
 
 
 def final_losses(study, layout, order, plots, summary):

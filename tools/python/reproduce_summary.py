@@ -195,6 +195,20 @@ def nds_table(totals, layout, steps, out):
     return rows, trend
 
 
+def sweep_section(study, md, summary):
+    """The learning-rate sweep's table (STUDY/sweep.csv) into `md` and `summary`; the sweep."""
+    sweep = pd.read_csv(os.path.join(study, "sweep.csv"))
+    md.append("## Learning-rate sweep (seed 0, validation loss after the last update)\n")
+    md.append("| s | optimizer | learning rate: validation loss | chosen |")
+    md.append("|---|---|---|---|")
+    for (s, opt), g in sweep.groupby(["s", "optimizer"], sort=False):
+        cells = [f"{r.lr:g}: {r.val_loss:.4f}" for r in g.itertuples()]
+        chosen = g[g["chosen"] == 1]["lr"].iloc[0]
+        md.append(f"| {s:g} | {opt} | " + ", ".join(cells) + f" | {chosen:g} |")
+    summary["sweep"] = sweep.to_dict(orient="records")
+    return sweep
+
+
 def main():
     study = sys.argv[1]
     plots = os.path.join(study, "plots")
@@ -205,16 +219,7 @@ def main():
     summary = {"audited_steps": audited, "late_steps": late, "layout": {s_name(s): v for s, v in layout.items()}}
     md = []
 
-    # The sweep.
-    sweep = pd.read_csv(os.path.join(study, "sweep.csv"))
-    md.append("## Learning-rate sweep (seed 0, validation loss after the last update)\n")
-    md.append("| s | optimizer | learning rate: validation loss | chosen |")
-    md.append("|---|---|---|---|")
-    for (s, opt), g in sweep.groupby(["s", "optimizer"], sort=False):
-        cells = [f"{r.lr:g}: {r.val_loss:.4f}" for r in g.itertuples()]
-        chosen = g[g["chosen"] == 1]["lr"].iloc[0]
-        md.append(f"| {s:g} | {opt} | " + ", ".join(cells) + f" | {chosen:g} |")
-    summary["sweep"] = sweep.to_dict(orient="records")
+    sweep = sweep_section(study, md, summary)
 
     # Validation loss per optimizer.
     md.append("\n## Validation loss after the last update (balanced validation set, mean ± SE over seeds)\n")
