@@ -16,6 +16,7 @@
 #include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
 #include "curv/optim/optimizers.h"
+#include "curv/optim/optimizer_directions.h"
 #include "test_support.h"
 #include "torch/version.h"
 
@@ -97,47 +98,12 @@ double rebuilt_step_error(Checkpoint ckpt, const std::string& name,
     theta.push_back(value.clone());
     grad.push_back(next.tensor("g." + param));
   }
-  ParamVector u(space.size());
-  std::vector<bool> done(space.size(), false);
-  auto step_of = [&](const std::vector<size_t>& indices, const OptimizerParamGroup* group) {
-    OptimizerConfig config = OptimizerConfig::defaults(saved.record.name);
-    for (const auto& [key, fallback] : config.hyper()) {
-      double v = saved.hyper(key, fallback);
-      if (group) {
-        for (const auto& [k, value] : group->hyper) {
-          if (k == key) v = value;
-        }
-      }
-      config.set_stored(key, fmt::format("{}", v));
-    }
-    if (saved.record.muon_params) config.muon_params = *saved.record.muon_params;
-    std::vector<std::string> names;
-    ParamVector sub_theta, sub_grad;
-    for (size_t i : indices) {
-      names.push_back(space[i].name);
-      sub_theta.push_back(theta[i]);
-      sub_grad.push_back(grad[i]);
-      done[i] = true;
-    }
-    auto optimizer = make_optimizer(config, ParamSpace(names, sub_theta));
-    const ParamVector sub_u = optimizer->step_from_saved(sub_theta, sub_grad, *saved.state,
-                                                         saved.step_count(), saved.file);
-    for (size_t k = 0; k < indices.size(); ++k) u[indices[k]] = sub_u[k];
-    if (note && !optimizer->step_note().empty()) *note = optimizer->step_note();
-  };
-  if (note) note->clear();
-  for (const auto& group : saved.record.param_groups) {
-    std::vector<size_t> indices;
-    for (const auto& param : group.params) {
-      if (const auto i = space.find(param); i && !done[*i]) indices.push_back(*i);
-    }
-    if (!indices.empty()) step_of(indices, &group);
+  const RebuiltStep step = rebuild_saved_step(saved, space, theta, grad);
+  const ParamVector& u = step.u;
+  if (note) {
+    const auto split = step.note.find("; ");
+    *note = split == std::string::npos ? "" : step.note.substr(split + 2);
   }
-  std::vector<size_t> rest;
-  for (size_t i = 0; i < space.size(); ++i) {
-    if (!done[i]) rest.push_back(i);
-  }
-  if (!rest.empty()) step_of(rest, nullptr);
   double diff = 0, ref = 0;
   for (size_t i = 0; i < space.size(); ++i) {
     const at::Tensor want = next.tensor("u." + space[i].name);

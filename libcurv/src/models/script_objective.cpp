@@ -21,8 +21,22 @@ class ScriptObjective : public Objective {
                   const std::string& structure_mapping)
       : module_(std::move(module)), path_(std::move(path)), mode_(mode) {
     std::vector<std::string> names;
+    // A tied weight (a head sharing the embedding's tensor) is listed under each of its names
+    // by TorchScript, but torch's named_parameters() and the checkpoints made from it name it
+    // once: it is one parameter, under its first name, and the others are tied to it.
+    std::vector<std::pair<std::string, std::string>> tied;
     for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
       if (!item.value.requires_grad()) continue;
+      bool alias = false;
+      for (size_t i = 0; i < params_.size() && !alias; ++i) {
+        const at::Tensor& p = params_[i];
+        if (p.data_ptr() == item.value.data_ptr() && p.sizes() == item.value.sizes() &&
+            p.strides() == item.value.strides()) {
+          tied.emplace_back(item.name, names[i]);
+          alias = true;
+        }
+      }
+      if (alias) continue;
       names.push_back(item.name);
       params_.push_back(item.value);
     }
@@ -35,6 +49,7 @@ class ScriptObjective : public Objective {
     structure_ = structure_mapping.empty()
                      ? ModelStructure::from_names(space_)
                      : ModelStructure::from_mapping_file(structure_mapping, space_);
+    for (const auto& pair : tied) structure_.tied.push_back(pair);
   }
 
   const ParamSpace& space() const override { return space_; }

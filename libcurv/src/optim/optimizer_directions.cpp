@@ -13,6 +13,30 @@ namespace curv {
 
 namespace {
 
+// The optimizer configured as the record says (one parameter group's hyper-parameters on top
+// when given), then `overrides`. Stored hyper-parameters hold every field (checkpoints record
+// them all), so they are applied whether this optimizer reads them or not; only the overrides
+// are checked.
+std::unique_ptr<Optimizer> optimizer_for_group(const SavedOptimizer& saved, const ParamSpace& space,
+                                               const OptimizerParamGroup* group,
+                                               const KeyValues& overrides) {
+  OptimizerConfig config = OptimizerConfig::defaults(saved.record.name);
+  for (const auto& [key, fallback] : config.hyper()) {
+    double v = saved.hyper(key, fallback);
+    if (group) {
+      for (const auto& [k, value] : group->hyper) {
+        if (k == key) v = value;
+      }
+    }
+    config.set_stored(key, fmt::format("{}", v));
+  }
+  // The partition regex travels beside the numeric hyper-parameters.
+  if (saved.record.muon_params) config.muon_params = *saved.record.muon_params;
+  for (const auto& [k, v] : overrides) config.set(k, v);
+  config.validate();
+  return make_optimizer(config, space);
+}
+
 // "adamw", "adamw:lr=1e-3", "muon.whatif", "muon.whatif:match=1,lr=0.01", "update".
 class OptimizerDirection : public Direction {
  public:
@@ -140,7 +164,7 @@ class OptimizerDirection : public Direction {
           "(resolve_optimizer_state)";
       return nullptr;
     }
-    auto optimizer = optimizer_from_record(*saved, c.engine->space());
+    auto optimizer = optimizer_for_group(*saved, c.engine->space(), nullptr, overrides_);
     if (!saved->has_state() && saved->step_count() != 0 && optimizer->needs_saved_state()) {
       *why = "it has no saved optimizer state";
       return nullptr;
@@ -148,98 +172,17 @@ class OptimizerDirection : public Direction {
     return optimizer;
   }
 
-  // The optimizer configured as the record says (one parameter group's hyper-parameters on top
-  // when given), then the direction's own overrides.
-  std::unique_ptr<Optimizer> optimizer_from_record(
-      const SavedOptimizer& saved, const ParamSpace& space,
-      const OptimizerParamGroup* group = nullptr) const {
-    OptimizerConfig config = OptimizerConfig::defaults(family_);
-    // Stored hyper-parameters hold every field (checkpoints record them all), so they are applied
-    // whether this optimizer reads them or not; only the user's overrides are checked.
-    for (const auto& [key, fallback] : config.hyper()) {
-      double v = saved.hyper(key, fallback);
-      if (group) {
-        for (const auto& [k, value] : group->hyper) {
-          if (k == key) v = value;
-        }
-      }
-      config.set_stored(key, fmt::format("{}", v));
-    }
-    // The partition regex travels beside the numeric hyper-parameters.
-    if (saved.record.muon_params) config.muon_params = *saved.record.muon_params;
-    for (const auto& [k, v] : overrides_) config.set(k, v);
-    config.validate();
-    return make_optimizer(config, space);
-  }
-
-  // Step 3: the rebuilt optimizer's next step. Parameter groups with their own hyper-parameters
-  // (nanoGPT: no weight decay on gains and biases; modded-nanogpt: one learning rate per AdamW
-  // group) take their step from an optimizer configured like the group, built over the group's
-  // parameters only, so that each parameter's step (a Newton–Schulz iteration for Muon's
-  // matrices) is computed once whatever the number of groups.
-  // Each parameter's saved state is read when its step is taken and dropped after
-  // (Optimizer::step_from_saved): the whole state, twice the parameters for Adam, is never held.
-  ParamVector rebuilt_step(DirectionContext& c, Optimizer& optimizer) const {
+  // Step 3: the rebuilt optimizer's next step, per parameter group (rebuild_saved_step).
+  ParamVector rebuilt_step(DirectionContext& c, const Optimizer& optimizer) const {
     const SavedOptimizer& saved = *c.saved;
-    const ParamSpace& space = c.engine->space();
-    const ParamVector& g = c.engine->gradient();
-    // A first step (step count 0) and stateless rules read nothing: an empty source serves them.
-    const SharedTensorSource state =
-        saved.state ? saved.state : memory_tensor_source({}, saved.file);
-    c.note =
-        fmt::format("rebuilt from saved {} state (step count {})", family_, saved.step_count());
+    RebuiltStep step =
+        rebuild_saved_step(saved, c.engine->space(), c.theta, c.engine->gradient(), overrides_);
+    c.note = step.note;
     c.optimizer_rule = family_;
     c.optimizer_recognition = saved.record.recognition.empty() ? "recorded in " + saved.meta_file
                                                                : saved.record.recognition;
     c.partition = optimizer.partition();
-    const auto& groups = saved.record.param_groups;
-    // What a rule's rebuilt step leaves out of the reference's step goes into the unit's note.
-    std::string left_out;
-    if (groups.empty()) {
-      ParamVector u = optimizer.step_from_saved(c.theta, g, *state, saved.step_count(), saved.file);
-      if (!optimizer.step_note().empty()) c.note += "; " + optimizer.step_note();
-      return u;
-    }
-    ParamVector u(space.size());
-    std::vector<bool> grouped(space.size(), false);
-    // The step of `indices` under `group`'s hyper-parameters (the record's alone when null).
-    auto step_of = [&](const std::vector<size_t>& indices, const OptimizerParamGroup* group) {
-      std::vector<std::string> names;
-      ParamVector theta, grad;
-      for (size_t i : indices) {
-        names.push_back(space[i].name);
-        theta.push_back(c.theta[i]);
-        grad.push_back(g[i]);
-      }
-      auto sub = optimizer_from_record(saved, ParamSpace(names, theta), group);
-      const ParamVector sub_u =
-          sub->step_from_saved(theta, grad, *state, saved.step_count(), saved.file);
-      for (size_t k = 0; k < indices.size(); ++k) u[indices[k]] = sub_u[k];
-      if (!sub->step_note().empty()) left_out = sub->step_note();
-    };
-    for (size_t k = 0; k < groups.size(); ++k) {
-      std::vector<size_t> indices;
-      for (const auto& name : groups[k].params) {
-        const auto index = space.find(name);
-        if (!index) {
-          throw FormatError(
-              fmt::format("{}: \"optimizer.param_groups[{}]\" names \"{}\", which "
-                          "is not a model parameter",
-                          saved.meta_file, k, name));
-        }
-        if (!grouped[*index]) indices.push_back(*index);
-        grouped[*index] = true;
-      }
-      if (!indices.empty()) step_of(indices, &groups[k]);
-    }
-    std::vector<size_t> rest;
-    for (size_t i = 0; i < space.size(); ++i) {
-      if (!grouped[i]) rest.push_back(i);
-    }
-    if (!rest.empty()) step_of(rest, nullptr);
-    if (groups.size() > 1) c.note += fmt::format(", {} parameter groups", groups.size());
-    if (!left_out.empty()) c.note += "; " + left_out;
-    return u;
+    return std::move(step.u);
   }
 
   // The step from fresh state, configured by the defaults and the direction's overrides.
@@ -283,6 +226,79 @@ std::vector<std::tuple<std::string, DirectionFactory, std::string>> optimizer_di
   out.emplace_back("update", optimizer_direction_factory(),
                    "the step of the optimizer that saved each checkpoint, rebuilt from its saved "
                    "state");
+  return out;
+}
+
+RebuiltStep rebuild_saved_step(const SavedOptimizer& saved, const ParamSpace& space,
+                               const ParamVector& theta, const ParamVector& grad,
+                               const KeyValues& overrides) {
+  const std::string& rule = saved.record.name;
+  if (rule.empty()) {
+    throw InvalidArgument(fmt::format("{}: {}", saved.checkpoint,
+                                      saved.record.refusal.empty() ? "names no optimizer"
+                                                                   : saved.record.refusal));
+  }
+  if (saved.unresolved) {
+    throw InvalidArgument(fmt::format(
+        "{}: the torch optimizer state is not mapped to parameter names (resolve_optimizer_state)",
+        saved.checkpoint));
+  }
+  if (theta.size() != space.size() || grad.size() != space.size()) {
+    throw InvalidArgument(fmt::format("rebuild_saved_step: {} parameters, {} values, {} gradients",
+                                      space.size(), theta.size(), grad.size()));
+  }
+  // A first step (step count 0) and stateless rules read nothing: an empty source serves them.
+  // Each parameter's saved state is read when its step is taken and dropped after
+  // (Optimizer::step_from_saved): the whole state, twice the parameters for Adam, is never held.
+  const SharedTensorSource state = saved.state ? saved.state : memory_tensor_source({}, saved.file);
+  RebuiltStep out;
+  out.rule = rule;
+  out.note = fmt::format("rebuilt from saved {} state (step count {})", rule, saved.step_count());
+  out.u.resize(space.size());
+  // Parameter groups with their own hyper-parameters (nanoGPT: no weight decay on gains and
+  // biases; modded-nanogpt: one learning rate per AdamW group) take their step from an optimizer
+  // configured like the group, built over the group's parameters only, so that each parameter's
+  // step (a Newton–Schulz iteration for Muon's matrices) is computed once whatever the groups.
+  std::string left_out;
+  auto step_of = [&](const std::vector<size_t>& indices, const OptimizerParamGroup* group) {
+    std::vector<std::string> names;
+    ParamVector sub_theta, sub_grad;
+    for (size_t i : indices) {
+      names.push_back(space[i].name);
+      sub_theta.push_back(theta[i]);
+      sub_grad.push_back(grad[i]);
+    }
+    auto sub = optimizer_for_group(saved, ParamSpace(names, sub_theta), group, overrides);
+    const ParamVector sub_u =
+        sub->step_from_saved(sub_theta, sub_grad, *state, saved.step_count(), saved.file);
+    for (size_t k = 0; k < indices.size(); ++k) out.u[indices[k]] = sub_u[k];
+    // What a rule's rebuilt step leaves out of the reference's step goes into the note.
+    if (!sub->step_note().empty()) left_out = sub->step_note();
+  };
+  const auto& groups = saved.record.param_groups;
+  std::vector<bool> grouped(space.size(), false);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    std::vector<size_t> indices;
+    for (const auto& name : groups[k].params) {
+      const auto index = space.find(name);
+      if (!index) {
+        throw FormatError(
+            fmt::format("{}: \"optimizer.param_groups[{}]\" names \"{}\", which "
+                        "is not a model parameter",
+                        saved.meta_file, k, name));
+      }
+      if (!grouped[*index]) indices.push_back(*index);
+      grouped[*index] = true;
+    }
+    if (!indices.empty()) step_of(indices, &groups[k]);
+  }
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < space.size(); ++i) {
+    if (!grouped[i]) rest.push_back(i);
+  }
+  if (!rest.empty()) step_of(rest, nullptr);
+  if (groups.size() > 1) out.note += fmt::format(", {} parameter groups", groups.size());
+  if (!left_out.empty()) out.note += "; " + left_out;
   return out;
 }
 

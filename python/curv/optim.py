@@ -1,0 +1,54 @@
+"""Update directions from a live optimizer: measured around a real step, or rebuilt from its
+state by libcurv's rules without stepping."""
+import contextlib
+import os
+import tempfile
+
+import torch
+
+from . import _curv
+from . import _export
+from .results import MeasuredUpdate, RebuiltUpdate
+
+
+def _named_parameters(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def update_direction(optimizer, model, grads=None):
+    """The step `optimizer` would take next, rebuilt by libcurv's rule from its live state,
+    without stepping it: a RebuiltUpdate (u = θ' − θ by parameter name, the rule, a note).
+
+    optimizer: any optimizer curv_export.save_checkpoint saves (docs/optimizers.md), or the list
+        [torch.optim.Muon, torch.optim.AdamW] of a run stepping both.
+    grads: {name: tensor}, or None for the parameters' .grad.
+    """
+    named = _named_parameters(model)
+    names = [n for n, _ in named]
+    if grads is None:
+        missing = [n for n, p in named if p.grad is None]
+        if missing:
+            raise ValueError(f"parameters without .grad (pass grads=): {missing[:3]}")
+        grads = {n: p.grad for n, p in named}
+    theta = [p.detach() for _, p in named]
+    try:
+        g = [grads[n].detach().to(device=p.device, dtype=p.dtype) for n, p in named]
+    except KeyError as e:
+        raise ValueError(f"grads has no tensor for parameter {e}") from None
+    with tempfile.TemporaryDirectory(prefix="curv-state-") as run_dir:
+        # The state as curv_export saves it (every state tensor by name, the rule and its groups),
+        # read back by libcurv's own checkpoint reader: one path, the one ndsprobe takes.
+        _export.save_checkpoint(model, optimizer, 1, run_dir)
+        u, rule, note = _curv.rebuild_update(os.path.join(run_dir, "step_1"), names,
+                                             [t.cpu() for t in theta], [t.cpu() for t in g])
+    return RebuiltUpdate({n: t.to(p.device) for (n, p), t in zip(named, u)}, rule, note)
+
+
+@contextlib.contextmanager
+def measured_update(model):
+    """u = θ_after − θ_before around whatever runs inside (a real optimizer.step(), clipping,
+    schedulers): `with curv.measured_update(model) as m: optimizer.step()`, then m.u."""
+    named = _named_parameters(model)
+    result = MeasuredUpdate({n: p.detach().clone() for n, p in named})
+    yield result
+    result.u = {n: p.detach() - result.theta_before[n] for n, p in named}
