@@ -1,7 +1,6 @@
 """Update directions from a live optimizer: measured around a real step, or rebuilt from its
 state by libcurv's rules without stepping."""
 import contextlib
-import os
 import tempfile
 
 import torch
@@ -39,7 +38,7 @@ def update_direction(optimizer, model, grads=None):
         # The state as curv_export saves it (every state tensor by name, the rule and its groups),
         # read back by libcurv's own checkpoint reader: one path, the one ndsprobe takes.
         _export.save_checkpoint(model, optimizer, 1, run_dir)
-        u, rule, note = _curv.rebuild_update(os.path.join(run_dir, "step_1"), names,
+        u, rule, note = _curv.rebuild_update(run_dir, names,
                                              [t.cpu() for t in theta], [t.cpu() for t in g])
     return RebuiltUpdate({n: t.to(p.device) for (n, p), t in zip(named, u)}, rule, note)
 

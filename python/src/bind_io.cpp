@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include "bindings.h"
@@ -91,24 +92,27 @@ void bind_report(py::module_& m) {
 }
 
 void bind_optimizers(py::module_& m) {
-  // The step the optimizer saved in the native checkpoint `folder` takes next from θ with
+  // The step the optimizer saved in the one native checkpoint of `run_dir` takes next from θ with
   // gradient g (curv_export.save_checkpoint wrote it from the live optimizer).
   m.def(
       "rebuild_update",
-      [](const std::string& folder, const std::vector<std::string>& names,
+      [](const std::string& run_dir, const std::vector<std::string>& names,
          const ParamVector& theta, const ParamVector& grad) {
         py::gil_scoped_release release;
-        CheckpointInfo info;
-        info.path = folder;
-        info.layout = CheckpointLayout::kNative;
-        Checkpoint ckpt = load_checkpoint(info);
+        const std::vector<CheckpointInfo> found = list_checkpoints(run_dir);
+        if (found.size() != 1) {
+          throw InvalidArgument(
+              fmt::format("{}: expected one saved optimizer state, found {}", run_dir,
+                          found.size()));
+        }
+        Checkpoint ckpt = load_checkpoint(found.front());
         const ParamSpace space(names, theta);
         resolve_optimizer_state(ckpt, space, "auto");
         const SavedOptimizer saved = saved_optimizer(ckpt);
         RebuiltStep step = rebuild_saved_step(saved, space, theta, grad);
         return std::make_tuple(std::move(step.u), step.rule, step.note);
       },
-      py::arg("folder"), py::arg("names"), py::arg("theta"), py::arg("grad"));
+      py::arg("run_dir"), py::arg("names"), py::arg("theta"), py::arg("grad"));
 }
 
 }  // namespace curv::python
