@@ -32,6 +32,11 @@ def _structure_json(model, roles, heads):
     if n_head:
         mapping.update(n_head=n_head, n_kv_head=n_kv or n_head, head_dim=head_dim)
     if roles:
+        known = _curv.role_names()
+        for pattern, role in dict(roles).items():
+            if role not in known:
+                raise ValueError(f"roles[{pattern!r}]: unknown parameter role {role!r}; roles: "
+                                 f"{', '.join(known)}")
         mapping["roles"] = dict(roles)
     return json.dumps(mapping) if mapping else ""
 

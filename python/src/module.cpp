@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
+#include "curv/core/structure.h"
 #include "session.h"
 
 namespace curv::python {
@@ -103,6 +104,7 @@ PYBIND11_MODULE(_curv, m) {
   m.doc() = "libcurv: curvature of a loss along update directions (docs/python.md)";
   m.attr("__version__") = curv::library_version();
   m.def("runtime_summary", &curv::runtime_summary);
+  m.def("role_names", &curv::role_names);
   cp::bind_errors(m);
   cp::bind_options(m);
   cp::bind_results(m);

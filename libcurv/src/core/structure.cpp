@@ -87,7 +87,10 @@ ParamRole role_of_name(const std::string& name) {
   if (std::regex_match(module, norm)) {
     return last == "bias" ? ParamRole::kNormBias : ParamRole::kNormGain;
   }
-  if (module == "c_attn") return ParamRole::kFusedQkv;
+  // Fused projections whose rows are the query, key and value rows in turn (nanoGPT and GPT-2's
+  // c_attn, Phi-3's qkv_proj). GPT-NeoX's query_key_value interleaves them head by head, which
+  // the row slices cannot express: it keeps the role "other".
+  if (module == "c_attn" || module == "qkv_proj") return ParamRole::kFusedQkv;
   if (module == "q_proj" || module == "query") return ParamRole::kAttentionQuery;
   if (module == "k_proj" || module == "key") return ParamRole::kAttentionKey;
   if (module == "v_proj" || module == "value") return ParamRole::kAttentionValue;
@@ -96,19 +99,44 @@ ParamRole role_of_name(const std::string& name) {
     if (in_attention) return ParamRole::kAttentionOutput;
     if (in_mlp) return ParamRole::kMlpOutput;
   }
-  if (module == "c_fc" || module == "up_proj" || module == "fc1") return ParamRole::kMlpInput;
+  if (module == "dense" && in_attention) return ParamRole::kAttentionOutput;  // GPT-NeoX
+  // Phi-3's gate_up_proj holds the gate and input rows of its gated MLP.
+  if (module == "c_fc" || module == "up_proj" || module == "fc1" || module == "dense_h_to_4h" ||
+      module == "gate_up_proj") {
+    return ParamRole::kMlpInput;
+  }
+  if (module == "dense_4h_to_h") return ParamRole::kMlpOutput;
   if (module == "gate_proj") return ParamRole::kMlpGate;
   if (module == "down_proj" || module == "fc2") return ParamRole::kMlpOutput;
   return ParamRole::kOther;
 }
 
+// Hugging Face's GPT-2 stores its projections as Conv1D, [in, out]: its c_attn is [d, 3d] where
+// nanoGPT's is [3d, d]. Its c_attn, c_proj and c_fc weights are then transposed.
+bool conv1d_layout(const ParamSpace& space) {
+  for (const auto& info : space.params()) {
+    const auto parts = split_dots(info.name);
+    if (parts.size() >= 2 && parts[parts.size() - 2] == "c_attn" && parts.back() == "weight" &&
+        info.shape.size() == 2 && info.shape[1] == 3 * info.shape[0]) {
+      return true;
+    }
+  }
+  return false;
+}
+
 ParamStructure structure_of_name(const ParamInfo& info, int64_t n_head, int64_t n_kv_head,
-                                 int64_t head_dim) {
+                                 int64_t head_dim, bool conv1d) {
   ParamStructure p;
   p.role = role_of_name(info.name);
-  p.layer = layer_of(split_dots(info.name));
+  const auto parts = split_dots(info.name);
+  p.layer = layer_of(parts);
+  if (conv1d && info.shape.size() == 2 && parts.size() >= 2) {
+    const std::string& module = parts[parts.size() - 2];
+    p.transposed = module == "c_attn" || module == "c_proj" || module == "c_fc";
+  }
   if (p.role == ParamRole::kFusedQkv && !info.shape.empty()) {
-    p.slices = fused_qkv_slices(info.shape[0], n_head, n_kv_head, head_dim);
+    const int64_t rows = p.transposed ? info.shape[1] : info.shape[0];
+    p.slices = fused_qkv_slices(rows, n_head, n_kv_head, head_dim);
   }
   return p;
 }
@@ -158,7 +186,10 @@ std::vector<RowSlice> fused_qkv_slices(int64_t rows, int64_t n_head, int64_t n_k
 
 ModelStructure ModelStructure::from_names(const ParamSpace& space) {
   ModelStructure s;
-  for (const auto& info : space.params()) s.params.push_back(structure_of_name(info, 0, 0, 0));
+  const bool conv1d = conv1d_layout(space);
+  for (const auto& info : space.params()) {
+    s.params.push_back(structure_of_name(info, 0, 0, 0, conv1d));
+  }
   return s;
 }
 
@@ -218,14 +249,16 @@ ModelStructure ModelStructure::from_mapping(const std::string& text, const Param
       rules.emplace_back(pattern, parse_role(item.value().get<std::string>(), context));
     }
   }
+  const bool conv1d = conv1d_layout(space);
   for (const auto& info : space.params()) {
-    ParamStructure p = structure_of_name(info, s.n_head, s.n_kv_head, s.head_dim);
+    ParamStructure p = structure_of_name(info, s.n_head, s.n_kv_head, s.head_dim, conv1d);
     for (const auto& [pattern, role] : rules) {
       if (!std::regex_search(info.name, pattern)) continue;
       p.role = role;
       p.slices.clear();
       if (role == ParamRole::kFusedQkv && !info.shape.empty()) {
-        p.slices = fused_qkv_slices(info.shape[0], s.n_head, s.n_kv_head, s.head_dim);
+        const int64_t rows = p.transposed ? info.shape[1] : info.shape[0];
+        p.slices = fused_qkv_slices(rows, s.n_head, s.n_kv_head, s.head_dim);
       }
       break;
     }
@@ -291,11 +324,11 @@ bool ModelStructure::is_hidden_matrix(size_t i, const ParamSpace& space) const {
 bool is_embedding_name(const std::string& name) {
   static const std::regex pattern(
       R"((^|\.)(wte|wpe|embed[a-z_]*|embeddings?|tok_emb|pos_emb)(\.|$))");
-  return std::regex_search(name, pattern);
+  return std::regex_search(name, pattern) && !is_head_name(name);
 }
 
 bool is_head_name(const std::string& name) {
-  static const std::regex pattern(R"((^|\.)lm_head(\.|$))");
+  static const std::regex pattern(R"((^|\.)(lm_head|embed_out)(\.|$))");  // embed_out: GPT-NeoX
   return std::regex_search(name, pattern);
 }
 

@@ -1,34 +1,84 @@
 """Fixtures of the Python package's tests (docs/python.md): tiny transformers models run wholly
 in float64 (transformers computes RMSNorm, the rotary table and eager attention's softmax in
-float32 whatever the model's dtype: tests/python/transformers_reference.py replaces them with
-the same formulas in float64), and torch.autograd references."""
+float32 whatever the model's dtype: replaced here by the same formulas in float64, as
+tests/python/transformers_reference.py does for the built-in architectures' references), and
+torch.autograd references."""
 import os
-import sys
 import types
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/python: transformers_reference
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
+def eager_float64(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                  softcap=None, **kwargs):
+    """transformers' eager attention of every family here, with its softmax in the model's dtype
+    (transformers runs it in float32)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    if attention_mask is not None:
+        weights = weights + attention_mask[:, :, :, :key.shape[-2]]
+    weights = torch.softmax(weights, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def _register_attention():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    AttentionInterface.register("eager_float64", eager_float64)
+    AttentionMaskInterface.register("eager_float64", eager_mask)
+
+
+def rope_float64(module, config):
+    """The rotary table in float64: the default rope type's inverse frequencies over the rotated
+    dimensions (all of a head, or GPT-NeoX's partial share), checked against transformers'
+    float32 ones."""
+    d = 2 * module.inv_freq.numel()
+    base = config.rope_parameters["rope_theta"]
+    assert config.rope_parameters.get("rope_type", "default") == "default"
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    assert torch.allclose(inv, module.inv_freq.to(torch.float64), rtol=1e-6, atol=0)
+    module.inv_freq64 = inv
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64.to(x.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.attention_scaling).to(x.dtype),
+                (emb.sin() * self.attention_scaling).to(x.dtype))
+
+    module.forward = types.MethodType(forward, module)
+
+
+def rms_norm_float64(self, x):
+    eps = getattr(self, "variance_epsilon", None) or getattr(self, "eps")
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def gemma_rms_norm_float64(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
 def float64_model(model):
-    """The model with transformers' float32 islands replaced by float64 (eager attention)."""
-    import transformers_reference as ref
+    """The model with transformers' float32 islands (RMSNorm, the rotary table, eager
+    attention's softmax) computed in float64 by the same formulas."""
+    _register_attention()
     model = model.double().eval()
-    model.config._attn_implementation = "eager_in_dtype"
+    model.config._attn_implementation = "eager_float64"
     for m in model.modules():
         name = type(m).__name__
         if name == "GemmaRMSNorm":
-            m.forward = types.MethodType(
-                lambda self, x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-                * (1.0 + self.weight), m)
+            m.forward = types.MethodType(gemma_rms_norm_float64, m)
         elif name.endswith("RMSNorm"):
-            m.forward = types.MethodType(ref.rms_norm_float64, m)
+            m.forward = types.MethodType(rms_norm_float64, m)
         elif name.endswith("RotaryEmbedding"):
-            ref.make_rope_float64(m, model.config)
+            rope_float64(m, model.config)
     return model
 
 

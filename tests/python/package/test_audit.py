@@ -165,3 +165,55 @@ def test_bad_input_is_named(llama):
 
     with pytest.raises(KeyError, match="labels"):
         curv.Probe(llama, lm_batches(), broken).audit(random_direction(llama))
+
+
+def family(name):
+    from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM,
+                              Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM)
+    small = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=64)
+    if name == "olmo2":  # post-norms, q/k RMSNorm over the whole projection
+        return Olmo2ForCausalLM(Olmo2Config(**small, num_key_value_heads=2))
+    if name == "phi3":  # fused qkv_proj and gate_up_proj
+        return Phi3ForCausalLM(Phi3Config(**small, num_key_value_heads=2, pad_token_id=0))
+    if name == "gpt_neox":  # parallel residual, partial rotary, fused interleaved qkv
+        return GPTNeoXForCausalLM(GPTNeoXConfig(**small, rotary_pct=0.5, eos_token_id=0,
+                                                bos_token_id=0, tie_word_embeddings=False))
+    if name == "gpt2":  # Conv1D weights, tied head
+        return GPT2LMHeadModel(GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4,
+                                          n_positions=64, bos_token_id=0, eos_token_id=0))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", ["olmo2", "phi3", "gpt_neox", "gpt2"])
+def test_transformers_families_without_a_built_in(name):
+    torch.manual_seed(0)
+    model = float64_model(family(name))
+    batches = lm_batches()
+    probe = curv.Probe(model, batches)
+    check_against_autograd(probe, model, curv.causal_lm, batches, random_direction(model))
+    roles = probe.roles
+    expect = {"olmo2": {"model.layers.0.self_attn.q_norm.weight": "norm_gain",
+                        "model.layers.1.post_feedforward_layernorm.weight": "norm_gain"},
+              "phi3": {"model.layers.0.self_attn.qkv_proj.weight": "fused_qkv",
+                       "model.layers.0.mlp.gate_up_proj.weight": "mlp_input"},
+              "gpt_neox": {"gpt_neox.embed_in.weight": "token_embedding",
+                           "lm_head.weight": "output_head",
+                           "gpt_neox.layers.0.attention.dense.weight": "attention_output",
+                           "gpt_neox.layers.0.mlp.dense_4h_to_h.weight": "mlp_output"},
+              "gpt2": {"transformer.h.0.attn.c_attn.weight": "fused_qkv",
+                       "transformer.wpe.weight": "position_embedding"}}[name]
+    for param, role in expect.items():
+        assert roles[param] == role, (param, roles[param])
+    assert len(probe.blocks) == 4  # embeddings, two layers, head
+
+
+def test_roles_and_head_counts_can_be_overridden(llama):
+    probe = curv.Probe(llama, lm_batches(), roles={r"mlp\.up_proj": "other"}, heads=(2, 2, 16),
+                       blocks=curv.BlockRule.COMPONENT)
+    assert probe.roles["model.layers.0.mlp.up_proj.weight"] == "other"
+    assert "model.layers.0.attn.qk" in probe.blocks
+    q = probe.within(random_direction(llama), param_regex=r"layers\.0\.self_attn\.q_proj").params[0]
+    assert sorted(n for n in q.groups.name if n.startswith("head")) == ["head0", "head1"]
+    with pytest.raises(ValueError, match="unknown parameter role 'mlp'"):
+        curv.Probe(llama, lm_batches(), roles={"mlp": "mlp"})

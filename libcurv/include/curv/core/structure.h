@@ -66,9 +66,15 @@ struct ModelStructure {
   //    mlp.c_fc, mlp.c_proj, ln_*, lm_head;
   //  - Hugging Face LLaMA / GPT-2 style: embed_tokens, embed_positions, q_proj, k_proj, v_proj,
   //    o_proj, gate_proj, up_proj, down_proj, input_layernorm, post_attention_layernorm, norm,
-  //    lm_head.
+  //    lm_head (the LLaMA, Gemma, OLMo and Qwen families; OLMo 2's q_norm, k_norm and
+  //    post_feedforward_layernorm are norms). GPT-2's Conv1D weights ([in, out], recognised by
+  //    a c_attn of [d, 3d]) are marked transposed;
+  //  - Phi-3: qkv_proj (fused Q/K/V rows), gate_up_proj (MLP input);
+  //  - GPT-NeoX / Pythia: embed_in, embed_out (the head), attention.dense, dense_h_to_4h,
+  //    dense_4h_to_h; its query_key_value interleaves Q/K/V head by head and stays "other".
   // Embeddings are wte, wpe, embed*, embedding(s), tok_emb, pos_emb as a dotted path component,
-  // the head lm_head. The layer is the first numeric path component that is not the last one.
+  // the head lm_head or embed_out. The layer is the first numeric path component that is not the
+  // last one.
   // Head counts stay 0 (names do not give them); an lm_head.weight and a token embedding of the
   // same shape are not assumed tied.
   static ModelStructure from_names(const ParamSpace& space);
