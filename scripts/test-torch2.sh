@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The second build: the whole test suite against LibTorch 2.x with CUDA (the pinned torch wheel's,
-# scripts/setup-pypi.sh), run on the CPU. Needs what scripts/test.sh installs (Debian's packages).
+# scripts/setup-pypi.sh), run on the CPU, then the Python package built from the same folder and
+# its tests (scripts/test-python.sh). Needs what scripts/test.sh installs (Debian's packages).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CURV_BUILD_DIR:-$root/build-torch2}"

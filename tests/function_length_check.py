@@ -1,5 +1,5 @@
 """ctest's size check: no C++ function (or lambda) of the project is longer than 120 lines and no
-libcurv source or header longer than 600 (docs/library.md#layout).
+libcurv or Python-package source or header longer than 600 (docs/library.md#layout).
 
 A function is a brace block opened at the end of a line that closes a parameter list, ") {",
 ") const {", ") -> T {", ") : member(x) {", that is not a control statement (if, for, while,
@@ -77,7 +77,7 @@ def self_test() -> int:
 
 def check(root: pathlib.Path):
     failures = []
-    for folder in ("libcurv", "tools", "bench", "examples", "fuzz"):
+    for folder in ("libcurv", "tools", "bench", "examples", "fuzz", "python"):
         for path in sorted((root / folder).rglob("*")):
             if path.suffix not in (".cpp", ".h", ".cu", ".cuh"):
                 continue
@@ -85,7 +85,7 @@ def check(root: pathlib.Path):
             for start, length in long_functions(path):
                 failures.append(f"{name}:{start}: function of {length} lines "
                                 f"(at most {MAX_FUNCTION_LINES})")
-            if folder == "libcurv":
+            if folder in ("libcurv", "python"):
                 count = len(path.read_text(encoding="utf-8").split("\n")) - 1
                 if count > MAX_FILE_LINES:
                     failures.append(f"{name}: {count} lines (at most {MAX_FILE_LINES})")
@@ -102,7 +102,7 @@ def main() -> int:
         print(f"size check failed: {len(failures)} functions or files too long")
         return 1
     print(f"size check: functions within {MAX_FUNCTION_LINES} lines, "
-          f"libcurv files within {MAX_FILE_LINES}")
+          f"libcurv and python/ files within {MAX_FILE_LINES}")
     return 0
 
 

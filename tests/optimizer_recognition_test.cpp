@@ -15,8 +15,8 @@
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
 #include "curv/io/safetensors.h"
-#include "curv/optim/optimizers.h"
 #include "curv/optim/optimizer_directions.h"
+#include "curv/optim/optimizers.h"
 #include "test_support.h"
 #include "torch/version.h"
 

@@ -101,9 +101,8 @@ void bind_optimizers(py::module_& m) {
         py::gil_scoped_release release;
         const std::vector<CheckpointInfo> found = list_checkpoints(run_dir);
         if (found.size() != 1) {
-          throw InvalidArgument(
-              fmt::format("{}: expected one saved optimizer state, found {}", run_dir,
-                          found.size()));
+          throw InvalidArgument(fmt::format("{}: expected one saved optimizer state, found {}",
+                                            run_dir, found.size()));
         }
         Checkpoint ckpt = load_checkpoint(found.front());
         const ParamSpace space(names, theta);

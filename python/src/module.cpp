@@ -86,14 +86,15 @@ void bind_session(py::module_& m) {
       .def("roles",
            [](const Session& s) {
              std::vector<std::pair<std::string, int64_t>> out;
-             for (const auto& p : s.structure().params) out.emplace_back(role_name(p.role), p.layer);
+             for (const auto& p : s.structure().params)
+               out.emplace_back(role_name(p.role), p.layer);
              return out;
            })
       .def("counters", [](const Session& s) {
         const EngineCounters c = s.counters();
         return py::dict(py::arg("forwards") = c.forwards, py::arg("backwards") = c.backwards,
-                        py::arg("second_backwards") = c.second_backwards,
-                        py::arg("hvps") = c.hvps, py::arg("gradients") = c.gradients);
+                        py::arg("second_backwards") = c.second_backwards, py::arg("hvps") = c.hvps,
+                        py::arg("gradients") = c.gradients);
       });
 }
 

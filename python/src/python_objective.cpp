@@ -46,8 +46,7 @@ at::Tensor PythonObjective::call(const char* method, const Batch& batch) {
     pending_ = std::make_unique<py::error_already_set>(std::move(e));
     throw ModelError(fmt::format("{}: {} raised {}", description_, method, what));
   } catch (const py::cast_error&) {
-    throw ModelError(
-        fmt::format("{}: {} did not return a tensor", description_, method));
+    throw ModelError(fmt::format("{}: {} did not return a tensor", description_, method));
   }
 }
 

@@ -23,9 +23,9 @@ Session::Session(py::object evaluator, const std::vector<std::string>& names, Pa
                  const std::vector<at::Tensor>& targets, bool has_logits, std::string description,
                  const std::string& structure_json, SessionOptions options)
     : options_(std::move(options)) {
-  objective_ = std::make_unique<PythonObjective>(std::move(evaluator), names, std::move(params),
-                                                 has_logits, std::move(description),
-                                                 structure_json);
+  objective_ =
+      std::make_unique<PythonObjective>(std::move(evaluator), names, std::move(params), has_logits,
+                                        std::move(description), structure_json);
   if (targets.empty()) throw InvalidArgument("the probe set holds no batch");
   std::vector<Batch> batches;
   for (size_t b = 0; b < targets.size(); ++b) {

@@ -234,9 +234,9 @@ RebuiltStep rebuild_saved_step(const SavedOptimizer& saved, const ParamSpace& sp
                                const KeyValues& overrides) {
   const std::string& rule = saved.record.name;
   if (rule.empty()) {
-    throw InvalidArgument(fmt::format("{}: {}", saved.checkpoint,
-                                      saved.record.refusal.empty() ? "names no optimizer"
-                                                                   : saved.record.refusal));
+    throw InvalidArgument(
+        fmt::format("{}: {}", saved.checkpoint,
+                    saved.record.refusal.empty() ? "names no optimizer" : saved.record.refusal));
   }
   if (saved.unresolved) {
     throw InvalidArgument(fmt::format(
