@@ -195,3 +195,66 @@ function(curv_check_torch_linking)
   endif()
   message(FATAL_ERROR "LibTorch ${root}: a program linked against it does not build:\n${output}")
 endfunction()
+
+# curv_find_torch(): find_package(Torch), except for a CUDA build of LibTorch (the torch wheel
+# from PyPI) on a machine without the CUDA toolkit, whose TorchConfig.cmake stops in Caffe2's
+# cuda.cmake ("Your installed Caffe2 version uses CUDA but I cannot find the CUDA libraries").
+# There the install is taken as a CPU LibTorch, as torch's own C++ extensions take it: its
+# libraries (libtorch loads libtorch_cuda itself), headers and ABI flag, with no CUDA libraries,
+# so libcurv builds without its CUDA kernels and CUDA tensors take the fused operations' ATen
+# formulas. Sets what find_package(Torch) sets that the project reads.
+macro(curv_find_torch)
+  find_path(CURV_TORCH_CONFIG_DIR Torch/TorchConfig.cmake PATHS ${CMAKE_PREFIX_PATH}
+            PATH_SUFFIXES share/cmake NO_DEFAULT_PATH)
+  set(curv_cuda_build OFF)
+  if(CURV_TORCH_CONFIG_DIR AND EXISTS "${CURV_TORCH_CONFIG_DIR}/Caffe2/Caffe2Config.cmake")
+    file(STRINGS "${CURV_TORCH_CONFIG_DIR}/Caffe2/Caffe2Config.cmake" curv_cuda_line
+         REGEX "^[ ]*set\\(CAFFE2_USE_CUDA 1\\)")
+    if(curv_cuda_line)
+      set(curv_cuda_build ON)
+    endif()
+  endif()
+  set(curv_cuda_toolkit ON)
+  if(curv_cuda_build)
+    find_package(CUDA QUIET)
+    if(NOT CUDA_FOUND)
+      set(curv_cuda_toolkit OFF)
+    endif()
+  endif()
+  if(curv_cuda_build AND NOT curv_cuda_toolkit)
+    get_filename_component(TORCH_INSTALL_PREFIX "${CURV_TORCH_CONFIG_DIR}/../.." REALPATH)
+    message(STATUS "libcurv: ${TORCH_INSTALL_PREFIX} is a CUDA build of LibTorch and no CUDA "
+                   "toolkit was found: it is used as a CPU LibTorch")
+    set(TORCH_INCLUDE_DIRS "${TORCH_INSTALL_PREFIX}/include"
+                           "${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include")
+    foreach(lib torch torch_cpu c10)
+      find_library(curv_torch_${lib} ${lib} PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH
+                   REQUIRED)
+    endforeach()
+    set(TORCH_LIBRARY "${curv_torch_torch}")
+    set(c10_LIBRARY "${curv_torch_c10}")
+    # The C++ ABI LibTorch was built with, as its TorchConfig.cmake records it.
+    file(STRINGS "${CURV_TORCH_CONFIG_DIR}/Torch/TorchConfig.cmake" curv_abi_line
+         REGEX "_GLIBCXX_USE_CXX11_ABI=[01]")
+    string(REGEX MATCH "_GLIBCXX_USE_CXX11_ABI=[01]" TORCH_CXX_FLAGS "${curv_abi_line}")
+    if(NOT TORCH_CXX_FLAGS)
+      set(TORCH_CXX_FLAGS "_GLIBCXX_USE_CXX11_ABI=1")
+    endif()
+    set(TORCH_CXX_FLAGS "-D${TORCH_CXX_FLAGS}")
+    if(NOT TARGET torch)
+      add_library(torch SHARED IMPORTED)
+      set_target_properties(torch PROPERTIES
+        IMPORTED_LOCATION "${curv_torch_torch}"
+        INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}"
+        INTERFACE_LINK_LIBRARIES "${curv_torch_torch_cpu};${curv_torch_c10}"
+        INTERFACE_COMPILE_OPTIONS "${TORCH_CXX_FLAGS}"
+        # LibTorch 2.x's headers need C++20, as its own config requires of its users.
+        INTERFACE_COMPILE_FEATURES cxx_std_20)
+    endif()
+    set(TORCH_LIBRARIES torch)
+    set(TORCH_CUDA_LIBRARIES "")
+    set(Torch_FOUND TRUE)
+  else()
+    find_package(Torch REQUIRED)
+  endif()
+endmacro()
