@@ -124,16 +124,23 @@ def train(args, callbacks, out):
 
 
 def callback_overhead(args, tmp):
+    """Training alone, then with the probe at full coupling (one HVP per block) and with
+    coupling none (one HVP), each in a fresh results file."""
+    import shutil
     import curv
     plain = train(args, [], f"{tmp}/plain")
-    callback = curv.CurvatureCallback(batches_of(args, args.probe // args.batch, 1),
-                                      every=args.every, path=f"{tmp}/probe.h5")
-    probed = train(args, [callback], f"{tmp}/probed")
-    probes = len(callback.probe.audits)
-    return {"steps": args.train_steps, "every": args.every, "probes": probes,
-            "train_seconds": plain, "train_with_probe_seconds": probed,
-            "seconds_per_probe": sum(callback.probe.seconds) / probes,
-            "overhead_share": (probed - plain) / plain}
+    out = {"steps": args.train_steps, "every": args.every, "train_seconds": plain}
+    for name, coupling in (("full", curv.Coupling.FULL), ("none", curv.Coupling.NONE)):
+        shutil.rmtree(f"{tmp}/{name}", ignore_errors=True)
+        callback = curv.CurvatureCallback(batches_of(args, args.probe // args.batch, 1),
+                                          every=args.every, coupling=coupling,
+                                          path=f"{tmp}/{name}/probe.h5")
+        probed = train(args, [callback], f"{tmp}/{name}")
+        probes = len(callback.probe.audits)
+        out[name] = {"probes": probes, "train_with_probe_seconds": probed,
+                     "seconds_per_probe": sum(callback.probe.seconds) / probes,
+                     "overhead_share": (probed - plain) / plain}
+    return out
 
 
 def main():
@@ -164,10 +171,15 @@ def main():
         print(f"| {side} | {a[side]['seconds']:.2f} | "
               f"{a[side]['seconds'] / a['plain']['seconds']:.2f}x |")
     print(f"\nworst relative difference {a['worst_rel_diff']:.1e}")
+    for k in ("loss", "first_order", "curvature", "realized"):
+        print(f"{k}: package {a['package'][k]:.9g}, plain {a['plain'][k]:.9g}")
     print("\n| training | seconds | probes | seconds per probe | overhead |\n|---|---|---|---|---|")
     print(f"| {c['steps']} steps | {c['train_seconds']:.1f} | 0 | | |")
-    print(f"| {c['steps']} steps, probe every {c['every']} | {c['train_with_probe_seconds']:.1f} | "
-          f"{c['probes']} | {c['seconds_per_probe']:.2f} | {100 * c['overhead_share']:.1f}% |")
+    for name in ("full", "none"):
+        r = c[name]
+        print(f"| {c['steps']} steps, probe every {c['every']}, coupling {name} | "
+              f"{r['train_with_probe_seconds']:.1f} | {r['probes']} | "
+              f"{r['seconds_per_probe']:.2f} | {100 * r['overhead_share']:.1f}% |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
