@@ -106,8 +106,10 @@ def inverse_frequencies(c):
     return inv
 
 
-def make_rope_float64(module, config):
-    inv = inverse_frequencies(config)
+def make_rope_float64(module, config, inv=None):
+    """The module's rotary table computed in float64 from `inv` (default: the config's inverse
+    frequencies)."""
+    inv = inverse_frequencies(config) if inv is None else inv
     # The same frequencies as transformers' own rope_init_fn, to its float32 rounding.
     assert torch.allclose(inv, module.inv_freq.to(torch.float64), rtol=1e-6, atol=0), \
         (inv, module.inv_freq)

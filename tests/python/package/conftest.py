@@ -4,12 +4,14 @@ float32 whatever the model's dtype: replaced here by the same formulas in float6
 tests/python/transformers_reference.py does for the built-in architectures' references), and
 torch.autograd references."""
 import os
+import sys
 import types
 
 import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/python
 
 
 def eager_float64(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -39,21 +41,13 @@ def _register_attention():
 def rope_float64(module, config):
     """The rotary table in float64: the default rope type's inverse frequencies over the rotated
     dimensions (all of a head, or GPT-NeoX's partial share), checked against transformers'
-    float32 ones."""
+    float32 ones (tests/python/transformers_reference.py)."""
+    import transformers_reference as ref
     d = 2 * module.inv_freq.numel()
-    base = config.rope_parameters["rope_theta"]
     assert config.rope_parameters.get("rope_type", "default") == "default"
-    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    assert torch.allclose(inv, module.inv_freq.to(torch.float64), rtol=1e-6, atol=0)
-    module.inv_freq64 = inv
-
-    def forward(self, x, position_ids):
-        freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64.to(x.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return ((emb.cos() * self.attention_scaling).to(x.dtype),
-                (emb.sin() * self.attention_scaling).to(x.dtype))
-
-    module.forward = types.MethodType(forward, module)
+    base = config.rope_parameters["rope_theta"]
+    ref.make_rope_float64(module, config,
+                          1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)))
 
 
 def rms_norm_float64(self, x):
