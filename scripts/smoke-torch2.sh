@@ -21,7 +21,7 @@ if [ ! -x "$venv/bin/python3" ]; then "$python" -m venv "$venv"; fi
   "$(grep '^numpy==' "$root/scripts/requirements-pypi.txt")"
 cmake_dir=$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$cmake_dir" \
-  -DCURV_BUILD_BENCH=OFF -DCURV_PYTHON=ON >/dev/null
+  -DCURV_BUILD_BENCH=OFF -DCURV_PYTHON=ON "-DCURV_PACKAGE_PYTHON=$venv/bin/python3" >/dev/null
 targets=(ndsprobe _curv)
 # The [.cuda] tests compile (they run on a GPU machine: bench/gpu_check.sh).
 for object in cuda_test fused_kernels_cuda_test; do
