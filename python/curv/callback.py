@@ -7,6 +7,7 @@ the user's probe batches at θ_before, with the model in eval mode; then θ_afte
 for bit, and the RNG states too: training is the same with and without the probe.
 """
 import sys
+import time
 
 import torch
 
@@ -73,7 +74,6 @@ class UpdateProbe:
     def after_step(self, model, step):
         if self._before is None:
             return
-        import time
         start = time.perf_counter()
         model = _unwrap(model)
         params = [p for p in model.parameters() if p.requires_grad]

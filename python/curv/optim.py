@@ -3,7 +3,6 @@ state by libcurv's rules without stepping."""
 import contextlib
 import tempfile
 
-import torch
 
 from . import _curv
 from . import _export

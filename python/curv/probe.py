@@ -2,7 +2,8 @@
 import contextlib
 import json
 
-import torch
+import numpy as np
+import pandas as pd
 
 from . import _curv
 from ._evaluator import Evaluator
@@ -184,7 +185,6 @@ class Probe:
         o = _curv.TaylorOptions()
         o.coupling, o.realized = coupling, realized
         r = self._call("token_buckets", self._vector(u), b, o)
-        import pandas as pd
         return BucketAudit(pd.DataFrame(_curv.token_bucket_rows(run, step, direction, r)), r)
 
     def eigenvalues(self, top=1, bottom=0, *, method=_curv.EigenMethod.LANCZOS, tol=1e-6,
@@ -199,12 +199,10 @@ class Probe:
         o = _curv.TraceOptions()
         o.method, o.matvecs, o.seed = method, matvecs, seed
         t = self._call("trace", o)
-        import pandas as pd
         return Trace(t.estimate, t.standard_error, t.matvecs, t.seconds,
                      pd.DataFrame(_curv.trace_table(t)), t)
 
     def density(self, *, runs=10, steps=80, sigma=0.0, grid=1024, seed=0):
-        import numpy as np
         o = _curv.DensityOptions()
         o.runs, o.steps, o.sigma, o.grid, o.seed = runs, steps, sigma, grid, seed
         d = self._call("density", o)
