@@ -3,7 +3,6 @@ state by libcurv's rules without stepping."""
 import contextlib
 import tempfile
 
-
 from . import _curv
 from . import _export
 from .results import MeasuredUpdate, RebuiltUpdate
