@@ -19,6 +19,12 @@ else
   # find_library takes the wheel's libraries even with Debian's libtorch-dev installed.
   prefix=$("$venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 fi
+# The ninja the Python package's build (scikit-build-core) takes when it reuses this folder: the
+# environment's own (the pinned PyPI ninja) when it has one. A folder built by two ninja versions
+# would be rebuilt whole, its build log being the other version's.
+ninja=()
+if [ -x "$venv/bin/ninja" ]; then ninja=("-DCMAKE_MAKE_PROGRAM=$venv/bin/ninja"); fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
-  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" "-DCURV_TORCHRUN=$venv/bin/torchrun" "$@" >/dev/null
+  "-DCURV_TRANSFORMERS_PYTHON=$venv/bin/python3" "-DCURV_TORCHRUN=$venv/bin/torchrun" \
+  "${ninja[@]}" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"
