@@ -59,23 +59,21 @@ at::Tensor PythonObjective::loss(const Batch& batch) {
   return value.reshape({});
 }
 
-at::Tensor PythonObjective::logits(const Batch& batch) {
+void PythonObjective::require_logits(const char* needs) const {
   if (!has_logits_) {
-    throw ModelError(fmt::format(
-        "{}: the objective returns a scalar loss, not logits and targets: the Gauss-Newton "
-        "split needs logits",
-        description_));
+    throw ModelError(
+        fmt::format("{}: the objective returns a scalar loss, not logits and targets: {}",
+                    description_, needs));
   }
+}
+
+at::Tensor PythonObjective::logits(const Batch& batch) {
+  require_logits("the Gauss-Newton split needs logits");
   return call("logits", batch);
 }
 
 at::Tensor PythonObjective::token_losses(const Batch& batch) {
-  if (!has_logits_) {
-    throw ModelError(fmt::format(
-        "{}: the objective returns a scalar loss, not logits and targets: token buckets need "
-        "per-token losses",
-        description_));
-  }
+  require_logits("token buckets need per-token losses");
   return call("token_losses", batch);
 }
 

@@ -40,6 +40,8 @@ class PythonObjective : public Objective {
 
  private:
   at::Tensor call(const char* method, const Batch& batch);
+  // ModelError saying what `needs` logits when the objective returns a scalar loss.
+  void require_logits(const char* needs) const;
 
   py::object evaluator_;
   ParamVector params_;
