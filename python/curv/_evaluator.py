@@ -9,6 +9,12 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # cross-entropy leaves these targets out of its mean, as torch does
 
 
+def trainable(model):
+    """(name, parameter) of the parameters that require grad, in the module's order: the
+    parameters every analysis, direction and probe is over."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def batch_size(batch):
     """The examples of a batch: the first dimension of its first tensor."""
     if torch.is_tensor(batch):

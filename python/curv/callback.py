@@ -12,6 +12,7 @@ import time
 import torch
 
 from . import _curv
+from ._evaluator import trainable
 from .objectives import causal_lm
 from .probe import Probe
 from .report import Report
@@ -69,14 +70,14 @@ class UpdateProbe:
         if self._report is not None and self._report.done(self.run, step, "update"):
             return
         model = _unwrap(model)
-        self._before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        self._before = [p.detach().clone() for _, p in trainable(model)]
 
     def after_step(self, model, step):
         if self._before is None:
             return
         start = time.perf_counter()
         model = _unwrap(model)
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for _, p in trainable(model)]
         before, self._before = self._before, None
         after = [p.detach().clone() for p in params]
         u = [a - b for a, b in zip(after, before)]
@@ -103,7 +104,7 @@ class UpdateProbe:
         if self._report is not None:
             self._report.add(audit)
             if eig is not None:
-                self._report._report.add_eigen(self.run, step, eig.native)
+                self._report.add_eigenvalues(self.run, step, eig)
             self._report.commit()
         self.seconds.append(time.perf_counter() - start)
 

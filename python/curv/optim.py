@@ -5,11 +5,8 @@ import tempfile
 
 from . import _curv
 from . import _export
+from ._evaluator import trainable
 from .results import MeasuredUpdate, RebuiltUpdate
-
-
-def _named_parameters(model):
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def update_direction(optimizer, model, grads=None):
@@ -20,7 +17,7 @@ def update_direction(optimizer, model, grads=None):
         [torch.optim.Muon, torch.optim.AdamW] of a run stepping both.
     grads: {name: tensor}, or None for the parameters' .grad.
     """
-    named = _named_parameters(model)
+    named = trainable(model)
     names = [n for n, _ in named]
     if grads is None:
         missing = [n for n, p in named if p.grad is None]
@@ -45,7 +42,7 @@ def update_direction(optimizer, model, grads=None):
 def measured_update(model):
     """u = θ_after − θ_before around whatever runs inside (a real optimizer.step(), clipping,
     schedulers): `with curv.measured_update(model) as m: optimizer.step()`, then m.u."""
-    named = _named_parameters(model)
+    named = trainable(model)
     result = MeasuredUpdate({n: p.detach().clone() for n, p in named})
     yield result
     result.u = {n: p.detach() - result.theta_before[n] for n, p in named}

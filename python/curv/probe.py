@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from . import _curv
-from ._evaluator import Evaluator
+from ._evaluator import Evaluator, trainable
 from .attention import explain
 from .objectives import causal_lm
 from .results import Audit, BucketAudit, Density, Eigenvalues, Trace, Within
@@ -60,7 +60,7 @@ class Probe:
                  max_kept_graphs=0, max_memory=0, eval_mode=True, description=None):
         self.model = model
         self.eval_mode = eval_mode
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = trainable(model)
         if not named:
             raise ValueError("the model has no parameter that requires grad")
         self.names = [n for n, _ in named]
@@ -112,8 +112,9 @@ class Probe:
     def _vector(self, u, what="u"):
         """A direction as the engine's tensors: a {name: tensor} dict or a list in name order."""
         if isinstance(u, dict):
+            known = set(self.names)
             missing = [n for n in self.names if n not in u]
-            extra = [n for n in u if n not in set(self.names)]
+            extra = [n for n in u if n not in known]
             if missing or extra:
                 raise ValueError(f"{what}: missing {missing[:3]}, not parameters {extra[:3]}")
             u = [u[n] for n in self.names]

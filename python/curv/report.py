@@ -36,6 +36,10 @@ class Report:
         self._report.add_checkpoint(audit.run, audit.step, audit.loss, grad_norm)
         self._report.add_taylor(audit.run, audit.step, audit.direction, audit.native)
 
+    def add_eigenvalues(self, run, step, eigenvalues):
+        """Eigenvalues of H at a step: its spectrum/eigen table, as ndsprobe --spectrum writes."""
+        self._report.add_eigen(run, step, eigenvalues.native)
+
     def add_within(self, audit, within):
         self._report.add_within(audit.run, audit.step, audit.direction, within.native)
 

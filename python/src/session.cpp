@@ -28,12 +28,12 @@ Session::Session(py::object evaluator, const std::vector<std::string>& names, Pa
                                         std::move(description), structure_json);
   if (targets.empty()) throw InvalidArgument("the probe set holds no batch");
   std::vector<Batch> batches;
+  const c10::Device device = objective_->parameters().front().device();
   for (size_t b = 0; b < targets.size(); ++b) {
     const at::Tensor& t = targets[b];
     if (!t.defined() || t.dim() == 0 || t.size(0) == 0) {
       throw InvalidArgument(fmt::format("probe batch {} has no examples", b));
     }
-    const c10::Device device = objective_->parameters().front().device();
     batches.push_back({rows_of(static_cast<int64_t>(b), t.size(0)).to(device), t.to(device)});
   }
   probe_ = ProbeSet(std::move(batches));

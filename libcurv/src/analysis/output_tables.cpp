@@ -402,6 +402,17 @@ const TableLayout<GroupTerms>& groups_layout() {
   return layout;
 }
 
+void append_eigen_rows(std::vector<EigenRow>& rows, const std::string& block,
+                       const EigenResult& result) {
+  for (const auto& [which, pairs] :
+       {std::pair{"largest", &result.largest}, std::pair{"smallest", &result.smallest},
+        std::pair{"dominant", &result.dominant}}) {
+    for (size_t i = 0; i < pairs->size(); ++i) {
+      rows.push_back({block, which, static_cast<int64_t>(i), &(*pairs)[i], &result});
+    }
+  }
+}
+
 const TableLayout<EigenRow>& eigen_layout() {
   static const TableLayout<EigenRow> layout = [] {
     using E = const EigenRow&;

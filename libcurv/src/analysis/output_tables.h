@@ -59,6 +59,10 @@ struct EigenRow {
   const EigenResult* result = nullptr;
 };
 
+// The rows of `result`'s pairs for `block`: largest, smallest, then dominant, each by rank.
+void append_eigen_rows(std::vector<EigenRow>& rows, const std::string& block,
+                       const EigenResult& result);
+
 struct TraceRow {
   std::string block;
   const TraceResult* trace = nullptr;

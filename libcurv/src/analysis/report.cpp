@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "analysis/output_tables.h"
+#include "curv/analysis/result_tables.h"
 #include "curv/analysis/taylor.h"
 #include "curv/analysis/token_buckets.h"
 #include "curv/analysis/within.h"
@@ -66,9 +67,7 @@ void check_name(const std::string& what, const std::string& name) {
 // Per batch: weight, loss, g_b·u, uᵀH_b u, realized change, within-block sum, and B x L matrices
 // of the block terms, so that SEs and paired comparisons can be recomputed from the file.
 void write_batches(const ReportGroup& parent, const std::string& name, const TaylorBatches& t) {
-  std::vector<BatchRow> rows;
-  for (size_t b = 0; b < t.size(); ++b) rows.push_back({&t, b});
-  parent.table(name, batches_layout().table(rows));
+  parent.table(name, batches_table(t));
   const ReportGroup group = parent.child(name);
   auto matrix = [&](const char* name, const Eigen::MatrixXd& m) {
     const auto n = static_cast<uint64_t>(m.rows()), cols = static_cast<uint64_t>(m.cols());
@@ -335,10 +334,7 @@ void ProbeReport::add_taylor(const std::string& run, int64_t step, const std::st
   if (!r.multipliers.empty()) unit.table(multipliers_layout(), r.multipliers);
 
   // Long-format rows: the total, then one per block.
-  const UnitKey key{run, step, direction};
-  std::vector<TaylorRow> rows = {{&key, &r, nullptr, 0}};
-  for (size_t l = 0; l < r.blocks.size(); ++l) rows.push_back({&key, &r, &r.blocks[l], l});
-  taylor_->append_rows(taylor_layout().table(rows));
+  taylor_->append_rows(taylor_rows(run, step, direction, r));
 }
 
 void ProbeReport::add_token_buckets(const std::string& run, int64_t step,

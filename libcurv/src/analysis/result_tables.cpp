@@ -40,13 +40,7 @@ Table token_bucket_rows(const std::string& run, int64_t step, const std::string&
 
 Table eigen_table(const EigenResult& result) {
   std::vector<EigenRow> rows;
-  for (const auto& [which, pairs] :
-       {std::pair{"largest", &result.largest}, std::pair{"smallest", &result.smallest},
-        std::pair{"dominant", &result.dominant}}) {
-    for (size_t i = 0; i < pairs->size(); ++i) {
-      rows.push_back({"total", which, static_cast<int64_t>(i), &(*pairs)[i], &result});
-    }
-  }
+  append_eigen_rows(rows, "total", result);
   return eigen_layout().table(rows);
 }
 

@@ -18,21 +18,11 @@ namespace curv {
 
 namespace {
 
-void add_pairs(std::vector<EigenRow>& rows, const std::string& block, const EigenResult& r) {
-  for (const auto& [which, pairs] :
-       {std::pair{"largest", &r.largest}, std::pair{"smallest", &r.smallest},
-        std::pair{"dominant", &r.dominant}}) {
-    for (size_t i = 0; i < pairs->size(); ++i) {
-      rows.push_back({block, which, static_cast<int64_t>(i), &(*pairs)[i], &r});
-    }
-  }
-}
-
 void write_eigen(const ReportGroup& spectrum, CurvatureEngine& engine, const BlockPartition& blocks,
                  const CheckpointSpectrumOptions& o, const EigenOptions& options,
                  const EigenResult& global) {
   std::vector<EigenRow> rows;
-  add_pairs(rows, "total", global);
+  append_eigen_rows(rows, "total", global);
   std::vector<std::string> messages = {"total: " + global.message};
   std::deque<EigenResult> per_block;  // the rows point into it
   if (o.per_block) {
@@ -41,7 +31,7 @@ void write_eigen(const ReportGroup& spectrum, CurvatureEngine& engine, const Blo
       EigenOptions bo = o.eigen;
       bo.keep_vectors = false;
       per_block.push_back(extreme_eigenpairs(hb, bo));
-      add_pairs(rows, b.name, per_block.back());
+      append_eigen_rows(rows, b.name, per_block.back());
       messages.push_back(b.name + ": " + per_block.back().message);
     }
   }

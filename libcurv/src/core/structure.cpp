@@ -124,6 +124,17 @@ bool conv1d_layout(const ParamSpace& space) {
   return false;
 }
 
+// The query, key and value rows of a fused projection (along the columns of a transposed one);
+// none for any other role.
+void set_fused_slices(ParamStructure& p, const ParamInfo& info, int64_t n_head, int64_t n_kv_head,
+                      int64_t head_dim) {
+  p.slices.clear();
+  if (p.role == ParamRole::kFusedQkv && !info.shape.empty()) {
+    const int64_t rows = p.transposed ? info.shape[1] : info.shape[0];
+    p.slices = fused_qkv_slices(rows, n_head, n_kv_head, head_dim);
+  }
+}
+
 ParamStructure structure_of_name(const ParamInfo& info, int64_t n_head, int64_t n_kv_head,
                                  int64_t head_dim, bool conv1d) {
   ParamStructure p;
@@ -134,10 +145,7 @@ ParamStructure structure_of_name(const ParamInfo& info, int64_t n_head, int64_t 
     const std::string& module = parts[parts.size() - 2];
     p.transposed = module == "c_attn" || module == "c_proj" || module == "c_fc";
   }
-  if (p.role == ParamRole::kFusedQkv && !info.shape.empty()) {
-    const int64_t rows = p.transposed ? info.shape[1] : info.shape[0];
-    p.slices = fused_qkv_slices(rows, n_head, n_kv_head, head_dim);
-  }
+  set_fused_slices(p, info, n_head, n_kv_head, head_dim);
   return p;
 }
 
@@ -255,11 +263,7 @@ ModelStructure ModelStructure::from_mapping(const std::string& text, const Param
     for (const auto& [pattern, role] : rules) {
       if (!std::regex_search(info.name, pattern)) continue;
       p.role = role;
-      p.slices.clear();
-      if (role == ParamRole::kFusedQkv && !info.shape.empty()) {
-        const int64_t rows = p.transposed ? info.shape[1] : info.shape[0];
-        p.slices = fused_qkv_slices(rows, s.n_head, s.n_kv_head, s.head_dim);
-      }
+      set_fused_slices(p, info, s.n_head, s.n_kv_head, s.head_dim);
       break;
     }
     s.params.push_back(std::move(p));
