@@ -10,5 +10,6 @@ venv="${CURV_VENV:-$root/.venv}"
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
   -C "build-dir=$build" "$root"
 cd "$root/tests/python/package"
-CURV_NDSPROBE="$build/tools/ndsprobe/ndsprobe" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+CURV_NDSPROBE="$build/tools/ndsprobe/ndsprobe" CURV_CURVTRAIN="$build/tools/curvtrain/curvtrain" \
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
   "$venv/bin/python3" -m pytest -q -p no:cacheprovider

@@ -135,10 +135,32 @@ TEST_CASE("ndsprobe's run loop reads a registered layout's run", "[checkpoint_la
   const ProbeJobResult result = run_probe_job(job);
 
   CHECK(result.summary.units == 3);
-  REQUIRE(result.taylor);
-  const auto& steps = result.taylor->int64s("step");
+  const auto& steps = result.table("/taylor").int64s("step");
   // The delta at the last checkpoint has no next one: no rows for step 2.
   CHECK(std::set<int64_t>(steps.begin(), steps.end()) == std::set<int64_t>{0, 1});
   H5Reader h5(job.output);
+  // The tables in memory are the file's, column for column.
+  for (const auto& path : {std::string("/taylor"), unit_path("run", 1, "delta") + "/blocks",
+                           unit_path("run", 0, "delta") + "/batches"}) {
+    INFO(path);
+    const Table& memory = result.table(path);
+    const Table file = h5.table(path);
+    REQUIRE(memory.names() == file.names());
+    for (const auto& name : file.names()) {
+      INFO(name);
+      if (file.column(name).index() != 0) {
+        CHECK(memory.column(name) == file.column(name));
+        continue;
+      }
+      // Doubles: equal, or both NaN (the columns a unit leaves unmeasured).
+      const auto &a = memory.doubles(name), &b = file.doubles(name);
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) CHECK((a[i] == b[i] || (a[i] != a[i] && b[i] != b[i])));
+    }
+  }
+  CHECK(&result.unit_table("run", 1, "delta", "blocks") ==
+        &result.table("/runs/run/step_1/delta/blocks"));
+  CURV_CHECK_THROWS(result.table("/runs/run/step_2/delta/blocks"), InvalidArgument,
+                    Catch::Matchers::Contains("no table /runs/run/step_2/delta/blocks"));
   CHECK(h5.attribute_string("/runs/run", "layout") == "toy");
 }

@@ -3,9 +3,15 @@
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
+#include <tuple>
+#include <utility>
 
 #include "cli_common.h"
+#include "curv/core/blocks.h"
 #include "curv/core/error.h"
+#include "curv/core/hvp_method.h"
+#include "curv/io/param_order.h"
 #include "probe_args.h"
 #include "test_support.h"
 
@@ -156,4 +162,44 @@ TEST_CASE("the memory budget flag takes bytes with binary suffixes", "[cli]") {
   curv::tools::EngineArgs args;
   args.max_memory = "6G";
   CHECK(args.to_options().max_memory == int64_t{6} << 30);
+}
+
+TEST_CASE("libcurv's messages name options, which ndsprobe writes as its flags", "[cli]") {
+  const tools::FlagNames flags = tools::probe_flag_names();
+  // The message `body` throws, as the library writes it and as ndsprobe does.
+  const auto messages = [&](const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const Error& e) {
+      return std::make_pair(std::string(e.what()), tools::with_flag_names(e, flags));
+    }
+    FAIL("no error");
+    return std::make_pair(std::string(), std::string());
+  };
+  auto [library, tool] = messages([] { parse_param_order("moded"); });
+  CHECK_THAT(library, Catch::StartsWith("ParamOrderSpec = 'moded': expected auto, model"));
+  CHECK_THAT(tool, Catch::StartsWith("--param-order 'moded': expected auto, model"));
+  std::tie(library, tool) = messages([] { NdsPairSpec::parse("delta"); });
+  CHECK_THAT(library, Catch::StartsWith("ProbeRunOptions.comparisons = 'delta': expected A:B"));
+  CHECK_THAT(tool, Catch::StartsWith("--compare 'delta': expected A:B"));
+  std::tie(library, tool) = messages([] { TokenBucketOptions::parse("tails"); });
+  CHECK_THAT(tool, Catch::StartsWith("--token-buckets 'tails': expected head"));
+  std::tie(library, tool) = messages([] { BlockPartition::parse_rule("layers"); });
+  CHECK_THAT(tool, Catch::StartsWith("--blocks 'layers': expected layer"));
+  std::tie(library, tool) = messages([] { parse_hvp_method("approx"); });
+  CHECK_THAT(library, Catch::StartsWith("EngineOptions.hvp_method = approx"));
+  CHECK_THAT(tool, Catch::StartsWith("--hvp approx: expected exact or fd"));
+  std::tie(library, tool) = messages([] { ProbeDataSource{}.validate(); });
+  CHECK(tool == "no probe data: --data names no file (FILE.safetensors or FILE.bin)");
+  std::tie(library, tool) = messages([] { ProbeRunOptions{}.validate(); });
+  CHECK(library == "no checkpoint directory given: ProbeRunOptions.runs is empty");
+  CHECK(tool == "no checkpoint directory given: CHECKPOINTS is empty");
+  // A message built on another keeps naming its options (the engine's out-of-memory message
+  // wrapped with the unit that failed).
+  const OutOfMemory inner("ran out: lower {0}", {{"EngineOptions.micro_batch", ""}});
+  const OutOfMemory outer("unit: " + inner.text() + " or resume with {1}",
+                          {inner.options()[0], {"ProbeJob.resume", ""}});
+  CHECK(tools::with_flag_names(outer, flags) ==
+        "unit: ran out: lower --micro-batch or resume with --resume");
+  CHECK(Error("a {plain} message").text() == "a {{plain}} message");
 }

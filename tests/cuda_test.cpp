@@ -211,7 +211,7 @@ TEST_CASE("a CUDA out-of-memory error is one OutOfMemory naming the device and m
     const std::string what = e.what();
     CHECK_THAT(what, Catch::Contains("ran out of cuda:0 memory in the loss at θ + u"));
     CHECK_THAT(what, Catch::Contains("reserved"));
-    CHECK_THAT(what, Catch::Contains("--micro-batch"));
+    CHECK_THAT(what, Catch::Contains("EngineOptions.micro_batch"));
   }
 }
 

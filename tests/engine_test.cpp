@@ -390,7 +390,7 @@ TEST_CASE("an allocation failure in a pass is one OutOfMemory naming the pass, b
     CHECK_THAT(what,
                Catch::Contains("ran out of cpu memory in the loss at θ + u of probe batch 1"));
     CHECK_THAT(what, Catch::Contains("in use"));
-    CHECK_THAT(what, Catch::Contains("--micro-batch"));
+    CHECK_THAT(what, Catch::Contains("EngineOptions.micro_batch"));
     CHECK_THAT(what, Catch::Contains("Tried to allocate 2.00 GiB"));
     CHECK(what.find('\n') == std::string::npos);
   }

@@ -5,6 +5,8 @@
 #   which every area's sources may use; a public header includes no private one;
 # - the tools, benchmarks, examples and fuzz targets, above the library, include its public
 #   headers only;
+# - no string in libcurv names a tool's flag ("--resume"): the library names its options as
+#   curv::Error's NamedOption, and each program writes them its own way (docs/library.md#errors);
 # - every public header on disk is listed in libcurv/CMakeLists.txt (so the header-alone check
 #   and the install cover it).
 # Run: cmake -DSOURCE_DIR=<repo> -DLISTED_HEADERS=<a;b;...> -P layering_check.cmake
@@ -59,6 +61,13 @@ foreach(area ${areas})
         list(APPEND failures "${file}: include ${path} names no area")
       endif()
     endforeach()
+    file(STRINGS ${file} flagged REGEX "\"[^\"]*--[a-z][a-z-]+")
+    foreach(line ${flagged})
+      if(NOT line MATCHES "^[ \t]*//")
+        string(REGEX MATCH "--[a-z][a-z-]+" flag "${line}")
+        list(APPEND failures "${file}: a string names a tool's flag (${flag})")
+      endif()
+    endforeach()
   endforeach()
 endforeach()
 
@@ -88,7 +97,7 @@ if(failures)
     message(NOTICE "${failure}")
   endforeach()
   list(LENGTH failures count)
-  message(FATAL_ERROR "layering check failed: ${count} includes break the layering")
+  message(FATAL_ERROR "layering check failed: ${count} violations")
 endif()
 message(STATUS "layering check: every include follows core <- {io, models, optim} <- analysis "
                "<- tools, bench, examples, fuzz")

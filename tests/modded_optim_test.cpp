@@ -105,7 +105,7 @@ TEST_CASE("modded-nanogpt optimizers map by the script's order and rebuild its n
   name_optimizer(ckpt, "muon");
   CURV_CHECK_THROWS(name_optimizer(ckpt, "adamw"), InvalidArgument,
                     Catch::Matchers::Contains("records optimizer 'muon'") &&
-                        Catch::Matchers::Contains("--optimizer adamw"));
+                        Catch::Matchers::Contains("ProbeRunOptions.optimizer = adamw"));
   const ParamSpace& space = model.objective->space();
   resolve_optimizer_state(ckpt, space);  // auto
   REQUIRE(ckpt.meta.optimizer);
@@ -218,9 +218,12 @@ TEST_CASE("modded-nanogpt optimizer state that is sharded or misfits is refused 
     Checkpoint ckpt = f.load("run");
     LoadedModel model = model_of(ckpt);
     CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, model.objective->space(), "ndim"),
-                      InvalidArgument, Contains("--param-order ndim does not fit"));
+                      InvalidArgument, Contains("ParamOrderSpec = ndim does not fit"));
   }
-  CURV_CHECK_THROWS(validate_param_order("moded"), InvalidArgument, Contains("modded"));
+  CURV_CHECK_THROWS(parse_param_order("moded"), InvalidOption,
+                    Contains("ParamOrderSpec = 'moded'") && Contains("modded"));
+  CURV_CHECK_THROWS(validate_param_order(parse_param_order("file:" + f.dir.file("absent"))),
+                    InvalidOption, Contains("no such file"));
 }
 
 TEST_CASE("ndsprobe audits the update direction of a modded-nanogpt run and refuses sharded state",

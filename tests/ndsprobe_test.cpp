@@ -456,8 +456,8 @@ TEST_CASE("out of memory in a unit: one message naming it, the finished units ke
     } catch (const OutOfMemory& e) {
       const std::string what = e.what();
       CHECK_THAT(what, Catch::Contains("run_a step 10 delta: "));
-      CHECK_THAT(what, Catch::Contains("--micro-batch"));
-      CHECK_THAT(what, Catch::Contains("--resume"));
+      CHECK_THAT(what, Catch::Contains("EngineOptions.micro_batch"));
+      CHECK_THAT(what, Catch::Contains("ProbeJob.resume"));
       CHECK_THAT(what, Catch::Contains(out));
     }
   }

@@ -147,8 +147,8 @@ TEST_CASE("states no rule fits, or two fit alike, are refused by name", "[optimi
   const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
       {"amsgrad", {"fits no rule", "max_exp_avg_sq", "amsgrad is not False"}},
       {"extra_key", {"fits no rule", "lookahead_k in excess"}},
-      {"legacy_adamw", {"decoupled_weight_decay", "--optimizer adamw", "--optimizer adam "}},
-      {"keller_muon", {"none of their markers", "--optimizer sgd or --optimizer muon"}},
+      {"legacy_adamw", {"decoupled_weight_decay", "the optimizer adamw", "or adam "}},
+      {"keller_muon", {"none of their markers", "the optimizer sgd or muon"}},
   };
   for (const std::string layout : {"", "_hf"}) {
     for (const auto& [name, want] : refused) {
@@ -288,7 +288,7 @@ TEST_CASE("a named rule is checked against the state, and decides an ambiguity",
   name_optimizer(legacy, "adamw");
   CHECK(legacy.optimizer_name() == "adamw");
   CHECK_THAT(legacy.meta.optimizer->recognition,
-             Contains("torch.optim.AdamW") && Contains("named (--optimizer adamw)"));
+             Contains("torch.optim.AdamW") && Contains("named by the user (adamw)"));
   CHECK(legacy.meta.optimizer->refusal.empty());
   CHECK(rebuilt_step_error(legacy, "legacy_adamw") < 1e-13);
   Checkpoint as_adam = load("legacy_adamw", "");
@@ -341,7 +341,7 @@ TEST_CASE("torch 1.13's states: SGD recognised, Adam and AdamW refused until nam
       const Checkpoint ckpt = load(name, layout, dir);
       CHECK(ckpt.optimizer_name().empty());
       CHECK_THAT(ckpt.meta.optimizer->refusal,
-                 Contains("--optimizer adamw") && Contains("--optimizer adam "));
+                 Contains("the optimizer adamw") && Contains("or adam "));
     }
     // Without weight decay they take the same step.
     CHECK(load("adam_no_decay", layout, dir).optimizer_name() == "adamw");

@@ -77,7 +77,7 @@ TEST_CASE("checkpoint layouts are detected and listed", "[torch_checkpoint]") {
   fs::copy(fixture("pt"), mixed.path());
   fs::copy(fixture("nanogpt"), mixed.path());
   CURV_CHECK_THROWS(detect_checkpoint_layout(mixed.path()), FormatError,
-                    Contains("several layouts") && Contains("--layout"));
+                    Contains("several layouts") && Contains("ProbeRunOptions.layout"));
   CHECK(steps_of(list_checkpoints(mixed.path(), {}, CheckpointLayout::kTorchSteps)) ==
         std::vector<int64_t>{2, 3});
   // A native checkpoint beside them decides.
@@ -117,10 +117,10 @@ TEST_CASE("torch layouts load into the same Checkpoint as the native layout",
       CHECK_THAT(ckpt.meta.optimizer->refusal,
                  Catch::Matchers::Contains("optimizer.pt") &&
                      Catch::Matchers::Contains("decoupled_weight_decay") &&
-                     Catch::Matchers::Contains("--optimizer adamw"));
+                     Catch::Matchers::Contains("the optimizer adamw"));
       name_optimizer(ckpt, "adamw");
       CHECK_THAT(ckpt.meta.optimizer->recognition,
-                 Catch::Matchers::Contains("named (--optimizer adamw)"));
+                 Catch::Matchers::Contains("named by the user (adamw)"));
     } else {
       // nanoGPT's train.py builds AdamW: that settles it.
       CHECK_THAT(ckpt.meta.optimizer->recognition, Catch::Matchers::Contains("nanoGPT"));
@@ -150,9 +150,9 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
   const auto info = list_checkpoints(fixture("nanogpt"))[0];
 
   Checkpoint ckpt = load_checkpoint(info);
-  CURV_CHECK_THROWS(
-      resolve_optimizer_state(ckpt, space, "model"), InvalidArgument,
-      Contains("ckpt_2.pt ['optimizer']") && Contains("--param-order model") && Contains("shape"));
+  CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "model"), InvalidArgument,
+                    Contains("ckpt_2.pt ['optimizer']") && Contains("ParamOrderSpec = model") &&
+                        Contains("shape"));
   CURV_CHECK_THROWS(resolve_optimizer_state(ckpt, space, "alphabetical"), InvalidArgument,
                     Contains("alphabetical"));
 
@@ -196,7 +196,7 @@ TEST_CASE("optimizer parameter order: overrides, ambiguity, state of another mod
   auto small = make_model(mlp, ModelInit{0, at::kDouble});
   Checkpoint ambiguous = load_checkpoint(list_checkpoints(fixture("ambiguous"))[0]);
   CURV_CHECK_THROWS(resolve_optimizer_state(ambiguous, small->space()), InvalidArgument,
-                    Contains("ambiguous") && Contains("--param-order"));
+                    Contains("ambiguous") && Contains("ParamOrderSpec"));
   resolve_optimizer_state(ambiguous, small->space(), "ndim");
   REQUIRE(ambiguous.optimizer.size() == 2);
   CHECK(ambiguous.optimizer[0].first == "layers.0.weight.exp_avg");
@@ -242,7 +242,7 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
       CHECK(reader.attribute_string(step + "/adamw", "optimizer_rule") == "adamw");
       const std::string name = run.name;
       CHECK_THAT(how, Catch::Matchers::Contains(name == "native" ? "recorded in"
-                                                : name == "hf"   ? "named (--optimizer adamw)"
+                                                : name == "hf"   ? "named by the user (adamw)"
                                                                  : "nanoGPT's train.py"));
     }
     for (const char* direction : {"delta", "gradient", "adamw"}) {
@@ -268,7 +268,7 @@ TEST_CASE("ndsprobe on torch layouts equals ndsprobe on the native layout and to
                                            " --directions update -o " + out.file("refused.h5"),
                                        &status);
   CHECK(status != 0);
-  CHECK_THAT(refused, Contains("checkpoint-2/optimizer.pt") && Contains("--optimizer adamw") &&
+  CHECK_THAT(refused, Contains("checkpoint-2/optimizer.pt") && Contains("the optimizer adamw") &&
                           Contains("decoupled_weight_decay"));
   ndsprobe(fixture("hf") + common + " --model " + model_json + " --directions delta -o " +
            out.file("delta_only.h5"));

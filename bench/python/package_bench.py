@@ -9,11 +9,16 @@
    must agree.
 2. The update probe's overhead in a transformers Trainer run: the same training with and without
    curv.CurvatureCallback, seconds per probe and the share of training time.
+3. The package driving a built-in architecture: ndsprobe and curv.probe_checkpoints, one after
+   the other, on the same built-in GPT run (curvtrain's checkpoints) with the same audit, each on
+   the LibTorch 2.x build's kernels; engine seconds from each file's /taylor rows, and wall time.
 
 Prints Markdown tables and writes JSON (--json). usage: package_bench.py [--threads 2] ...
 """
 import argparse
 import json
+import os
+import subprocess
 import time
 
 import torch
@@ -143,6 +148,51 @@ def callback_overhead(args, tmp):
     return out
 
 
+def audit_seconds(path):
+    """The units' audit seconds as the file records them (each unit's `seconds` attribute)."""
+    import h5py
+    total = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Group) and "seconds" in obj.attrs and "nds" in obj.attrs:
+            total.append(float(obj.attrs["seconds"]))
+    with h5py.File(path) as f:
+        f["runs"].visititems(visit)
+    return sum(total)
+
+
+def builtin_side_by_side(args, tmp):
+    import curv
+    tools = os.path.join(args.build, "tools")
+    run = f"{tmp}/gpt/run"
+    if not os.path.exists(f"{run}/step_20/model.safetensors"):
+        os.makedirs(f"{tmp}/gpt", exist_ok=True)
+        with open(f"{tmp}/gpt/model.json", "w") as f:
+            json.dump({"arch": "gpt", "vocab_size": args.vocab, "block_size": args.context,
+                       "n_layer": args.gpt_layers, "n_head": args.heads, "n_embd": args.width,
+                       "bias": True, "tied": True}, f)
+        subprocess.run([f"{tools}/curvtrain/curvtrain", "--model", f"{tmp}/gpt/model.json", "-o",
+                        run, "--steps", "20", "--save-every", "10", "--eval-every", "20",
+                        "--eval-sequences", "16", "--batch-size", "8", "--probe-sequences",
+                        str(2 * args.probe), "--train-tokens", "262144", "--threads",
+                        str(args.threads), "--quiet"], check=True)
+    data = f"{run}/probe.safetensors"
+    start = time.perf_counter()
+    subprocess.run([f"{tools}/ndsprobe/ndsprobe", run, "--data", data, "--directions", "delta",
+                    "--batch-size", "16", "--threads", str(args.threads), "--quiet", "-o",
+                    f"{tmp}/gpt/ndsprobe.h5"], check=True, capture_output=True)
+    cli_wall = time.perf_counter() - start
+    start = time.perf_counter()
+    result = curv.probe_checkpoints(run, data, directions=("delta",), batch_size=16,
+                                    output=f"{tmp}/gpt/package.h5")
+    package_wall = time.perf_counter() - start
+    return {"ndsprobe": {"engine_seconds": audit_seconds(f"{tmp}/gpt/ndsprobe.h5"),
+                         "wall_seconds": cli_wall},
+            "package": {"engine_seconds": audit_seconds(result.output),
+                        "wall_seconds": package_wall},
+            "units": int(result.summary["units"]), "probe": 2 * args.probe}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -156,13 +206,40 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--train-steps", type=int, default=100)
     p.add_argument("--every", type=int, default=25)
+    p.add_argument("--gpt-layers", type=int, default=6, help="layers of the built-in GPT")
+    p.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "..",
+                                                   "build-torch2"),
+                   help="the LibTorch 2.x build whose ndsprobe and curvtrain run beside it")
+    p.add_argument("--skip", nargs="*", default=[], choices=["audit", "callback", "builtin"])
     p.add_argument("--tmp", default="/tmp/curv_package_bench")
     p.add_argument("--json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import curv
-    result = {"runtime": curv.runtime_summary(), "torch": torch.__version__,
-              "audit": audit_side_by_side(args), "callback": callback_overhead(args, args.tmp)}
+    result = {"runtime": curv.runtime_summary(), "torch": torch.__version__}
+    for name, run in (("audit", lambda: audit_side_by_side(args)),
+                      ("callback", lambda: callback_overhead(args, args.tmp)),
+                      ("builtin", lambda: builtin_side_by_side(args, args.tmp))):
+        if name not in args.skip:
+            result[name] = run()
+    report(args, result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def report(args, result):
+    if "builtin" in result:
+        b = result["builtin"]
+        print(f"Built-in GPT ({args.gpt_layers} layers, width {args.width}, {b['probe']} probe "
+              f"sequences of {args.context}), --directions delta, {b['units']} units, "
+              f"{args.threads} threads ({result['runtime']})")
+        print("\n| driver | engine seconds | wall seconds | engine vs ndsprobe |\n|---|---|---|---|")
+        for side in ("ndsprobe", "package"):
+            print(f"| {side} | {b[side]['engine_seconds']:.2f} | {b[side]['wall_seconds']:.2f} | "
+                  f"{b[side]['engine_seconds'] / b['ndsprobe']['engine_seconds']:.3f}x |")
+    if "audit" not in result or "callback" not in result:
+        return
     a, c = result["audit"], result["callback"]
     print(f"LLaMA of {a['parameters'] / 1e6:.2f}M parameters, {args.probe} x {args.context} "
           f"tokens, {a['blocks']} blocks, {args.threads} threads ({result['runtime']})")
@@ -180,9 +257,6 @@ def main():
         print(f"| {c['steps']} steps, probe every {c['every']}, coupling {name} | "
               f"{r['train_with_probe_seconds']:.1f} | {r['probes']} | "
               f"{r['seconds_per_probe']:.2f} | {100 * r['overhead_share']:.1f}% |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   provenance.dtype = "float32";
   provenance.probe_hash = "training-batch";
   provenance.blocks = "tensor";
-  provenance.hvp_method = "exact";
+  provenance.hvp_method = HvpMethod::kExact;
   curv::ProbeReport report(output, provenance, /*resume=*/false);
   curv::InTrainingProbeOptions options;
   options.every = probe_every;

@@ -11,7 +11,9 @@ from ._curv import (  # noqa: F401
     BucketMode,
     Coupling,
     CurvError,
+    DensityOptions,
     EigenMethod,
+    EigenOptions,
     ErrorBound,
     FormatError,
     HvpMethod,
@@ -19,10 +21,15 @@ from ._curv import (  # noqa: F401
     ModelError,
     NumericalError,
     OutOfMemory,
+    ParamOrder,
+    TokenBucketOptions,
     TraceMethod,
+    TraceOptions,
+    WithinOptions,
     __version__,
     runtime_summary,
 )
+from .checkpoints import CheckpointResults, probe_checkpoints  # noqa: F401
 from .attention import AttentionDoubleBackwardError  # noqa: F401
 from .objectives import causal_lm, classifier  # noqa: F401
 from .optim import measured_update, update_direction  # noqa: F401

@@ -1,7 +1,7 @@
 """Update directions from a live optimizer: measured around a real step, or rebuilt from its
 state by libcurv's rules without stepping."""
 import contextlib
-import tempfile
+import json
 
 from . import _curv
 from . import _export
@@ -29,12 +29,15 @@ def update_direction(optimizer, model, grads=None):
         g = [grads[n].detach().to(device=p.device, dtype=p.dtype) for n, p in named]
     except KeyError as e:
         raise ValueError(f"grads has no tensor for parameter {e}") from None
-    with tempfile.TemporaryDirectory(prefix="curv-state-") as run_dir:
-        # The state as curv_export saves it (every state tensor by name, the rule and its groups),
-        # read back by libcurv's own checkpoint reader: one path, the one ndsprobe takes.
-        _export.save_checkpoint(model, optimizer, 1, run_dir)
-        u, rule, note = _curv.rebuild_update(run_dir, names,
-                                             [t.cpu() for t in theta], [t.cpu() for t in g])
+    # The state as curv_export saves it (every state tensor by name, the rule and its groups),
+    # handed to libcurv in memory: the record and the rules ndsprobe reads from a saved one.
+    ids = {id(p): n for n, p in model.named_parameters()}
+    optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    record, state = _export.optimizer_record(optimizers, ids)
+    u, rule, note = _curv.rebuild_update(
+        json.dumps({"step": 1, "optimizer": record}),
+        [(k, v.detach().cpu()) for k, v in state.items()], names,
+        [t.cpu() for t in theta], [t.cpu() for t in g])
     return RebuiltUpdate({n: t.to(p.device) for (n, p), t in zip(named, u)}, rule, note)
 
 

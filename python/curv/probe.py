@@ -84,7 +84,7 @@ class Probe:
         self.has_logits = self._evaluator.has_logits
         self.description = description or f"{type(model).__name__} (Python objective)"
         self.dtype = str(self.params[0].dtype).replace("torch.", "")
-        self.hvp_method = "fd" if hvp == _curv.HvpMethod.FINITE_DIFFERENCE else "exact"
+        self.hvp_method = hvp
         self._session = _curv.Session(self._evaluator, self.names, self.params, targets,
                                       self.has_logits, self.description,
                                       _structure_json(model, roles, heads), options)

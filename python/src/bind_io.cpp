@@ -12,9 +12,7 @@
 #include "curv/optim/optimizer_directions.h"
 
 namespace curv::python {
-namespace {
 
-// A table as {column: list}, in column order (pandas.DataFrame takes it as it is).
 py::dict columns_of(const Table& table) {
   py::dict out;
   for (const auto& name : table.names()) {
@@ -23,6 +21,8 @@ py::dict columns_of(const Table& table) {
   }
   return out;
 }
+
+namespace {
 
 template <class... Args>
 auto as_columns(Table (*make)(Args...)) {
@@ -92,26 +92,26 @@ void bind_report(py::module_& m) {
 }
 
 void bind_optimizers(py::module_& m) {
-  // The step the optimizer saved in the one native checkpoint of `run_dir` takes next from θ with
-  // gradient g (curv_export.save_checkpoint wrote it from the live optimizer).
+  // The step a live optimizer takes next from θ with gradient g: its record (meta.json's
+  // "optimizer" object as curv_export writes it) and its state tensors by "<param>.<key>", held
+  // as a native checkpoint in memory, so the rule is found and applied as ndsprobe applies it to
+  // a saved one, with no file written.
   m.def(
       "rebuild_update",
-      [](const std::string& run_dir, const std::vector<std::string>& names,
+      [](const std::string& meta_json, NamedTensors state, const std::vector<std::string>& names,
          const ParamVector& theta, const ParamVector& grad) {
         py::gil_scoped_release release;
-        const std::vector<CheckpointInfo> found = list_checkpoints(run_dir);
-        if (found.size() != 1) {
-          throw InvalidArgument(fmt::format("{}: expected one saved optimizer state, found {}",
-                                            run_dir, found.size()));
-        }
-        Checkpoint ckpt = load_checkpoint(found.front());
+        Checkpoint ckpt;
+        ckpt.step = 1;
+        ckpt.path = ckpt.meta_file = ckpt.optimizer_file = "the live optimizer";
+        ckpt.meta = parse_checkpoint_meta(meta_json, ckpt.meta_file);
+        ckpt.optimizer = std::move(state);
         const ParamSpace space(names, theta);
-        resolve_optimizer_state(ckpt, space, "auto");
         const SavedOptimizer saved = saved_optimizer(ckpt);
         RebuiltStep step = rebuild_saved_step(saved, space, theta, grad);
         return std::make_tuple(std::move(step.u), step.rule, step.note);
       },
-      py::arg("run_dir"), py::arg("names"), py::arg("theta"), py::arg("grad"));
+      py::arg("meta_json"), py::arg("state"), py::arg("names"), py::arg("theta"), py::arg("grad"));
 }
 
 }  // namespace curv::python

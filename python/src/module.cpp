@@ -6,6 +6,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <string>
+
 #include "bindings.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
@@ -13,6 +16,35 @@
 #include "session.h"
 
 namespace curv::python {
+
+namespace {
+
+// The package's keyword for a library option a message names: the field's own name
+// (TaylorOptions.coupling_samples -> coupling_samples), or the keyword the package gives it.
+std::string keyword(const NamedOption& named) {
+  static const std::map<std::string, std::string> renamed = {
+      {"ParamOrderSpec", "param_order"},   {"TokenBucketOptions", "token_buckets"},
+      {"EngineOptions.hvp_method", "hvp"}, {"BlockOptions.rule", "blocks"},
+      {"ProbeJob.resume", "resume"},       {"TokenBucketOptions.head_mass", "head_mass"},
+  };
+  std::string name;
+  const auto it = renamed.find(named.option);
+  if (it != renamed.end()) {
+    name = it->second;
+  } else {
+    const auto dot = named.option.find('.');
+    if (dot == std::string::npos) return Error::library_name(named);
+    name = named.option.substr(dot + 1);
+  }
+  return named.value.empty() ? name : name + "=" + named.value;
+}
+
+// A curv::Error raised as `type`, the options it names written as the package's keywords.
+void raise_as(const py::object& type, const Error& e) {
+  PyErr_SetString(type.ptr(), e.render(keyword).c_str());
+}
+
+}  // namespace
 
 void bind_errors(py::module_& m) {
   // Base first: pybind11 tries translators in reverse order of registration.
@@ -25,6 +57,18 @@ void bind_errors(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      raise_as(invalid, e);
+    } catch (const FormatError& e) {
+      raise_as(format, e);
+    } catch (const ModelError& e) {
+      raise_as(model, e);
+    } catch (const NumericalError& e) {
+      raise_as(numerical, e);
+    } catch (const OutOfMemory& e) {
+      raise_as(memory, e);
+    } catch (const Error& e) {
+      raise_as(base, e);
     } catch (const c10::Error& e) {
       // LibTorch's own errors (an operator without a double backward, a shape mismatch) as
       // torch raises them in Python: a RuntimeError, without the C++ backtrace.
@@ -113,4 +157,5 @@ PYBIND11_MODULE(_curv, m) {
   cp::bind_report(m);
   cp::bind_tables(m);
   cp::bind_optimizers(m);
+  cp::bind_job(m);
 }

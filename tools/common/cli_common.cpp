@@ -79,17 +79,25 @@ ModelSource ModelArgs::to_source(const RuntimeArgs& runtime) const {
   return source;
 }
 
-std::string with_flag_names(const InvalidOption& error,
-                            const std::map<std::string, std::string>& flags) {
-  return error.render([&](const InvalidOption::Named& named) {
+const FlagNames& ModelArgs::flags() {
+  static const FlagNames map = {{"ModelSource.path", "--model"}};
+  return map;
+}
+
+const FlagNames& RuntimeArgs::flags() {
+  static const FlagNames map = {{"DistributedOptions.timeout_seconds", "--dist-timeout"}};
+  return map;
+}
+
+std::string with_flag_names(const Error& error, const FlagNames& flags) {
+  return error.render([&](const Error::Named& named) {
     const auto flag = flags.find(named.option);
-    if (flag == flags.end()) return InvalidOption::library_name(named);
+    if (flag == flags.end()) return Error::library_name(named);
     return named.value.empty() ? flag->second : flag->second + " " + named.value;
   });
 }
 
-void validate_with_flags(const std::function<void()>& body,
-                         const std::map<std::string, std::string>& flags) {
+void validate_with_flags(const std::function<void()>& body, const FlagNames& flags) {
   try {
     body();
   } catch (const InvalidOption& e) {
@@ -165,7 +173,7 @@ void stop_if_requested(Communicator& comm) {
   }
 }
 
-int run_tool(const char* tool, const std::function<int()>& body) {
+int run_tool(const char* tool, const FlagNames& flags, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Interrupted& e) {
@@ -175,7 +183,7 @@ int run_tool(const char* tool, const std::function<int()>& body) {
                  tool, e.what());
     return 128 + e.signal();
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", tool, with_flag_names(e, flags).c_str());
     return 1;
   } catch (const c10::Error& e) {
     // An allocation that failed outside any probe pass (reading, building the model): one line

@@ -19,6 +19,9 @@
 
 namespace curv::tools {
 
+// A library option's name ("Struct.field") -> the flag that sets it (with_flag_names).
+using FlagNames = std::map<std::string, std::string>;
+
 // --threads, --dtype, --device, --seed, --quiet, --dist-timeout.
 struct RuntimeArgs {
   int threads = 0;
@@ -38,6 +41,7 @@ struct RuntimeArgs {
   std::shared_ptr<Communicator> communicator() const;
   // Progress and results are printed by rank 0 only.
   bool prints() const { return communicator()->is_root(); }
+  static const FlagNames& flags();
 
  private:
   mutable std::shared_ptr<Communicator> communicator_;
@@ -51,17 +55,16 @@ struct ModelArgs {
 
   void add_to(CLI::App& app);
   ModelSource to_source(const RuntimeArgs& runtime) const;
+  static const FlagNames& flags();
 };
 
 // Library options name their fields ("EigenOptions.bottom = 2"); a tool's users know flags.
-// `flags` maps an option's name, "Struct.field", to the flag that sets it: the option written
+// FlagNames maps an option's name, "Struct.field", to the flag that sets it: the option written
 // "--flag value" (or "--flag" when the message names it alone); options without a flag keep the
 // library's name.
-std::string with_flag_names(const InvalidOption& error,
-                            const std::map<std::string, std::string>& flags);
+std::string with_flag_names(const Error& error, const FlagNames& flags);
 // Runs `body`; an InvalidOption from it is rethrown as an InvalidArgument with flag names.
-void validate_with_flags(const std::function<void()>& body,
-                         const std::map<std::string, std::string>& flags);
+void validate_with_flags(const std::function<void()>& body, const FlagNames& flags);
 
 // A progress bar on stderr: redrawn in place on a terminal, one line per update otherwise, with
 // elapsed and remaining time.
@@ -97,8 +100,8 @@ void stop_if_requested();
 void stop_if_requested(Communicator& comm);
 
 // Runs `body`; curv::Error and other exceptions become "TOOL: error: message" on stderr and
-// exit code 1, Interrupted "TOOL: interrupted ..." and 128 + the signal. CLI11 parse errors exit
-// with CLI11's own non-zero codes.
-int run_tool(const char* tool, const std::function<int()>& body);
+// exit code 1, the options a curv::Error names written by `flags`; Interrupted "TOOL: interrupted
+// ..." and 128 + the signal. CLI11 parse errors exit with CLI11's own non-zero codes.
+int run_tool(const char* tool, const FlagNames& flags, const std::function<int()>& body);
 
 }  // namespace curv::tools

@@ -59,7 +59,7 @@ void CheckpointArgs::add_to(CLI::App& app) {
 void CheckpointArgs::to_options(ProbeRunOptions& options) const {
   options.runs = runs;
   options.layout = parse_checkpoint_layout(layout);
-  options.param_order = param_order;
+  options.param_order = parse_param_order(param_order);
   options.optimizer = optimizer;
   options.steps = StepSelection::parse(steps, stride);
   options.allow_extra = allow_extra;
@@ -94,11 +94,12 @@ ProbeDataSource ProbeDataArgs::to_source(uint64_t seed) const {
   return source;
 }
 
-const std::map<std::string, std::string>& ProbeDataArgs::flags() {
-  static const std::map<std::string, std::string> map = {
+const FlagNames& ProbeDataArgs::flags() {
+  static const FlagNames map = {
       {"ProbeDataSource.block_size", "--block-size"},
       {"ProbeDataOptions.max_examples", "--examples"},
       {"ProbeDataOptions.batch_size", "--batch-size"},
+      {"ProbeDataSource.path", "--data"},
   };
   return map;
 }
@@ -186,7 +187,7 @@ void AuditArgs::add_to(CLI::App& app) {
 
 BlockOptions AuditArgs::block_options() const {
   BlockOptions options;
-  options.rule = blocks;
+  options.rule = BlockPartition::parse_rule(blocks);
   for (const auto& g : block_groups) {
     const auto eq = g.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == g.size()) {
@@ -219,14 +220,18 @@ void AuditArgs::to_options(ProbeRunOptions& options, uint64_t seed) const {
   }
 }
 
-const std::map<std::string, std::string>& AuditArgs::flags() {
-  static const std::map<std::string, std::string> map = {
+const FlagNames& AuditArgs::flags() {
+  static const FlagNames map = {
       {"TaylorOptions.coupling_samples", "--coupling-samples"},
       {"TaylorOptions.step_multipliers", "--multipliers"},
       {"WithinOptions.param_regex", "--within-params"},
       {"WithinOptions.modes", "--modes"},
       {"WithinOptions.row_chunks", "--row-chunks"},
       {"WithinOptions.max_hvps", "--within-max-hvps"},
+      {"TaylorOptions.coupling", "--coupling"},
+      {"TaylorOptions.ggn", "--ggn"},
+      {"TokenBucketOptions", "--token-buckets"},
+      {"BlockOptions.rule", "--blocks"},
   };
   return map;
 }
@@ -329,8 +334,8 @@ CheckpointSpectrumOptions SpectrumArgs::to_options(uint64_t seed) const {
   return o;
 }
 
-const std::map<std::string, std::string>& SpectrumArgs::flags() {
-  static const std::map<std::string, std::string> map = {
+const FlagNames& SpectrumArgs::flags() {
+  static const FlagNames map = {
       {"EigenOptions.top", "--eig-top"},           {"EigenOptions.bottom", "--eig-bottom"},
       {"EigenOptions.tol", "--eig-tol"},           {"EigenOptions.max_hvps", "--eig-max-hvps"},
       {"EigenOptions", "--eig-top/--eig-bottom"},  {"TraceOptions.matvecs", "--trace-hvps"},
@@ -387,6 +392,47 @@ int64_t parse_bytes(const std::string& text, const std::string& flag) {
   const double bytes = std::stod(m[1].str()) * std::ldexp(1.0, shift);
   if (!(bytes < 9.2e18)) throw InvalidArgument(fmt::format("{} '{}': too large", flag, text));
   return static_cast<int64_t>(bytes);
+}
+
+const FlagNames& CheckpointArgs::flags() {
+  static const FlagNames map = {
+      {"ProbeRunOptions.runs", "CHECKPOINTS"},
+      {"ProbeRunOptions.layout", "--layout"},
+      {"ParamOrderSpec", "--param-order"},
+      {"ProbeRunOptions.optimizer", "--optimizer"},
+      {"ProbeRunOptions.prefetch_bytes", "--prefetch-bytes"},
+  };
+  return map;
+}
+
+const FlagNames& DirectionArgs::flags() {
+  static const FlagNames map = {
+      {"ProbeRunOptions.directions", "--directions"},
+      {"ProbeRunOptions.whatif_fallback", "--whatif-fallback"},
+      {"ProbeRunOptions.comparisons", "--compare"},
+  };
+  return map;
+}
+
+const FlagNames& EngineArgs::flags() {
+  static const FlagNames map = {
+      {"EngineOptions.hvp_method", "--hvp"},
+      {"EngineOptions.max_kept_graphs", "--max-kept-graphs"},
+      {"EngineOptions.max_memory", "--max-memory"},
+      {"EngineOptions.micro_batch", "--micro-batch"},
+  };
+  return map;
+}
+
+FlagNames probe_flag_names() {
+  FlagNames out = {{"ProbeJob.resume", "--resume"}};
+  for (const FlagNames* group :
+       {&CheckpointArgs::flags(), &ProbeDataArgs::flags(), &DirectionArgs::flags(),
+        &AuditArgs::flags(), &SpectrumArgs::flags(), &EngineArgs::flags(), &ModelArgs::flags(),
+        &RuntimeArgs::flags()}) {
+    out.insert(group->begin(), group->end());
+  }
+  return out;
 }
 
 EngineOptions EngineArgs::to_options() const {

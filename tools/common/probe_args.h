@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "curv/analysis/probe_run.h"
 
 namespace curv::tools {
@@ -27,6 +28,7 @@ struct CheckpointArgs {
 
   void add_to(CLI::App& app);
   void to_options(ProbeRunOptions& options) const;
+  static const FlagNames& flags();
 };
 
 // --data, --block-size, --batch-size, --examples.
@@ -38,7 +40,7 @@ struct ProbeDataArgs {
 
   void add_to(CLI::App& app);
   ProbeDataSource to_source(uint64_t seed) const;
-  static const std::map<std::string, std::string>& flags();
+  static const FlagNames& flags();
 };
 
 // --directions, --whatif-fallback, --list-directions.
@@ -53,6 +55,7 @@ struct DirectionArgs {
   // that are only key=value belong to the spec before them.
   std::vector<std::string> specs() const;
   void to_options(ProbeRunOptions& options) const;
+  static const FlagNames& flags();
 };
 
 // --blocks, --block-group, --coupling, --coupling-samples, --multipliers, --no-realized,
@@ -78,7 +81,7 @@ struct AuditArgs {
   void add_to(CLI::App& app);
   BlockOptions block_options() const;
   void to_options(ProbeRunOptions& options, uint64_t seed) const;
-  static const std::map<std::string, std::string>& flags();
+  static const FlagNames& flags();
 };
 
 // --spectrum and its eigen-solver flags, --spectrum-blocks, --trace, --trace-hvps, --density
@@ -108,7 +111,7 @@ struct SpectrumArgs {
 
   void add_to(CLI::App& app);
   CheckpointSpectrumOptions to_options(uint64_t seed) const;
-  static const std::map<std::string, std::string>& flags();
+  static const FlagNames& flags();
 };
 
 // "5G", "1.5G", "512M", "4000000000": digits with an optional fraction, then K, M, G or T (powers
@@ -126,6 +129,10 @@ struct EngineArgs {
 
   void add_to(CLI::App& app);
   EngineOptions to_options() const;
+  static const FlagNames& flags();
 };
+
+// Every library option ndsprobe's flags set, by the flag (with_flag_names).
+FlagNames probe_flag_names();
 
 }  // namespace curv::tools

@@ -19,6 +19,7 @@ const char* kTinyGpt =
 // --data and the Zipf-PCFG grammar, batch and set sizes.
 struct DataArgs {
   TrainingDataOptions o;
+  std::string data = "zipf";
 
   void add_to(CLI::App& app) {
     app.add_option("--batch-size", o.batch_size, "Sequences per step")
@@ -27,7 +28,7 @@ struct DataArgs {
     app.add_option("--eval-sequences", o.eval_sequences, "Validation sequences (balanced, s = 0)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    app.add_option("--data", o.source,
+    app.add_option("--data", data,
                    "Training data: zipf (Zipf-PCFG) or a file of uint16 tokens (nanoGPT .bin)")
         ->capture_default_str();
     app.add_option("--zipf-s", o.zipf_s, "Zipf exponent s of the training data (0 = balanced)")
@@ -55,6 +56,12 @@ struct DataArgs {
                    "ndsprobe")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+  }
+  TrainingDataOptions to_options(uint64_t seed) const {
+    TrainingDataOptions options = o;
+    options.token_file = data == "zipf" ? "" : data;
+    options.seed = seed;
+    return options;
   }
 };
 
@@ -152,6 +159,23 @@ struct TrainArgs {
   }
 };
 
+// The library options curvtrain's flags set, for messages that name them (run_tool).
+tools::FlagNames flag_names() {
+  tools::FlagNames out = {
+      {"TrainingRunOptions.model", "--model"},
+      {"TrainingRunOptions.out", "--out"},
+      {"TrainingRunOptions.save_every", "--save-every"},
+      {"TrainingRunOptions.eval_every", "--eval-every"},
+      {"TrainingRunOptions.clip", "--clip"},
+      {"TrainingRunOptions.probe_every", "--probe-every"},
+      {"TrainingRunOptions.probe_output", "--probe-output"},
+      {"TrainingRunOptions.probe_on", "--probe-on"},
+      {"TrainingDataOptions.token_file", "--data"},
+  };
+  out.insert(tools::RuntimeArgs::flags().begin(), tools::RuntimeArgs::flags().end());
+  return out;
+}
+
 int run(int argc, char** argv) {
   TrainArgs train;
   DataArgs data;
@@ -172,8 +196,7 @@ int run(int argc, char** argv) {
   runtime.init();
   TrainingRunOptions options;
   train.to_options(options);
-  options.data = data.o;
-  options.data.seed = runtime.seed;
+  options.data = data.to_options(runtime.seed);
   probe.to_options(options);
   options.init = runtime.model_init();
   options.provenance = runtime.provenance("curvtrain", argc, argv);
@@ -191,5 +214,5 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   reexec_for_blas_kernels(argv);
-  return tools::run_tool("curvtrain", [&] { return run(argc, argv); });
+  return tools::run_tool("curvtrain", flag_names(), [&] { return run(argc, argv); });
 }

@@ -79,15 +79,9 @@ int run(int argc, char** argv) {
   }
   a.runtime.init();
   const ProbeJob job = to_job(a, argc, argv);
-  std::map<std::string, std::string> flags = tools::SpectrumArgs::flags();
-  flags.insert(tools::AuditArgs::flags().begin(), tools::AuditArgs::flags().end());
-  flags.insert(tools::ProbeDataArgs::flags().begin(), tools::ProbeDataArgs::flags().end());
-  tools::validate_with_flags(
-      [&] {
-        job.run.validate();
-        job.data.validate();
-      },
-      flags);
+  // Checked before any checkpoint is read; run_tool names the options by their flags.
+  job.run.validate();
+  job.data.validate();
 
   // Under torchrun every rank runs this; rank 0 alone prints and writes.
   const bool prints = a.runtime.prints();
@@ -117,5 +111,5 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   reexec_for_blas_kernels(argv);
-  return tools::run_tool("ndsprobe", [&] { return run(argc, argv); });
+  return tools::run_tool("ndsprobe", tools::probe_flag_names(), [&] { return run(argc, argv); });
 }

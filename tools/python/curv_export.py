@@ -143,7 +143,7 @@ def _adam_part(hyper):
     return {names[k]: v for k, v in hyper.items() if k in names}
 
 
-def _optimizer_meta(optimizers, names):
+def optimizer_record(optimizers, names):
     """meta.json's "optimizer" and the state tensors by "<param>.<key>" of one optimizer, or of
     torch.optim.Muon with AdamW (a list of the two: the rule torch-muon, AdamW its adam_* part)."""
     rules = [_rule_of(opt) for opt in optimizers]
@@ -296,7 +296,7 @@ def save_checkpoint(model, optimizer, step, run_dir, prefix="", model_config=Non
         meta["model"] = model_config
     if optimizer is not None:
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-        meta["optimizer"], state = _optimizer_meta(optimizers, names)
+        meta["optimizer"], state = optimizer_record(optimizers, names)
         save_safetensors(os.path.join(folder, "optimizer.safetensors"), state)
     with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=1)

@@ -27,7 +27,7 @@ class TaylorAnalysis : public UnitAnalysis {
     try {
       engine.objective().logits(engine.probe()[0]);
     } catch (const Error& e) {
-      throw InvalidArgument(fmt::format("--ggn: {}", e.what()));
+      throw InvalidOption("{0}: " + InvalidOption::literal(e.what()), {{"TaylorOptions.ggn", ""}});
     }
   }
 

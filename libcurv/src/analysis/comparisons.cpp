@@ -15,12 +15,17 @@ namespace curv {
 NdsPairSpec NdsPairSpec::parse(const std::string& text) {
   NdsPairSpec spec;
   spec.text = text;
+  // A message naming the pair as the option ProbeRunOptions.comparisons, then `rest`.
+  const auto invalid = [&](const std::string& rest) {
+    return InvalidOption(
+        "{0}: " + InvalidOption::literal(rest),
+        {{"ProbeRunOptions.comparisons", "'" + InvalidOption::literal(text) + "'"}});
+  };
   const auto colon = text.find(':');
   if (colon == std::string::npos || text.find(':', colon + 1) != std::string::npos) {
-    throw InvalidArgument(fmt::format(
-        "--compare '{}': expected A:B, each side a direction (adamw.whatif:muon.whatif) or "
-        "RUN/DIRECTION (adamw/delta:muon/delta)",
-        text));
+    throw invalid(
+        "expected A:B, each side a direction (adamw.whatif:muon.whatif) or RUN/DIRECTION "
+        "(adamw/delta:muon/delta)");
   }
   auto side = [&](const std::string& part, std::string& run, std::string& direction) {
     const auto slash = part.find('/');
@@ -30,20 +35,17 @@ NdsPairSpec NdsPairSpec::parse(const std::string& text) {
       run = part.substr(0, slash);
       direction = part.substr(slash + 1);
       if (run.empty()) {
-        throw InvalidArgument(fmt::format("--compare '{}': empty run name in '{}'", text, part));
+        throw invalid(fmt::format("empty run name in '{}'", part));
       }
     }
     if (direction.empty() || direction.find('/') != std::string::npos) {
-      throw InvalidArgument(
-          fmt::format("--compare '{}': '{}' is not a direction or RUN/DIRECTION", text, part));
+      throw invalid(fmt::format("'{}' is not a direction or RUN/DIRECTION", part));
     }
   };
   side(text.substr(0, colon), spec.run_a, spec.direction_a);
   side(text.substr(colon + 1), spec.run_b, spec.direction_b);
   if (spec.run_a.empty() != spec.run_b.empty()) {
-    throw InvalidArgument(fmt::format(
-        "--compare '{}': give a run on both sides (RUN/DIRECTION:RUN/DIRECTION) or on neither",
-        text));
+    throw invalid("give a run on both sides (RUN/DIRECTION:RUN/DIRECTION) or on neither");
   }
   return spec;
 }

@@ -183,13 +183,14 @@ void add_taylor_values(TableLayout<TaylorRow>& t) {
       t, "eta_star_stderr", kOne, "SE of eta_star; NaN in block rows",
       [](R r) { return r.eta_star_stderr; }, nan);
   taylor_column(
-      t, "ggn_curvature", kLoss, "--ggn: uᵀGu; block (--ggn-blocks): G_ll",
+      t, "ggn_curvature", kLoss, "the Gauss-Newton split: uᵀGu; block (the blocks' split): G_ll",
       [](R r) { return r.ggn_curvature; }, [](X, B b) { return b.ggn_curvature; });
   taylor_column(
-      t, "ggn_nds", kNds, "--ggn: uᵀGu / ‖u‖²; block: G_ll / ‖u_l‖²", [](R r) { return r.ggn_nds; },
-      [](X, B b) { return b.ggn_nds; });
+      t, "ggn_nds", kNds, "the Gauss-Newton split: uᵀGu / ‖u‖²; block: G_ll / ‖u_l‖²",
+      [](R r) { return r.ggn_nds; }, [](X, B b) { return b.ggn_nds; });
   taylor_column(
-      t, "residual_nds", kNds, "--ggn: (uᵀHu − uᵀGu) / ‖u‖²; block: (C_ll − G_ll) / ‖u_l‖²",
+      t, "residual_nds", kNds,
+      "the Gauss-Newton split: (uᵀHu − uᵀGu) / ‖u‖²; block: (C_ll − G_ll) / ‖u_l‖²",
       [](R r) { return r.residual_nds; },
       [](X, B b) { return ratio_or_nan(b.residual_curvature, b.sq_norm); });
   taylor_column(
@@ -240,8 +241,7 @@ const TableLayout<StatusRow>& status_layout() {
 const TableLayout<BucketRow>& unit_token_buckets_layout() {
   static const TableLayout<BucketRow> layout = [] {
     using X = const BucketRow&;
-    TableLayout<BucketRow> t("token_buckets",
-                             "### `token_buckets` (table, `--token-buckets` only)");
+    TableLayout<BucketRow> t("token_buckets", "### `token_buckets` (table, ");
     t.column("bucket", kKey, "bucket name", [](X x) { return x.bucket->name; })
         .column("share", kOne, "share of the target positions in the bucket",
                 [](X x) { return x.bucket->share; })
@@ -275,8 +275,7 @@ const TableLayout<BucketRow>& unit_token_buckets_layout() {
 
 const TableLayout<BucketRow>& token_buckets_layout() {
   static const TableLayout<BucketRow> layout = [] {
-    TableLayout<BucketRow> t("/token_buckets",
-                             "## `/token_buckets` (long table, `--token-buckets` only)");
+    TableLayout<BucketRow> t("/token_buckets", "## `/token_buckets` (long table, ");
     add_unit_keys(t);
     t.columns_of(unit_token_buckets_layout(), [](const BucketRow& x) { return x; });
     return t;
@@ -287,8 +286,7 @@ const TableLayout<BucketRow>& token_buckets_layout() {
 const TableLayout<ComparisonRow>& comparisons_layout() {
   static const TableLayout<ComparisonRow> layout = [] {
     using X = const ComparisonRow&;
-    TableLayout<ComparisonRow> t("/comparisons",
-                                 "## `/comparisons` (long table, `--compare` only)");
+    TableLayout<ComparisonRow> t("/comparisons", "## `/comparisons` (long table, ");
     t.column("pair", kKey, "the pair as given, A:B", [](X x) { return x.pair; })
         .column("run_a", kKey, "run of side A", [](X x) { return x.run_a; })
         .column("direction_a", kKey, "direction of side A", [](X x) { return x.direction_a; })
@@ -326,11 +324,13 @@ const TableLayout<BlockTerms>& blocks_layout() {
         .column("predicted_stderr", kLoss, "SE of g_l·u_l + ½ u_lᵀ(Hu)_l",
                 [](B b) { return b.predicted_stderr; })
         .column("nds_stderr", kNds, "SE of nds", [](B b) { return b.nds_stderr; })
-        .column("curvature_sign_stderr", kLoss, "--coupling random: Monte Carlo SE of C_ll",
+        .column("curvature_sign_stderr", kLoss, "random coupling: Monte Carlo SE of C_ll",
                 [](B b) { return b.curvature_sign_stderr; })
-        .column("ggn_curvature", kLoss, "--ggn-blocks: G_ll", [](B b) { return b.ggn_curvature; })
-        .column("ggn_nds", kNds, "--ggn-blocks: G_ll / ‖u_l‖²", [](B b) { return b.ggn_nds; })
-        .column("residual_curvature", kLoss, "--ggn-blocks: C_ll − G_ll",
+        .column("ggn_curvature", kLoss, "the blocks' Gauss-Newton split: G_ll",
+                [](B b) { return b.ggn_curvature; })
+        .column("ggn_nds", kNds, "the blocks' Gauss-Newton split: G_ll / ‖u_l‖²",
+                [](B b) { return b.ggn_nds; })
+        .column("residual_curvature", kLoss, "the blocks' Gauss-Newton split: C_ll − G_ll",
                 [](B b) { return b.residual_curvature; })
         .column("ggn_curvature_stderr", kLoss, "SE of ggn_curvature",
                 [](B b) { return b.ggn_curvature_stderr; })
@@ -362,8 +362,7 @@ const TableLayout<BatchRow>& batches_layout() {
 const TableLayout<MultiplierTerms>& multipliers_layout() {
   static const TableLayout<MultiplierTerms> layout = [] {
     using M = const MultiplierTerms&;
-    TableLayout<MultiplierTerms> t("multipliers",
-                                   "### `multipliers` (table, `--multipliers` only)");
+    TableLayout<MultiplierTerms> t("multipliers", "### `multipliers` (table, ");
     t.column("eta", kOne, "η", [](M m) { return m.eta; })
         .column("predicted", kLoss, "η g·u + ½ η² uᵀHu", [](M m) { return m.predicted; })
         .column("realized", kLoss, "L(θ + η u) − L(θ)", [](M m) { return m.realized; })
@@ -416,7 +415,7 @@ void append_eigen_rows(std::vector<EigenRow>& rows, const std::string& block,
 const TableLayout<EigenRow>& eigen_layout() {
   static const TableLayout<EigenRow> layout = [] {
     using E = const EigenRow&;
-    TableLayout<EigenRow> t("eigen", "### `eigen` (table, `--spectrum` only)");
+    TableLayout<EigenRow> t("eigen", "### `eigen` (table, ");
     t.column("block", kKey, "\"total\" or the block's name", [](E e) { return e.block; })
         .column("which", kKey, "largest, smallest or dominant", [](E e) { return e.which; })
         .column("rank", kKey, "0 for the extreme eigenvalue", [](E e) { return e.rank; })
@@ -435,7 +434,7 @@ const TableLayout<EigenRow>& eigen_layout() {
 const TableLayout<TraceRow>& trace_layout() {
   static const TableLayout<TraceRow> layout = [] {
     using T = const TraceRow&;
-    TableLayout<TraceRow> t("trace", "### `trace` (table, `--trace` only)");
+    TableLayout<TraceRow> t("trace", "### `trace` (table, ");
     t.column("block", kKey, "\"total\" or the block's name", [](T x) { return x.block; })
         .column("estimate", kNds, "estimate of tr(H)", [](T x) { return x.trace->estimate; })
         .column("standard_error", kNds, "SE of the estimate",

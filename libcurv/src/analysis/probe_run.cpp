@@ -24,36 +24,6 @@ namespace fs = std::filesystem;
 
 namespace curv {
 
-void CheckpointSpectrumOptions::validate() const {
-  if (eigenvalues || overlap) {
-    EigenOptions e = eigen;
-    // --overlap alone needs the top eigenvectors only.
-    if (!eigenvalues) e.bottom = 0;
-    if (overlap && e.top < 1) {
-      throw InvalidOption("overlap needs the top eigenspace: {0} must be >= 1",
-                          {{"EigenOptions.top", fmt::format("{}", e.top)}});
-    }
-    e.validate();
-  }
-  if (trace) trace_options.validate();
-  if (density) density_options.validate();
-}
-
-void ProbeRunOptions::validate() const {
-  if (runs.empty()) throw InvalidArgument("no checkpoint directory given (see --help)");
-  if (directions.empty()) throw InvalidOption("{0} is empty", {{"ProbeRunOptions.directions", ""}});
-  validate_param_order(param_order);
-  NamedOptimizer::parse(optimizer);
-  if (prefetch_bytes < 0) {
-    throw InvalidOption("{0} must be >= 0",
-                        {{"ProbeRunOptions.prefetch_bytes", std::to_string(prefetch_bytes)}});
-  }
-  taylor.validate();
-  token_buckets.validate();
-  if (within) within_options.validate();
-  if (spectrum.any()) spectrum.validate();
-}
-
 namespace {
 
 // Run names from directory names, made unique ("run", "run.2", ...).
@@ -114,10 +84,14 @@ int64_t as_unit(const std::string& label, const std::string& path, const c10::De
     work();
     return device_memory(device).peak;
   } catch (const OutOfMemory& e) {
-    throw OutOfMemory(fmt::format(
-        "{}: {} (every unit finished before it is in {}: the same command with --resume "
-        "completes it)",
-        label, e.what(), path));
+    // The engine's message names the options that lower memory; resuming is one more.
+    std::vector<NamedOption> options = e.options();
+    options.push_back({"ProbeJob.resume", ""});
+    throw OutOfMemory(
+        Error::literal(label) + ": " + e.text() +
+            Error::literal(fmt::format(" (every unit finished before it is in {}: ", path)) +
+            fmt::format("the same run with {{{}}} completes it)", options.size() - 1),
+        options);
   }
 }
 
@@ -129,7 +103,8 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
   for (const auto& spec : options_.directions) {
     directions_.push_back(make_direction(spec));
     if (!seen.insert(directions_.back()->name()).second) {
-      throw InvalidArgument(fmt::format("--directions lists '{}' twice", spec));
+      throw InvalidOption("{0} lists '" + InvalidOption::literal(spec) + "' twice",
+                          {{"ProbeRunOptions.directions", ""}});
     }
   }
   const auto names = run_names(options_.runs);
@@ -150,8 +125,10 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
     for (const auto* direction : {&pair.direction_a, &pair.direction_b}) {
       if (!seen.count(*direction)) {
         std::vector<std::string> names(seen.begin(), seen.end());
-        throw InvalidArgument(fmt::format("--compare '{}': no direction '{}' among {}", pair.text,
-                                          *direction, fmt::join(names, ", ")));
+        throw InvalidOption(
+            "{0}: " + InvalidOption::literal(fmt::format("no direction '{}' among {}", *direction,
+                                                         fmt::join(names, ", "))),
+            {{"ProbeRunOptions.comparisons", "'" + InvalidOption::literal(pair.text) + "'"}});
       }
     }
     for (const auto* run : {&pair.run_a, &pair.run_b}) {
@@ -161,8 +138,10 @@ ProbeRun::ProbeRun(ProbeRunOptions options) : options_(std::move(options)) {
       if (!found) {
         std::vector<std::string> names;
         for (const auto& r : runs_) names.push_back(r.name);
-        throw InvalidArgument(fmt::format("--compare '{}': no run '{}' among {}", pair.text, *run,
-                                          fmt::join(names, ", ")));
+        throw InvalidOption(
+            "{0}: " + InvalidOption::literal(
+                          fmt::format("no run '{}' among {}", *run, fmt::join(names, ", "))),
+            {{"ProbeRunOptions.comparisons", "'" + InvalidOption::literal(pair.text) + "'"}});
       }
     }
   }
@@ -340,10 +319,14 @@ void ProbeRun::probe_checkpoint(const ProbeRunSource& run, const CheckpointInfo&
   const std::string recorded = report.checkpoint_digest(run.name, info.step);
   const std::string digest = pass.reader.digest(info, recorded);
   if (!recorded.empty() && recorded != digest) {
-    throw InvalidArgument(fmt::format(
-        "cannot resume '{}': checkpoint '{}' (run '{}', step {}) changed since its results were "
-        "written (then {}, now {}); write to a new file, or drop --resume to start over",
-        report.path(), info.path, run.name, info.step, recorded, digest));
+    throw InvalidArgument(
+        InvalidOption::literal(
+            fmt::format("cannot resume '{}': checkpoint '{}' (run '{}', step {}) changed since its "
+                        "results were "
+                        "written (then {}, now {}); write to a new file, or start over without ",
+                        report.path(), info.path, run.name, info.step, recorded, digest)) +
+            "{0}",
+        {{"ProbeJob.resume", ""}});
   }
   const CheckpointNeeds needs = needs_of(run, info, report);
   if (needs.all_done) {
@@ -512,25 +495,6 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
   pass.advance(label);
 }
 
-BlockPartition BlockOptions::partition(const ParamSpace& space,
-                                       const ModelStructure& structure) const {
-  if (groups.empty()) {
-    return BlockPartition::by_rule(space, structure, BlockPartition::parse_rule(rule));
-  }
-  return BlockPartition::by_regex(space, groups);
-}
-
-std::string BlockOptions::describe() const {
-  if (groups.empty()) return rule;
-  std::vector<std::string> parts;
-  for (const auto& [name, regex] : groups) parts.push_back(name + "=" + regex);
-  return "groups:" + fmt::format("{}", fmt::join(parts, ";"));
-}
-
-ProbeJobResult::ProbeJobResult() = default;
-ProbeJobResult::ProbeJobResult(ProbeJobResult&&) noexcept = default;
-ProbeJobResult::~ProbeJobResult() = default;
-
 ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress) {
   job.data.validate();
   job.engine.validate();
@@ -580,7 +544,7 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   provenance.probe_batches = static_cast<int64_t>(probe.size());
   provenance.probe_hash = probe.hash();
   provenance.blocks = job.blocks.describe();
-  provenance.hvp_method = job.engine.hvp_method == HvpMethod::kExact ? "exact" : "fd";
+  provenance.hvp_method = job.engine.hvp_method;
   provenance.extra["matmul_precision"] = to_string(job.run.matmul_precision);
   provenance.extra["probe_data"] = job.data.path;
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));
@@ -593,7 +557,7 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   ProbeJobResult result;
   result.summary = run.execute(engine, blocks, report, progress);
   result.output = job.output;
-  result.taylor = std::make_unique<Table>(report.taylor_table());
+  if (comm.is_root()) result.tables = report.tables();
   return result;
 }
 

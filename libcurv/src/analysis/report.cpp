@@ -196,7 +196,7 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume,
   w.attribute("/", "threads", p.threads);
   w.attribute("/", "runtime", p.runtime);
   w.attribute("/", "blocks", p.blocks);
-  w.attribute("/", "hvp_method", p.hvp_method);
+  w.attribute("/", "hvp_method", hvp_method_name(p.hvp_method));
   w.attribute("/", "schema", std::string(kSchema));
   w.attribute("/", "world_size", p.world_size);
   w.attribute("/", "distributed_backend", p.distributed_backend);
@@ -211,9 +211,11 @@ void ProbeReport::load_for_resume(const std::string& source, const Provenance& p
         reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
     if (theirs != ours) {
       throw InvalidArgument(
-          fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
-                      "(write to a new file, or drop --resume to replace it)",
-                      path_, key, theirs, ours));
+          Error::literal(fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
+                                     "(write to a new file, or run without ",
+                                     path_, key, theirs, ours)) +
+              "{0} to replace it)",
+          {{"ProbeJob.resume", ""}});
     }
   };
   check("schema", kSchema);
@@ -257,6 +259,15 @@ ReportGroup ProbeReport::checkpoint_group(const std::string& run, int64_t step) 
 ReportGroup ProbeReport::root() { return {*writer_, "/"}; }
 const Table& ProbeReport::taylor_table() const { return *taylor_; }
 const Table& ProbeReport::status_table() const { return *status_; }
+
+std::map<std::string, Table> ProbeReport::tables() const {
+  std::map<std::string, Table> out = writer_->tables();
+  // The long tables are kept apart until each commit writes them.
+  out["/taylor"] = *taylor_;
+  out["/status"] = *status_;
+  if (buckets_->num_rows() > 0) out["/token_buckets"] = *buckets_;
+  return out;
+}
 
 bool ProbeReport::done(const std::string& run, int64_t step, const std::string& direction) const {
   // A unit recorded as unavailable (a delta at the then-last checkpoint) is tried again: later

@@ -140,8 +140,8 @@ EigenResult solve_spectra(LinearOperator& op, const EigenOptions& o) {
     if (nev <= 0) return;
     const int64_t ncv = std::min(n, o.ncv > 0 ? o.ncv : std::max<int64_t>(2 * nev + 1, 20));
     if (ncv <= nev) {
-      throw InvalidArgument(
-          fmt::format("--eig-ncv {} must exceed the number of eigenvalues {}", ncv, nev));
+      throw InvalidOption(fmt::format("{{0}} must exceed the number of eigenvalues {}", nev),
+                          {{"EigenOptions.ncv", std::to_string(ncv)}});
     }
     const int64_t spent = op.num_applies() - before;
     // The first factorisation costs ncv products, each restart about ncv − nev more.

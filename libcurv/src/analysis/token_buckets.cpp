@@ -88,6 +88,10 @@ TokenBucketOptions TokenBucketOptions::parse(const std::string& spec) {
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   const std::string value = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const auto invalid = [&](const std::string& why) {
+    return InvalidOption("{0}: " + InvalidOption::literal(why),
+                         {{"TokenBucketOptions", "'" + InvalidOption::literal(spec) + "'"}});
+  };
   auto number = [&](auto& out) {
     try {
       size_t used = 0;
@@ -98,7 +102,7 @@ TokenBucketOptions TokenBucketOptions::parse(const std::string& spec) {
       }
       if (used != value.size()) throw std::invalid_argument("trailing characters");
     } catch (const std::exception&) {
-      throw InvalidArgument(fmt::format("--token-buckets '{}': '{}' is not a number", spec, value));
+      throw invalid(fmt::format("'{}' is not a number", value));
     }
   };
   if (kind == "head") {
@@ -107,12 +111,11 @@ TokenBucketOptions TokenBucketOptions::parse(const std::string& spec) {
   } else if (kind == "quantiles") {
     o.mode = Mode::kQuantiles;
     if (value.empty()) {
-      throw InvalidArgument(fmt::format("--token-buckets '{}': give K, as in quantiles:4", spec));
+      throw invalid("give K, as in quantiles:4");
     }
     number(o.quantiles);
   } else {
-    throw InvalidArgument(fmt::format(
-        "--token-buckets '{}': expected head, head:MASS (e.g. head:0.5) or quantiles:K", spec));
+    throw invalid("expected head, head:MASS (e.g. head:0.5) or quantiles:K");
   }
   o.validate();
   return o;

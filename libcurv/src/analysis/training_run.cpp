@@ -39,7 +39,7 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
   const int64_t T = lm.context;
   auto train = std::make_shared<TokenData>();
   nlohmann::json meta;
-  if (o.source == "zipf") {
+  if (o.token_file.empty()) {
     ZipfPcfgOptions zo;
     zo.vocab_size = lm.vocab_size;
     zo.exponent = o.zipf_s;
@@ -63,13 +63,13 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
             {"grammar_seed", o.grammar_seed},
             {"train_tokens", o.train_tokens}};
   } else {
-    *train = TokenData::from_uint16_file(o.source);
+    *train = TokenData::from_uint16_file(o.token_file);
     auto [vx, vy] = train->windows(o.eval_sequences, T, o.seed + 1000003ULL);
     d.validation = Batch{vx, vy};
     auto [px, py] = train->windows(o.probe_sequences, T, o.seed + 2000003ULL);
     d.probe = Batch{px, py};
-    d.probe_description = "probe windows drawn from " + o.source;
-    meta = {{"kind", "tokens"}, {"path", o.source}};
+    d.probe_description = "probe windows drawn from " + o.token_file;
+    meta = {{"kind", "tokens"}, {"path", o.token_file}};
   }
   if (train->max_token() >= lm.vocab_size) {
     throw InvalidArgument(
@@ -127,10 +127,11 @@ uint64_t parameter_digest(const ParamVector& theta) {
 TrainingData make_training_data(const TrainingDataOptions& o, const ModelConfig& config) {
   const ModelData model_data = config.data();
   if (model_data.kind == ModelData::Kind::kTokens) return language_data(o, model_data);
-  if (o.source != "zipf") {
-    throw InvalidArgument(
-        fmt::format("--data {}: a {} model makes its own data (leave --data at zipf)", o.source,
-                    config.arch()));
+  if (!o.token_file.empty()) {
+    throw InvalidOption(
+        fmt::format("{{0}}: a {} model makes its own data; train it without {{1}}", config.arch()),
+        {{"TrainingDataOptions.token_file", InvalidOption::literal(o.token_file)},
+         {"TrainingDataOptions.token_file", ""}});
   }
   TrainingData d;
   if (model_data.kind == ModelData::Kind::kClasses) {
@@ -182,10 +183,10 @@ Evaluation evaluate(Objective& model, const Batch& validation, const at::Tensor&
 
 void TrainingRunOptions::validate() const {
   if (model.data().kind == ModelData::Kind::kFeatures) {
-    throw InvalidArgument(fmt::format(
-        "curvtrain trains models on tokens, classes or no data (gpt, quadratic, memory); --model "
-        "is a {} config, which reads features",
-        model.arch()));
+    throw InvalidOption(fmt::format("training runs on tokens, classes or no data (gpt, quadratic, "
+                                    "memory); {{0}} is a {} config, which reads features",
+                                    model.arch()),
+                        {{"TrainingRunOptions.model", ""}});
   }
   model.validate();
   optimizer.validate();
@@ -200,7 +201,9 @@ void TrainingRunOptions::validate() const {
   if (!(clip >= 0))
     throw InvalidOption("{0} must be >= 0", {{"TrainingRunOptions.clip", fmt::format("{}", clip)}});
   if (probe_every > 0 && probe_output.empty()) {
-    throw InvalidArgument("--probe-every needs --probe-output FILE.h5");
+    throw InvalidOption("{0} needs {1} (an HDF5 file)",
+                        {{"TrainingRunOptions.probe_every", std::to_string(probe_every)},
+                         {"TrainingRunOptions.probe_output", ""}});
   }
 }
 
@@ -256,7 +259,7 @@ TrainingProbe make_training_probe(const TrainingRunOptions& o, const Objective& 
                  : o.probe_on == ProbeOn::kProbe ? fixed_probe->hash()
                                                  : "training-batch+" + fixed_probe->hash();
   p.blocks = "layer";
-  p.hvp_method = "exact";
+  p.hvp_method = HvpMethod::kExact;
   p.world_size = world;
   p.distributed_backend = comm.backend();
   out.report = std::make_unique<ProbeReport>(o.probe_output, p, /*resume=*/true,

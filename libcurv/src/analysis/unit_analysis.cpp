@@ -37,14 +37,15 @@ std::vector<Entry>& registry() {
       {"taylor", make_taylor_analysis,
        "Taylor audit, NDS, block coupling and the Gauss-Newton split (always)", true},
       {"token_buckets", make_token_bucket_analysis,
-       "the audit per token-frequency bucket (--token-buckets)", true},
+       "the audit per token-frequency bucket (ProbeRunOptions.token_buckets)", true},
       {"within", make_within_analysis,
-       "singular-mode and group curvature within matrices (--within)", true},
+       "singular-mode and group curvature within matrices (ProbeRunOptions.within)", true},
       {"spectrum", make_spectrum_analysis,
        "eigenvalues, trace, density, preconditioned sharpness per checkpoint; overlap per unit "
-       "(--spectrum, --trace, --density, --precond-sharpness, --overlap)",
+       "(ProbeRunOptions.spectrum)",
        true},
-      {"comparisons", make_comparison_analysis, "paired NDS comparisons (--compare)", true},
+      {"comparisons", make_comparison_analysis,
+       "paired NDS comparisons (ProbeRunOptions.comparisons)", true},
   };
   return entries;
 }

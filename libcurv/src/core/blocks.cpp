@@ -176,8 +176,22 @@ BlockRule BlockPartition::parse_rule(const std::string& text) {
   if (text == "component") return BlockRule::kComponent;
   if (text == "tensor") return BlockRule::kTensor;
   if (text == "whole") return BlockRule::kWhole;
-  throw InvalidArgument(
-      fmt::format("block rule '{}': expected layer, component, tensor or whole", text));
+  throw InvalidOption("{0}: expected layer, component, tensor or whole",
+                      {{"BlockOptions.rule", "'" + InvalidOption::literal(text) + "'"}});
+}
+
+std::string BlockPartition::rule_name(BlockRule rule) {
+  switch (rule) {
+    case BlockRule::kLayer:
+      return "layer";
+    case BlockRule::kComponent:
+      return "component";
+    case BlockRule::kTensor:
+      return "tensor";
+    case BlockRule::kWhole:
+      return "whole";
+  }
+  return "";
 }
 
 std::vector<std::string> BlockPartition::names() const {

@@ -415,7 +415,7 @@ void check_same_on_all_ranks(Communicator& comm, uint64_t digest, const std::str
     if (halves[2 * k] != halves[0] || halves[2 * k + 1] != halves[1]) {
       throw DistributedError(fmt::format(
           "the ranks' {} differ (rank {} from rank 0): every rank must run the same build with "
-          "the same --threads, so that the same reduced gradient gives the same step",
+          "the same number of threads, so that the same reduced gradient gives the same step",
           what, k));
     }
   }

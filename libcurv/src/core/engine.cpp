@@ -24,7 +24,12 @@ namespace curv {
 HvpMethod parse_hvp_method(const std::string& text) {
   if (text == "exact") return HvpMethod::kExact;
   if (text == "fd") return HvpMethod::kFiniteDifference;
-  throw InvalidArgument(fmt::format("hvp method '{}': expected exact or fd", text));
+  throw InvalidOption("{0}: expected exact or fd",
+                      {{"EngineOptions.hvp_method", InvalidOption::literal(text)}});
+}
+
+std::string hvp_method_name(HvpMethod method) {
+  return method == HvpMethod::kExact ? "exact" : "fd";
 }
 
 void EngineOptions::validate() const {
@@ -248,14 +253,23 @@ OutOfMemory CurvatureEngine::out_of_memory(Pass pass, size_t batch, const std::e
   std::string held = fmt::format("{} in use", format_bytes(m.in_use));
   if (m.reserved >= 0) held += fmt::format(", {} reserved", format_bytes(m.reserved));
   if (m.peak >= 0) held += fmt::format(", peak {}", format_bytes(m.peak));
-  return OutOfMemory(fmt::format(
-      "{} ran out of {} memory in the {} of probe batch {} ({}{}): lower what a pass holds with "
-      "--micro-batch (smaller slices of each batch), --max-memory or --max-kept-graphs (fewer "
-      "kept graphs), --coupling none (one HVP per direction) or a smaller --batch-size. {}",
-      objective_.describe(), device_.str(), pass_name(pass), batch, held,
-      options_.max_memory > 0 ? fmt::format("; --max-memory {}", format_bytes(options_.max_memory))
-                              : std::string(),
-      brief_what(e)));
+  std::vector<NamedOption> options = {{"EngineOptions.micro_batch", ""},
+                                      {"EngineOptions.max_memory", ""},
+                                      {"EngineOptions.max_kept_graphs", ""},
+                                      {"TaylorOptions.coupling", "none"},
+                                      {"ProbeDataOptions.batch_size", ""}};
+  if (options_.max_memory > 0) {
+    held += "; {5}";
+    options.push_back({"EngineOptions.max_memory", format_bytes(options_.max_memory)});
+  }
+  return OutOfMemory(
+      Error::literal(fmt::format("{} ran out of {} memory in the {} of probe batch {} (",
+                                 objective_.describe(), device_.str(), pass_name(pass), batch)) +
+          held +
+          "): lower what a pass holds with {0} (smaller slices of each batch), {1} or {2} "
+          "(fewer kept graphs), {3} (one HVP per direction) or a smaller {4}. " +
+          Error::literal(brief_what(e)),
+      options);
 }
 
 void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t, double)>& body) {

@@ -55,13 +55,10 @@ std::string printable_message(const std::string& text) {
   return out;
 }
 
-Error::Error(const std::string& message) : std::runtime_error(printable_message(message)) {}
-Error::Error(const char* message) : Error(std::string(message)) {}
-
 namespace {
 
-std::string render_text(const std::string& text, const std::vector<InvalidOption::Named>& options,
-                        const std::function<std::string(const InvalidOption::Named&)>& name) {
+std::string render_text(const std::string& text, const std::vector<NamedOption>& options,
+                        const std::function<std::string(const NamedOption&)>& name) {
   std::string out;
   for (size_t i = 0; i < text.size(); ++i) {
     if ((text[i] == '{' || text[i] == '}') && i + 1 < text.size() && text[i + 1] == text[i]) {
@@ -85,16 +82,21 @@ std::string render_text(const std::string& text, const std::vector<InvalidOption
 
 }  // namespace
 
-InvalidOption::InvalidOption(std::string text, std::vector<Named> options)
-    : InvalidArgument(render_text(text, options, library_name)),
+Error::Error(const std::string& message) : std::runtime_error(printable_message(message)) {}
+Error::Error(const char* message) : Error(std::string(message)) {}
+Error::Error(std::string text, std::vector<Named> options)
+    : std::runtime_error(printable_message(render_text(text, options, library_name))),
       text_(std::move(text)),
       options_(std::move(options)) {}
 
-std::string InvalidOption::render(const std::function<std::string(const Named&)>& name) const {
+std::string Error::text() const { return options_.empty() ? literal(what()) : text_; }
+
+std::string Error::render(const std::function<std::string(const Named&)>& name) const {
+  if (options_.empty()) return what();
   return printable_message(render_text(text_, options_, name));
 }
 
-std::string InvalidOption::literal(const std::string& text) {
+std::string Error::literal(const std::string& text) {
   std::string out;
   for (const char c : text) {
     if (c == '{' || c == '}') out += c;
@@ -103,8 +105,11 @@ std::string InvalidOption::literal(const std::string& text) {
   return out;
 }
 
-std::string InvalidOption::library_name(const Named& named) {
+std::string Error::library_name(const Named& named) {
   return named.value.empty() ? named.option : named.option + " = " + named.value;
 }
+
+InvalidOption::InvalidOption(std::string text, std::vector<Named> options)
+    : InvalidArgument(std::move(text), std::move(options)) {}
 
 }  // namespace curv

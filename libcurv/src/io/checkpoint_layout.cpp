@@ -184,9 +184,11 @@ CheckpointLayout detect_checkpoint_layout(const std::string& dir) {
   std::vector<std::string> found;
   for (size_t k : present) found.push_back(fmt::format("{} ({})", all[k]->name(), example[k]));
   throw FormatError(
-      fmt::format("checkpoint directory {} holds checkpoints of several layouts: {}; "
-                  "choose one with --layout",
-                  dir, join(found, ", ")));
+      Error::literal(fmt::format("checkpoint directory {} holds checkpoints of several layouts: "
+                                 "{}; choose one with ",
+                                 dir, join(found, ", "))) +
+          "{0}",
+      {{"ProbeRunOptions.layout", ""}});
 }
 
 std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, const StepSelection& selection,

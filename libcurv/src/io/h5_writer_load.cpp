@@ -121,7 +121,35 @@ void load_group(hid_t group, const std::string& path, Node& node, const std::str
   }
 }
 
+// The tables at and below `node` (at `path`) into `out`.
+void collect_tables(const Node& node, const std::string& path, std::map<std::string, Table>& out) {
+  const auto columns = node.attributes.find("columns");
+  if (columns != node.attributes.end()) {
+    const auto* names = std::get_if<std::vector<std::string>>(&columns->second);
+    bool whole = names != nullptr;
+    for (size_t k = 0; whole && k < names->size(); ++k) {
+      const auto child = node.children.find((*names)[k]);
+      whole = child != node.children.end() && child->second->is_dataset;
+    }
+    if (whole) {
+      Table table;
+      for (const auto& name : *names) table.add_column(name, node.children.at(name)->data);
+      out.emplace(path, std::move(table));
+      return;
+    }
+  }
+  for (const auto& [name, child] : node.children) {
+    if (!child->is_dataset) collect_tables(*child, (path == "/" ? "" : path) + "/" + name, out);
+  }
+}
+
 }  // namespace
+
+std::map<std::string, Table> H5Writer::tables() const {
+  std::map<std::string, Table> out;
+  collect_tables(*root_, "/", out);
+  return out;
+}
 
 H5Writer H5Writer::load(const std::string& path) {
   quiet_hdf5();

@@ -33,12 +33,17 @@ constexpr ParamOrderName kParamOrders[] = {
 // The rules auto tries when no names were recorded, from least to most specific.
 constexpr ParamOrder kGuessed[] = {ParamOrder::kModel, ParamOrder::kNdim, ParamOrder::kHidden};
 
-InvalidArgument unknown_param_order(const std::string& text) {
+// The option as messages name it: the rule a user gave (ProbeRunOptions.param_order, the
+// Python package's param_order=), which tools write as their flag.
+constexpr const char* kOption = "ParamOrderSpec";
+
+InvalidOption unknown_param_order(const std::string& text) {
   std::vector<std::string> names = param_order_choices();
   const std::string last = names.back();
   names.pop_back();
-  return InvalidArgument(
-      fmt::format("--param-order '{}': expected {} or {}", text, join(names, ", "), last));
+  return InvalidOption(
+      "{0}: " + InvalidOption::literal(fmt::format("expected {} or {}", join(names, ", "), last)),
+      {{kOption, "'" + InvalidOption::literal(text) + "'"}});
 }
 
 std::string count_problem(const OrderInput& in, size_t expected, const char* what) {
@@ -124,7 +129,10 @@ std::string regex_escaped(const std::string& text) {
 
 std::vector<std::string> read_order_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw InvalidArgument(fmt::format("--param-order file '{}' cannot be opened", path));
+  if (!in) {
+    throw InvalidOption("{0}: the file cannot be opened",
+                        {{kOption, "file:" + InvalidOption::literal(path)}});
+  }
   std::vector<std::string> names;
   std::string line;
   while (std::getline(in, line)) {
@@ -195,18 +203,23 @@ ParamMapping by_listed_names(const OrderInput& in, const std::string& order_file
     names = read_order_file(path);
   }
   if (names.size() != in.indices.size()) {
-    throw InvalidArgument(
-        fmt::format("{}: --param-order file '{}' lists {} names for the "
-                    "optimizer's {} parameters",
-                    in.ix.origin, path, names.size(), in.indices.size()));
+    throw InvalidOption(
+        fmt::format("{}: {{0}} lists {} names for the optimizer's {} parameters",
+                    InvalidOption::literal(in.ix.origin), names.size(), in.indices.size()),
+        {{kOption, recorded ? "names" : "file:" + InvalidOption::literal(path)}});
   }
   const auto model_names = in.space.names();
   for (const auto& name : names) {
     auto index = in.space.find(name);
     if (!index) {
-      throw InvalidArgument(fmt::format("{}{}: '{}' is not a model parameter{}",
-                                        recorded ? "" : "--param-order file ", path, name,
-                                        did_you_mean(name, model_names)));
+      if (recorded) {
+        throw InvalidArgument(fmt::format("{}: '{}' is not a model parameter{}", path, name,
+                                          did_you_mean(name, model_names)));
+      }
+      throw InvalidOption(
+          "{0}: " + InvalidOption::literal(fmt::format("'{}' is not a model parameter{}", name,
+                                                       did_you_mean(name, model_names))),
+          {{kOption, "file:" + InvalidOption::literal(path)}});
     }
     m.of_index.push_back(*index);
   }
@@ -258,11 +271,13 @@ ParamMapping choose_guessed(const OrderInput& in) {
   if (fits.empty()) {
     std::vector<std::string> why;
     for (const auto& m : misfits) why.push_back(m.rule + ": " + m.problem);
-    throw InvalidArgument(fmt::format(
-        "{}: optimizer state does not fit the model's parameters in any known order ({}); it "
-        "is for a different model, or pass --param-order file:PATH listing the names in "
-        "optimizer order",
-        in.ix.origin, join(why, "; ")));
+    throw InvalidOption(
+        InvalidOption::literal(fmt::format("{}: optimizer state does not fit the model's "
+                                           "parameters in any known order ({}); it is for a "
+                                           "different model, or give ",
+                                           in.ix.origin, join(why, "; "))) +
+            "{0} listing the names in optimizer order",
+        {{kOption, "file:PATH"}});
   }
   // Rules that fit but map some index differently leave the names undecided, unless there is
   // no state at all (then only the group hyper-parameters depend on the order).
@@ -271,11 +286,13 @@ ParamMapping choose_guessed(const OrderInput& in) {
     if (fits[i].of_index != fits[0].of_index) disagreeing.push_back(fits[i].rule);
   }
   if (disagreeing.size() > 1 && !in.ix.state.empty()) {
-    throw InvalidArgument(fmt::format(
-        "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
-        "rules {}, which name the parameters differently; pass --param-order with one of them "
-        "or file:PATH",
-        in.ix.origin, join(disagreeing, ", ")));
+    throw InvalidOption(
+        InvalidOption::literal(fmt::format(
+            "{}: optimizer parameter order is ambiguous: the group sizes and state shapes fit the "
+            "rules {}, which name the parameters differently; give ",
+            in.ix.origin, join(disagreeing, ", "))) +
+            "{0} as one of them or file:PATH",
+        {{kOption, ""}});
   }
   // Without state, a grouping rule (ndim, hidden) is the more specific claim than model order.
   return fits.back();
@@ -285,8 +302,9 @@ ParamMapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec) {
   if (spec.order != ParamOrder::kAuto) {
     ParamMapping m = map_by(in, spec.order, spec.path);
     if (!m.problem.empty()) {
-      throw InvalidArgument(fmt::format("{}: --param-order {} does not fit the model: {}",
-                                        in.ix.origin, spec.text(), m.problem));
+      throw InvalidOption(InvalidOption::literal(in.ix.origin) +
+                              ": {0} does not fit the model: " + InvalidOption::literal(m.problem),
+                          {{kOption, InvalidOption::literal(spec.text())}});
     }
     return m;
   }
@@ -295,10 +313,12 @@ ParamMapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec) {
   if (writer && writer->required) {
     ParamMapping m = map_by(in, writer->order);
     if (!m.problem.empty()) {
-      throw InvalidArgument(
-          fmt::format("{}: optimizer state does not fit the model as {} orders it "
-                      "(--param-order {}): {}",
-                      in.ix.origin, writer->writer, param_order_name(writer->order), m.problem));
+      throw InvalidOption(
+          InvalidOption::literal(fmt::format("{}: optimizer state does not fit the model as {} "
+                                             "orders it (",
+                                             in.ix.origin, writer->writer)) +
+              "{0}): " + InvalidOption::literal(m.problem),
+          {{kOption, param_order_name(writer->order)}});
     }
     return m;
   }
@@ -414,18 +434,18 @@ std::string group_sizes(const IndexedOptimizerState& ix) {
   return join(sizes, " + ");
 }
 
-void validate_param_order(const std::string& param_order) {
-  const ParamOrderSpec spec = parse_param_order(param_order);
+void validate_param_order(const ParamOrderSpec& spec) {
+  if (spec.order == ParamOrder::kNames) {
+    throw InvalidOption("{0} is chosen by auto, never named", {{kOption, "names"}});
+  }
   if (spec.order == ParamOrder::kFile && !fs::is_regular_file(spec.path)) {
-    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order));
+    throw InvalidOption("{0}: no such file", {{kOption, InvalidOption::literal(spec.text())}});
   }
 }
 
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const ParamOrderSpec& param_order, const ModelStructure* structure) {
-  if (param_order.order == ParamOrder::kFile && !fs::is_regular_file(param_order.path)) {
-    throw InvalidArgument(fmt::format("--param-order {}: no such file", param_order.text()));
-  }
+  validate_param_order(param_order);
   if (!ckpt.indexed_optimizer) return;
   if (!ckpt.indexed_optimizer->problem.empty()) {
     throw InvalidArgument(ckpt.indexed_optimizer->problem);
@@ -439,7 +459,6 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
 
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
                              const std::string& param_order, const ModelStructure* structure) {
-  validate_param_order(param_order);
   resolve_optimizer_state(ckpt, space, parse_param_order(param_order), structure);
 }
 

@@ -69,7 +69,8 @@ bool ProbeDataSource::token_file() const {
 
 void ProbeDataSource::validate() const {
   if (path.empty())
-    throw InvalidArgument("no probe data: pass --data FILE.safetensors or FILE.bin");
+    throw InvalidOption("no probe data: {0} names no file (FILE.safetensors or FILE.bin)",
+                        {{"ProbeDataSource.path", ""}});
   if (token_file() && (block_size == 0 || options.max_examples == 0)) {
     throw InvalidOption(
         fmt::format("probe data {}: a uint16 token file needs the window length {{0}} and the "

@@ -365,14 +365,14 @@ std::string names_of(const std::vector<Fit>& fits) {
   return join(names, ", ");
 }
 
-// "--optimizer sgd or --optimizer muon": each rule name once, in table order.
+// "the optimizer sgd or muon": each rule name once, in table order. A refusal is a record kept in
+// files and read by every program, so it names the option in words, not by a tool's flag.
 std::string choices_of(const std::vector<Fit>& fits) {
   std::vector<std::string> names;
   for (const auto& f : fits) {
-    const std::string flag = "--optimizer " + f.rule->name;
-    if (f.rule->refusal.empty() && !contains(names, flag)) names.push_back(flag);
+    if (f.rule->refusal.empty() && !contains(names, f.rule->name)) names.push_back(f.rule->name);
   }
-  return join(names, " or ");
+  return "the optimizer " + join(names, " or ");
 }
 
 Recognition refused(std::string text) {
@@ -401,12 +401,12 @@ Recognition named_rule(const OptimizerKeys& keys, const std::string& origin,
        {+[](const Fit& f) { return f.marked; }, +[](const Fit& f) { return f.rule->named_only; },
         +[](const Fit&) { return true; }}) {
     for (const auto& f : fits) {
-      if (prefer(f)) return accepted(f, origin, fmt::format("named (--optimizer {})", named));
+      if (prefer(f)) return accepted(f, origin, fmt::format("named by the user ({})", named));
     }
   }
   if (misfits.empty()) {
     return refused(fmt::format(
-        "{}: --optimizer {}: no rule of that name reads torch optimizer states; rules: {}", origin,
+        "{}: optimizer '{}': no rule of that name reads torch optimizer states; rules: {}", origin,
         named, join(known, ", ")));
   }
   return refused(
@@ -471,7 +471,7 @@ Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& or
     }
     return refused(fmt::format(
         "{}: optimizer state fits no rule libcurv rebuilds{}; tried {}; audit it along delta, "
-        "or name its rule with --optimizer",
+        "or name the optimizer that wrote it",
         origin, unknown.empty() ? "" : " (state keys " + join(unknown, ", ") + " unknown to all)",
         join(tried, "; ")));
   }
@@ -494,7 +494,7 @@ Recognition recognise_optimizer(const OptimizerKeys& keys, const std::string& or
     return refused(fmt::format(
         "{}: optimizer state is torch.optim.Adam's or AdamW's, which differ by their weight "
         "decay, and its param_groups do not record decoupled_weight_decay (torch < 2.7); name "
-        "it: --optimizer adamw (decoupled decay) or --optimizer adam (L2 decay in the gradient)",
+        "it: the optimizer adamw (decoupled decay) or adam (L2 decay in the gradient)",
         origin));
   }
   return refused(

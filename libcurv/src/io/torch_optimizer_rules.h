@@ -33,7 +33,7 @@ struct OptimizerKeys {
 struct Recognition {
   std::string rule;     // libcurv's rule ("adamw"); "" when refused
   std::string writer;   // the writer it stands for ("torch.optim.AdamW")
-  std::string how;      // "named (--optimizer adam)", "recognised by keys ..."
+  std::string how;      // "named by the user (adam)", "recognised by keys ..."
   std::string refusal;  // when `rule` is empty: one line naming the file and what failed
   // Per group: whether its parameters are orthogonalised (the Muon family's groups).
   std::vector<bool> orthogonalised;

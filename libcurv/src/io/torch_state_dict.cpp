@@ -501,10 +501,12 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
     ckpt.indexed_optimizer = std::move(state);
   } else if (record.name.empty()) {
     record.name = rule;
-    record.recognition = fmt::format("named (--optimizer {})", rule);
+    record.recognition = fmt::format("named by the user ({})", rule);
   } else if (record.name != rule) {
-    throw InvalidArgument(fmt::format("{}: the checkpoint records optimizer '{}'; --optimizer {}",
-                                      ckpt.meta_file, record.name, rule));
+    throw InvalidArgument(Error::literal(fmt::format("{}: the checkpoint records optimizer '{}'; ",
+                                                     ckpt.meta_file, record.name)) +
+                              "{0}",
+                          {{"ProbeRunOptions.optimizer", Error::literal(rule)}});
   }
   for (const auto& [key, value] : hyper) {
     set_hyper(record.hyper, key, value);

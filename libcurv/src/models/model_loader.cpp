@@ -48,9 +48,10 @@ LoadedModel load_model(const ModelSource& source, const std::string& recorded_co
   if (json) {
     if (source.path.empty() && recorded_config_json.empty()) {
       throw InvalidArgument(
-          "no model: pass --model (a .json built-in config, a Hugging Face config.json or a "
+          "no model: give {0} (a .json built-in config, a Hugging Face config.json or a "
           "TorchScript file); the checkpoints carry no model config (meta.json's \"model\", "
-          "a Hugging Face folder's config.json or nanoGPT's model_args)");
+          "a Hugging Face folder's config.json or nanoGPT's model_args)",
+          {{"ModelSource.path", ""}});
     }
     if (!source.structure_mapping.empty()) {
       throw InvalidArgument(fmt::format(

@@ -184,7 +184,8 @@ NamedOptimizer NamedOptimizer::parse(const std::string& spec) {
   const auto colon = spec.find(':');
   if (colon == std::string::npos) return out;
   const auto stored = config.hyper();
-  for (const auto& [key, value] : parse_key_values(spec.substr(colon + 1), "--optimizer " + spec)) {
+  for (const auto& [key, value] :
+       parse_key_values(spec.substr(colon + 1), "optimizer spec '" + spec + "'")) {
     if (key == "muon_params") {
       out.muon_params = config.muon_params;
       continue;

@@ -101,9 +101,10 @@ class OptimizerDirection : public Direction {
       if (optimizer) return rebuilt_step(c, *optimizer);
       if (!c.whatif_fallback) {
         throw InvalidArgument(
-            fmt::format("direction {} at {}: {} (use the {}.whatif direction, "
-                        "or --whatif-fallback)",
-                        name_, where(c), why, family_));
+            Error::literal(fmt::format("direction {} at {}: {} (use the {}.whatif direction, or ",
+                                       name_, where(c), why, family_)) +
+                "{0})",
+            {{"ProbeRunOptions.whatif_fallback", ""}});
       }
     }
     ParamVector u = whatif_step(c, why);

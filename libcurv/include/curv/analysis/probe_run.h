@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,7 +30,6 @@ namespace curv {
 
 class CheckpointReader;
 class Direction;
-class Table;
 class UnitAnalysis;
 
 // What is computed once per checkpoint besides the directions (docs/cli.md, "Spectrum").
@@ -62,7 +62,7 @@ struct NdsPairSpec {
 struct ProbeRunOptions {
   std::vector<std::string> runs;  // checkpoint directories, one run each
   CheckpointLayout layout = CheckpointLayout::kAuto;
-  std::string param_order = "auto";  // how a torch optimizer's indices map to names
+  ParamOrderSpec param_order;  // how a torch optimizer's indices map to names
   // The optimizer that saved the runs' states, as a spec (OptimizerConfig::parse: "adam",
   // "muon:ns_steps=5"): checked against each state instead of recognising it by its keys, its
   // key=values over the saved hyper-parameters; "" recognises (name_optimizer).
@@ -183,7 +183,7 @@ class ProbeRun {
 // Blocks by rule ("layer", "tensor", "whole") or, when `groups` is not empty, by NAME=REGEX
 // groups (unmatched parameters go to "rest").
 struct BlockOptions {
-  std::string rule = "layer";
+  BlockRule rule = BlockRule::kLayer;
   std::vector<std::pair<std::string, std::string>> groups;
   // Rules read the parameters' roles in `structure` (the objective's structure()).
   BlockPartition partition(const ParamSpace& space, const ModelStructure& structure) const;
@@ -208,10 +208,20 @@ struct ProbeJob {
 struct ProbeJobResult {
   ProbeRunSummary summary;
   std::string output;
-  std::unique_ptr<Table> taylor;  // the file's /taylor table, for a summary
-  ProbeJobResult();
-  ProbeJobResult(ProbeJobResult&&) noexcept;
-  ~ProbeJobResult();
+  // Every table of the output as written, by its path in the file (docs/hdf5-schema.md): the long
+  // tables "/taylor", "/status", "/token_buckets", "/comparisons", and each unit's and
+  // checkpoint's, "/runs/<run>/step_<N>/<direction>/blocks", ".../batches", ".../multipliers",
+  // ".../within/<param>/modes", ".../spectrum/eigen", ...: the columns, order and units the file
+  // gives them, so a program reads its results without opening the file. A resumed job's hold the
+  // units finished before it too. Held on rank 0 only (empty on the others).
+  std::map<std::string, Table> tables;
+
+  // The table at `path`; InvalidArgument naming it and the output when there is none.
+  const Table& table(const std::string& path) const;
+  // One unit's table: `name` is "blocks", "batches", "within/<param>/modes", ... below the unit's
+  // group; InvalidArgument as table().
+  const Table& unit_table(const std::string& run, int64_t step, const std::string& direction,
+                          const std::string& name) const;
 };
 
 ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress = {});

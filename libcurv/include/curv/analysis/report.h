@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "curv/analysis/output_table.h"
+#include "curv/core/hvp_method.h"
 
 namespace curv {
 
@@ -74,9 +75,9 @@ struct Provenance {
   int64_t probe_batches = 0;
   std::string probe_hash;
   int64_t threads = 0;
-  std::string runtime;                         // LibTorch version and threads
-  std::string blocks;                          // block rule, e.g. "layer"
-  std::string hvp_method;                      // "exact" | "fd"
+  std::string runtime;  // LibTorch version and threads
+  std::string blocks;   // block rule, e.g. "layer"
+  HvpMethod hvp_method = HvpMethod::kExact;
   std::map<std::string, std::string> extra;    // free-form key/values written as attributes
   int64_t world_size = 1;                      // processes the probe set was split over
   std::string distributed_backend = "single";  // "single" | "gloo"
@@ -145,6 +146,9 @@ class ProbeReport {
 
   const Table& taylor_table() const;
   const Table& status_table() const;
+  // Every table the file holds or will hold at the next commit, by its path in the file
+  // (H5Writer::tables): the units resumed from the file included.
+  std::map<std::string, Table> tables() const;
   // Where the analyses write: a unit's group (after add_taylor), a checkpoint's, the root.
   ReportGroup unit_group(const std::string& run, int64_t step, const std::string& direction);
   ReportGroup checkpoint_group(const std::string& run, int64_t step);

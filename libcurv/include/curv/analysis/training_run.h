@@ -32,8 +32,9 @@ ProbeOn parse_probe_on(const std::string& text);
 std::string to_string(ProbeOn on);
 
 struct TrainingDataOptions {
-  std::string source = "zipf";  // "zipf" (Zipf-PCFG) or a file of uint16 tokens (nanoGPT .bin)
-  double zipf_s = 1.0;          // Zipf exponent of the training data (0 = balanced)
+  // A file of uint16 tokens (nanoGPT's .bin) to train on; empty: the Zipf-PCFG stream below.
+  std::string token_file;
+  double zipf_s = 1.0;  // Zipf exponent of the training data (0 = balanced)
   uint64_t grammar_seed = 0;
   // A grammar small enough that a tiny GPT learns its structure in a few hundred steps.
   int64_t zipf_depth = 4;

@@ -46,8 +46,9 @@ class BlockPartition {
   // first match wins; unmatched parameters go to a block "rest". Empty groups are an error.
   static BlockPartition by_regex(const ParamSpace& space,
                                  const std::vector<std::pair<std::string, std::string>>& groups);
-  // "layer" | "component" | "tensor" | "whole"
+  // "layer" | "component" | "tensor" | "whole"; InvalidOption naming BlockOptions.rule otherwise.
   static BlockRule parse_rule(const std::string& text);
+  static std::string rule_name(BlockRule rule);  // as parse_rule reads it
 
   size_t size() const { return blocks_.size(); }
   const Block& operator[](size_t i) const { return blocks_[i]; }

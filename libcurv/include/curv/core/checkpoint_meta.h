@@ -44,7 +44,7 @@ struct OptimizerRecord {
   std::vector<OptimizerParamGroup> param_groups;
   std::string param_order;  // "param_order": the rule that named torch's indices, "" if none
   // "recognition": how `name` was chosen for a torch state ("recognised by keys: state exp_avg,
-  // ...", "named (--optimizer adam)"); "" where the checkpoint's writer recorded the name.
+  // ...", "named by the user (adam)"); "" where the checkpoint's writer recorded the name.
   std::string recognition;
   // "refusal": why a saved state has no rule (no rule fits, two fit alike, or one that is not
   // rebuilt), one line naming the file; `name` is then "". Directions rebuilt from saved state

@@ -35,7 +35,7 @@ struct DirectionContext {
   // Set by optimizer directions: the rule applied to each parameter ("muon", "adamw", ...).
   std::vector<std::string> partition;
   // Set by directions rebuilt from saved state: the rule, and how it was chosen ("recorded in
-  // meta.json", "recognised by keys: ...", "named (--optimizer adam)").
+  // meta.json", "recognised by keys: ...", "named by the user (adam)").
   std::string optimizer_rule, optimizer_recognition;
 };
 

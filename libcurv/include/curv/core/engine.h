@@ -12,6 +12,7 @@
 
 #include "curv/core/distributed.h"
 #include "curv/core/error.h"
+#include "curv/core/hvp_method.h"
 #include "curv/core/objective.h"
 #include "curv/core/param_space.h"
 #include "curv/core/probe_set.h"
@@ -22,12 +23,6 @@ namespace engine_detail {
 struct BlockReader;
 struct BlockProduct;
 }  // namespace engine_detail
-
-enum class HvpMethod {
-  kExact,             // double backward (Pearlmutter): exact to rounding
-  kFiniteDifference,  // central difference of gradients: (g(θ+hv) - g(θ-hv)) / 2h
-};
-HvpMethod parse_hvp_method(const std::string& text);  // "exact" | "fd"
 
 struct EngineOptions {
   // Keep each batch's create_graph gradient between HVPs at the same parameters. Off: every HVP

@@ -227,9 +227,9 @@ void name_optimizer(Checkpoint& ckpt, const std::string& rule,
                     const std::vector<std::pair<std::string, double>>& hyper = {},
                     const std::optional<std::string>& muon_params = std::nullopt);
 
-// InvalidArgument naming `param_order` unless it is auto, model, ndim, hidden, modded, trainer or
-// file:PATH with PATH an existing file: lets a tool check the rule before any checkpoint is read.
-void validate_param_order(const std::string& param_order);
+// InvalidOption naming the rule (as ParamOrderSpec) when it is kNames (auto's choice, never
+// named) or file:PATH without PATH an existing file: checks the rule before any checkpoint is read.
+void validate_param_order(const ParamOrderSpec& param_order);
 
 // The parameters of `space` from `ckpt.model`, in the space's order, converted to the dtype and
 // device of `like` (aligned with `space`; if `like` is empty, kept as stored). InvalidArgument

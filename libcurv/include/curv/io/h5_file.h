@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -120,6 +121,11 @@ class H5Writer {
   // Replaces whatever was below `group_path` by one 1-D dataset per column and sets the group
   // attribute "columns" to the column names in order. Other attributes of the group are kept.
   void table(const std::string& group_path, const Table& table);
+
+  // Every table of the description by its group path ("/taylor", "/runs/a/step_10/delta/
+  // blocks"): each group whose "columns" attribute names its datasets, as table() was given it
+  // or load() read it, columns in that order.
+  std::map<std::string, Table> tables() const;
 
   // Writes PATH.tmp in the same directory, flushes, closes and fsyncs it, renames it over PATH
   // and fsyncs the directory. On failure throws curv::Error naming the path, removes the tmp

@@ -34,8 +34,8 @@ struct ParamOrderSpec {
 // "auto", "model", "ndim", "hidden", "modded", "trainer", "file:" (the prefix of file:PATH) or
 // "names".
 std::string param_order_name(ParamOrder order);
-// "auto", "model", ..., "trainer" or "file:PATH"; InvalidArgument naming the text and listing
-// the choices otherwise ("names" is not one: auto chooses it).
+// "auto", "model", ..., "trainer" or "file:PATH"; InvalidOption naming the text (as the option
+// ParamOrderSpec) and listing the choices otherwise ("names" is not one: auto chooses it).
 ParamOrderSpec parse_param_order(const std::string& text);
 // The rules a user may name, in the order messages list them ("file:PATH" for kFile).
 std::vector<std::string> param_order_choices();
