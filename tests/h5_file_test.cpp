@@ -606,3 +606,32 @@ TEST_CASE("H5Writer::load errors name the file and the object", "[h5]") {
   }
   CHECK_THROWS_WITH(H5Writer::load(dir.file("compound.h5")), Catch::Contains("compound"));
 }
+
+TEST_CASE("H5Writer lists its tables by path, nested ones and loaded ones too", "[h5]") {
+  TempDir dir;
+  const std::string path = dir.file("tables.h5");
+  Table outer;
+  outer.add_column("bucket", std::vector<std::string>{"head", "tail"});
+  outer.add_column("nds", std::vector<double>{0.5, kNaN});
+  Table inner;
+  inner.add_column("batch", std::vector<int64_t>{0, 1, 2});
+  H5Writer w(path);
+  w.table("/runs/a/step_1/delta/token_buckets", outer);
+  w.table("/runs/a/step_1/delta/token_buckets/batches_head", inner);  // a table inside a table
+  w.table("/no_columns", Table{});
+  w.dataset("/runs/a/loose", std::vector<double>{1, 2});  // a dataset, not a table
+  w.attribute("/runs/a", "columns", "not a list");       // a "columns" that is not a table's
+  const auto check = [&](const std::map<std::string, Table>& tables) {
+    REQUIRE(tables.size() == 3);
+    const Table& a = tables.at("/runs/a/step_1/delta/token_buckets");
+    CHECK(a.names() == std::vector<std::string>{"bucket", "nds"});
+    CHECK(a.strings("bucket") == outer.strings("bucket"));
+    CHECK(std::isnan(a.doubles("nds")[1]));
+    CHECK(tables.at("/runs/a/step_1/delta/token_buckets/batches_head").int64s("batch") ==
+          inner.int64s("batch"));
+    CHECK(tables.at("/no_columns").num_columns() == 0);
+  };
+  check(w.tables());
+  w.commit();
+  check(H5Writer::load(path).tables());
+}

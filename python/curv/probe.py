@@ -194,7 +194,7 @@ class Probe:
         o.top, o.bottom, o.method, o.tol, o.max_hvps, o.seed = top, bottom, method, tol, \
             max_hvps, seed
         o.keep_vectors = keep_vectors
-        return Eigenvalues.of(self._call("eigenvalues", o))
+        return Eigenvalues.of(self._call("eigenvalues", o), o)
 
     def trace(self, *, method=_curv.TraceMethod.HUTCHPP, matvecs=99, seed=0):
         o = _curv.TraceOptions()

@@ -38,7 +38,7 @@ class Report:
 
     def add_eigenvalues(self, run, step, eigenvalues):
         """Eigenvalues of H at a step: its spectrum/eigen table, as ndsprobe --spectrum writes."""
-        self._report.add_eigen(run, step, eigenvalues.native)
+        self._report.add_eigen(run, step, eigenvalues.native, eigenvalues.options)
 
     def add_within(self, audit, within):
         self._report.add_within(audit.run, audit.step, audit.direction, within.native)

@@ -118,14 +118,15 @@ class Eigenvalues:
     seconds: float
     table: pd.DataFrame    # step_<N>/spectrum/eigen (block "total")
     native: Any = field(repr=False, default=None)
+    options: Any = field(repr=False, default=None)  # the solver's _curv.EigenOptions
 
     @classmethod
-    def of(cls, e):
+    def of(cls, e, options):
         pairs = list(e.largest) + list(e.smallest) + list(e.dominant)
         return cls(e.status, e.message, [p.value for p in e.largest],
                    [p.value for p in e.smallest], [p.value for p in e.dominant],
                    [p.vector for p in pairs], e.hvps, e.seconds,
-                   _frame(_curv.eigen_table(e)), e)
+                   _frame(_curv.eigen_table(e)), e, options)
 
 
 @dataclass

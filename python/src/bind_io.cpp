@@ -78,13 +78,11 @@ void bind_report(py::module_& m) {
       .def("add_token_buckets", &R::add_token_buckets, no_gil)
       .def(
           "add_eigen",
-          [](R& r, const std::string& run, int64_t step, const EigenResult& e) {
-            // The checkpoint's spectrum/eigen table, as ndsprobe's --spectrum writes it.
-            const ReportGroup spectrum = r.checkpoint_group(run, step).child("spectrum");
-            spectrum.table("eigen", eigen_table(e));
-            const ReportGroup eigen = spectrum.child("eigen");
-            eigen.attribute("method", to_string(e.method));
-            eigen.attribute("messages", std::vector<std::string>{"total: " + e.message});
+          [](R& r, const std::string& run, int64_t step, const EigenResult& e,
+             const EigenOptions& options) {
+            // The checkpoint's spectrum/eigen group, as ndsprobe's --spectrum writes it.
+            write_eigen_group(r.checkpoint_group(run, step).child("spectrum"), eigen_table(e),
+                              options, {"total: " + e.message});
           },
           no_gil)
       .def("commit", &R::commit, no_gil)

@@ -48,4 +48,18 @@ Table trace_table(const TraceResult& result) {
   return trace_layout().table({TraceRow{"total", &result}});
 }
 
+void write_eigen_group(const ReportGroup& spectrum, const Table& eigen, const EigenOptions& options,
+                       const std::vector<std::string>& messages) {
+  const std::string name = eigen_layout().spec().name;
+  spectrum.table(name, eigen);
+  const ReportGroup group = spectrum.child(name);
+  group.attribute("method", to_string(options.method));
+  group.attribute("tol", options.tol);
+  group.attribute("bound", to_string(options.bound));
+  group.attribute("max_hvps", options.max_hvps);
+  group.attribute("krylov_basis", to_string(options.basis));
+  group.attribute("residuals", "measured: one extra HVP per pair");
+  group.attribute("messages", messages);
+}
+
 }  // namespace curv

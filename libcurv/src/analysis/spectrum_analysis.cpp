@@ -9,6 +9,7 @@
 #include "analysis/builtin_analyses.h"
 #include "analysis/output_tables.h"
 #include "curv/analysis/report.h"
+#include "curv/analysis/result_tables.h"
 #include "curv/analysis/spectrum.h"
 #include "curv/core/checkpoint_meta.h"
 #include "curv/core/engine.h"
@@ -35,15 +36,7 @@ void write_eigen(const ReportGroup& spectrum, CurvatureEngine& engine, const Blo
       messages.push_back(b.name + ": " + per_block.back().message);
     }
   }
-  spectrum.table(eigen_layout(), rows);
-  const ReportGroup eigen = spectrum.child(eigen_layout().spec().name);
-  eigen.attribute("method", to_string(options.method));
-  eigen.attribute("tol", options.tol);
-  eigen.attribute("bound", to_string(options.bound));
-  eigen.attribute("max_hvps", options.max_hvps);
-  eigen.attribute("krylov_basis", to_string(options.basis));
-  eigen.attribute("residuals", "measured: one extra HVP per pair");
-  eigen.attribute("messages", messages);
+  write_eigen_group(spectrum, eigen_layout().table(rows), options, messages);
 }
 
 void write_trace(const ReportGroup& spectrum, CurvatureEngine& engine, const BlockPartition& blocks,

@@ -121,7 +121,8 @@ void load_group(hid_t group, const std::string& path, Node& node, const std::str
   }
 }
 
-// The tables at and below `node` (at `path`) into `out`.
+// The tables at and below `node` (at `path`) into `out`: a table's group may hold groups of its
+// own, such as a unit's token_buckets table and its buckets' batches tables.
 void collect_tables(const Node& node, const std::string& path, std::map<std::string, Table>& out) {
   const auto columns = node.attributes.find("columns");
   if (columns != node.attributes.end()) {
@@ -135,7 +136,6 @@ void collect_tables(const Node& node, const std::string& path, std::map<std::str
       Table table;
       for (const auto& name : *names) table.add_column(name, node.children.at(name)->data);
       out.emplace(path, std::move(table));
-      return;
     }
   }
   for (const auto& [name, child] : node.children) {

@@ -107,5 +107,5 @@ def test_probe_checkpoints_errors_name_keywords(run, tmp_path):
         curv.probe_checkpoints(str(run), data, output=str(tmp_path / "x.h5"), compare=("delta",))
     with pytest.raises(ValueError, match="coupling_samples=1"):
         curv.probe_checkpoints(str(run), data, output=str(tmp_path / "x.h5"),
-                               coupling=curv.Coupling.RANDOM, coupling_samples=1)
+                               coupling=curv.Coupling.RANDOMIZED, coupling_samples=1)
     assert not (tmp_path / "x.h5").exists()

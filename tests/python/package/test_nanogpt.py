@@ -64,7 +64,7 @@ def test_nanogpt_model_py_against_autograd(nanogpt):
     # nanoGPT ties the head to the embedding: one parameter, in the embeddings' block.
     assert "lm_head.weight" not in probe.names
     assert probe.blocks[:2] == ["embeddings", "transformer.h.0"]
-    assert probe.roles["transformer.h.0.attn.c_attn.weight"] == "qkv"
+    assert probe.roles["transformer.h.0.attn.c_attn.weight"] == "fused_qkv"
     check_against_autograd(probe, model, objective, data, random_direction(model))
 
 

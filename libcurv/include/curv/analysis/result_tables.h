@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "curv/analysis/report.h"
 #include "curv/analysis/spectrum.h"
 #include "curv/analysis/taylor.h"
 #include "curv/analysis/token_buckets.h"
@@ -29,5 +30,10 @@ Table token_bucket_rows(const std::string& run, int64_t step, const std::string&
 // step_<N>/spectrum/eigen and /trace, for the whole Hessian (block "total").
 Table eigen_table(const EigenResult& result);
 Table trace_table(const TraceResult& result);
+
+// A checkpoint's spectrum/eigen group as ndsprobe writes it: the table (eigen_table, or its rows
+// with per-block ones), and as attributes the solver's options and one message per solve.
+void write_eigen_group(const ReportGroup& spectrum, const Table& eigen, const EigenOptions& options,
+                       const std::vector<std::string>& messages);
 
 }  // namespace curv
