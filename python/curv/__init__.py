@@ -29,6 +29,7 @@ from ._curv import (  # noqa: F401
     __version__,
     runtime_summary,
 )
+from ._runtime import init_runtime  # noqa: F401
 from .checkpoints import CheckpointResults, probe_checkpoints  # noqa: F401
 from .attention import AttentionDoubleBackwardError  # noqa: F401
 from .objectives import causal_lm, classifier  # noqa: F401

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from . import _curv
+from ._runtime import init_runtime
 
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -81,6 +82,7 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
     DensityOptions per checkpoint (None: off). progress: (done, total, label) after each unit;
     Ctrl-C stops after the unit in progress, everything before it kept (resume=True goes on).
     """
+    init_runtime()
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype}: expected torch.float32 or torch.float64")
     job = _curv.ProbeJob()

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from . import _curv
+from ._runtime import init_runtime
 from ._evaluator import Evaluator, trainable
 from .attention import explain
 from .objectives import causal_lm
@@ -58,6 +59,7 @@ class Probe:
                  blocks=_curv.BlockRule.LAYER, roles=None, heads=None,
                  hvp=_curv.HvpMethod.EXACT, fd_step=0.0, micro_batch=0, reuse_graph=True,
                  max_kept_graphs=0, max_memory=0, eval_mode=True, description=None):
+        init_runtime()
         self.model = model
         self.eval_mode = eval_mode
         named = trainable(model)

@@ -149,6 +149,12 @@ PYBIND11_MODULE(_curv, m) {
   m.doc() = "libcurv: curvature of a loss along update directions (docs/python.md)";
   m.attr("__version__") = curv::library_version();
   m.def("runtime_summary", &curv::runtime_summary);
+  m.def(
+      "init_runtime",
+      [](int threads, bool tune_allocator) {
+        curv::init_runtime(curv::RuntimeOptions{threads, tune_allocator});
+      },
+      py::arg("threads"), py::arg("tune_allocator"));
   m.def("role_names", &curv::role_names);
   cp::bind_errors(m);
   cp::bind_options(m);
