@@ -620,7 +620,7 @@ TEST_CASE("H5Writer lists its tables by path, nested ones and loaded ones too", 
   w.table("/runs/a/step_1/delta/token_buckets/batches_head", inner);  // a table inside a table
   w.table("/no_columns", Table{});
   w.dataset("/runs/a/loose", std::vector<double>{1, 2});  // a dataset, not a table
-  w.attribute("/runs/a", "columns", "not a list");       // a "columns" that is not a table's
+  w.attribute("/runs/a", "columns", "not a list");        // a "columns" that is not a table's
   const auto check = [&](const std::map<std::string, Table>& tables) {
     REQUIRE(tables.size() == 3);
     const Table& a = tables.at("/runs/a/step_1/delta/token_buckets");
