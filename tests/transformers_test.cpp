@@ -1,5 +1,6 @@
 // Folders written by the real transformers (the version scripts/setup-pypi.sh pins): tiny LLaMA,
-// Llama 3.1 (rotary scaling llama3), Qwen2, Qwen3, Mistral and GPT-2 models trained four steps by
+// Llama 3.1 (rotary scaling llama3), Qwen2, Qwen3, Mistral, GPT-2 and GPT-NeoX (Pythia's
+// architecture, with its residual in parallel and in turn) models trained four steps by
 // transformers' own Trainer on the CPU and read as saved, with no --model. ndsprobe's audits of
 // the checkpoint delta and of the rebuilt AdamW step equal transformers' modelling code and
 // torch.optim.AdamW in float64 (tests/python/transformers_reference.py); the linear schedule's
@@ -23,7 +24,8 @@ using Catch::Matchers::Contains;
 
 TEST_CASE("folders saved by transformers' Trainer equal transformers' own float64 model",
           "[transformers][hf_models][ndsprobe]") {
-  const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2");
+  const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2",
+                                    "gpt_neox", "gpt_neox_sequential");
   INFO(arch);
   TempDir dir;
   run_transformers_python("transformers_reference.py", {dir.path(), arch});
@@ -83,6 +85,21 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
   }
   CHECK_THAT(fmt::format("{}", fmt::join(listed, "; ")), Contains("4 adamw zero_direction"));
   CHECK_THAT(log, Contains("1 unit(s) along a zero direction"));
+
+  if (arch == "gpt_neox") {
+    INFO("query_key_value's rows interleave q, k and v head by head: a group per head and role");
+    const std::string within = dir.file("within.h5");
+    run_tool("ndsprobe", fmt::format("{}/run --data {} --dtype float64 --directions delta "
+                                     "--steps 2 --within -o {}",
+                                     dir.path(), dir.file("probe.safetensors"), within));
+    const Table groups = H5Reader(within).table(
+        "/runs/run/step_2/delta/within/gpt_neox.layers.0.attention.query_key_value.weight/groups");
+    const auto& names = groups.strings("name");
+    REQUIRE(names.size() == 12);
+    CHECK(names[0] == "q.head0");
+    CHECK(names[4] == "k.head1");
+    CHECK(names[11] == "v.head3");
+  }
 
   if (arch == "llama") {
     INFO("the same checkpoints in bfloat16, sharded with model.safetensors.index.json");

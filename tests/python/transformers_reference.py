@@ -1,7 +1,8 @@
 """Hugging Face folders written by transformers itself, and reference values from its own code.
 
 A tiny model of one family (llama, llama3: Llama 3.1's rotary scaling, qwen2, qwen3, mistral,
-gpt2) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
+gpt2, gpt_neox: Pythia's parallel residual and quarter-head rotary, gpt_neox_sequential: the
+residual in turn, half-head rotary, gelu_new) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
 (AdamW, linear schedule decaying to 0, save_steps=2), which writes OUT/run/checkpoint-2 and
 checkpoint-4 as users get them (config.json, model.safetensors, optimizer.pt, scheduler.pt,
 trainer_state.json). For llama, OUT/sharded/ holds both checkpoints again in bfloat16, sharded
@@ -33,8 +34,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers import (AttentionInterface, AutoModelForCausalLM, GPT2Config, LlamaConfig,
-                          MistralConfig, Qwen2Config, Qwen3Config, Trainer, TrainingArguments)
+from transformers import (AttentionInterface, AutoModelForCausalLM, GPT2Config, GPTNeoXConfig,
+                          LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Trainer,
+                          TrainingArguments)
 
 VOCAB, T, STEPS = 61, 12, 4
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -56,6 +58,12 @@ def config_of(arch):
         return Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16)
     if arch == "mistral":  # head_dim != hidden / heads, a sliding window longer than the probe
         return MistralConfig(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=4096)
+    if arch == "gpt_neox":  # Pythia's defaults: parallel residual, rotary_pct 0.25
+        return GPTNeoXConfig(**SMALL)
+    if arch == "gpt_neox_sequential":
+        return GPTNeoXConfig(**SMALL, use_parallel_residual=False, hidden_act="gelu_new",
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                              "partial_rotary_factor": 0.5})
     if arch == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                           bos_token_id=0, eos_token_id=0)
@@ -66,7 +74,7 @@ def eager_attention_in_dtype(module, query, key, value, attention_mask, scaling,
                              **kwargs):
     """transformers' eager_attention_forward of the LLaMA family with its softmax in the
     model's dtype."""
-    groups = module.num_key_value_groups
+    groups = getattr(module, "num_key_value_groups", 1)
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -89,6 +97,7 @@ def inverse_frequencies(c):
     """The rotary inverse frequencies of transformers' rope types, in float64."""
     rope = c.rope_parameters
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    d = int(d * rope.get("partial_rotary_factor", 1.0))  # GPT-NeoX rotates part of each head
     inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     kind = rope.get("rope_type", "default")
     if kind == "linear":
@@ -204,7 +213,9 @@ def main():
     save_file({"inputs": inputs, "targets": targets}, f"{out}/probe.safetensors")
 
     at2, at4 = load_float64(f"{run}/checkpoint-2"), load_float64(f"{run}/checkpoint-4")
-    names = [n for n, _ in at2.named_parameters()]
+    # GPT-NeoX's head is the module lm_head, saved as embed_out.weight (Pythia's name).
+    names = [("embed_out.weight" if arch.startswith("gpt_neox") and n == "lm_head.weight" else n)
+             for n, _ in at2.named_parameters()]
     delta = [b.detach() - a.detach() for a, b in zip(at2.parameters(), at4.parameters())]
     ref = {"transformers": transformers.__version__, "torch": torch.__version__,
            "param_names": names,

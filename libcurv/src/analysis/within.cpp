@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <regex>
 
 #include "curv/core/engine.h"
@@ -49,6 +50,20 @@ std::vector<Group> attention_groups(const ParamStructure& p, int64_t rows, int64
   switch (p.role) {
     case ParamRole::kFusedQkv: {
       if (p.slices.empty()) return {};
+      // One slice per head and role (GPT-NeoX's rows interleave q, k and v head by head): each
+      // slice is that head's group of its role.
+      std::map<ParamRole, int64_t> per_role;
+      for (const auto& s : p.slices) ++per_role[s.role];
+      bool per_head = true;
+      for (const auto& [role, count] : per_role) per_head = per_head && count == heads_of(role);
+      if (per_head && static_cast<int64_t>(p.slices.size()) > 3) {
+        std::map<ParamRole, int64_t> seen;
+        for (const auto& s : p.slices) {
+          out.push_back({fmt::format("{}.head{}", slice_label(s.role), seen[s.role]++), s.begin,
+                         s.end, 0, cols});
+        }
+        return out;
+      }
       for (const auto& s : p.slices) {
         const int64_t heads = heads_of(s.role);
         if (heads <= 0 || (s.end - s.begin) % heads != 0) return {};

@@ -11,8 +11,8 @@
 #include <limits>
 
 #include "core/fmt_torch.h"
-#include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/transformer_parts.h"
 
 namespace curv {
 
@@ -132,21 +132,14 @@ class Llama : public FunctionalModel {
     return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
   }
 
-  // HF's LlamaRMSNorm: x / sqrt(mean(x²) + eps), times the gain. HF computes the normalisation in
-  // float32 whatever the model's dtype; here it runs in the model's dtype, so float64 is exact.
-  at::Tensor rms_norm(const at::Tensor& x, size_t gain) const {
-    return p(gain) * (x * at::rsqrt(x.pow(2).mean(-1, true) + c_.rms_norm_eps));
+  at::Tensor norm(const at::Tensor& x, size_t gain) const {
+    return rms_norm(x, p(gain), c_.rms_norm_eps);
   }
 
-  // Rotary embeddings as HF applies them: the two halves of each head are rotated together
-  // (rotate_half), angle t · θ^(−2i/d) for position t and frequency i < d/2. The angles are
-  // computed in float64 and then cast to the model's dtype.
-  // The inverse frequencies θ^(−2i/d) in float64, scaled as transformers' rope_init_fn of the
-  // config's rope type (modeling_rope_utils.py; transformers computes them in float32).
+  // The rotary inverse frequencies θ^(−2i/d) in float64, scaled as transformers' rope_init_fn of
+  // the config's rope type (modeling_rope_utils.py; transformers computes them in float32).
   at::Tensor inverse_frequencies(const at::TensorOptions& f64) const {
-    const int64_t D = c_.head_size();
-    auto inv =
-        at::pow(c_.rope_theta, at::arange(0, D, 2, f64) / static_cast<double>(D)).reciprocal();
+    auto inv = rotary_inverse_frequencies(c_.rope_theta, c_.head_size(), f64);
     if (c_.rope_type == "linear") return inv / c_.rope_factor;
     if (c_.rope_type != "llama3") return inv;
     // Llama 3.1: wavelengths above original_context / low_freq_factor are divided by the factor,
@@ -159,11 +152,6 @@ class Llama : public FunctionalModel {
     auto smoothed = (1.0 - smooth) * scaled / c_.rope_factor + smooth * scaled;
     auto band = (wavelength >= context / high).logical_and(wavelength <= context / low);
     return at::where(band, smoothed, scaled);
-  }
-
-  static at::Tensor rotate_half(const at::Tensor& x) {
-    const int64_t half = x.size(-1) / 2;
-    return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   }
 
   void check(const Batch& batch) const {
@@ -199,36 +187,26 @@ class Llama : public FunctionalModel {
   at::Tensor forward(const at::Tensor& tokens) const {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    const int64_t group = H / KV;
     auto x = at::embedding(p(embed_), tokens);
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    auto angles = at::outer(at::arange(T, f64), inverse_frequencies(f64));
-    auto emb = at::cat({angles, angles}, -1);
-    const auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-    auto rope = [&](const at::Tensor& t) { return t * cos + rotate_half(t) * sin; };
+    const RotaryTable rope = rotary_table(inverse_frequencies(f64), T, x.scalar_type());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     for (const auto& l : layers_) {
-      auto h = rms_norm(x, l.input_norm);
+      auto h = norm(x, l.input_norm);
       auto q = linear(h, l.q).view({B, T, H, D});
       auto k = linear(h, l.k).view({B, T, KV, D});
       if (c_.qk_norm) {
-        q = rms_norm(q, l.q_norm);
-        k = rms_norm(k, l.k_norm);
+        q = norm(q, l.q_norm);
+        k = norm(k, l.k_norm);
       }
-      q = rope(q.transpose(1, 2));
-      k = rope(k.transpose(1, 2));
+      q = apply_rotary(q.transpose(1, 2), rope);
+      k = apply_rotary(k.transpose(1, 2), rope);
       auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
-      // Grouped-query attention: query head j reads key/value head j / group (HF's repeat_kv).
-      auto repeat = [&](const at::Tensor& t) {
-        return group == 1 ? t : t.unsqueeze(2).expand({B, KV, group, T, D}).reshape({B, H, T, D});
-      };
-      auto att = causal_softmax(batched_matmul(q, repeat(k).transpose(-2, -1)), scale);
-      auto y = batched_matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
-      x = x + linear(y, l.o);
-      h = rms_norm(x, l.post_norm);
+      x = x + linear(causal_attention(q, k, v, scale), l.o);
+      h = norm(x, l.post_norm);
       x = x + linear(at::silu(linear(h, l.gate)) * linear(h, l.up), l.down);
     }
-    x = rms_norm(x, norm_);
+    x = norm(x, norm_);
     // A tied head shares its weight with the token embedding: not a listed linear map.
     return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
   }

@@ -1,0 +1,40 @@
+// Parts the built-in transformers share, as Hugging Face's modelling code computes them: RMSNorm,
+// the rotary position embedding (whole or partial heads, rotate_half convention) and causal
+// attention with grouped-query heads. Plain ATen (and libcurv's fused) operations, twice
+// differentiable; each architecture file composes them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace curv {
+
+// x / sqrt(mean(x²) + eps) over the last dimension, times `gain` (HF's LlamaRMSNorm), in the
+// model's dtype (HF normalises in float32 whatever the dtype; here float64 stays exact).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps);
+
+// θ^(−2i/dims) for i < dims / 2, in float64 (the default rope type).
+at::Tensor rotary_inverse_frequencies(double theta, int64_t dims, const at::TensorOptions& f64);
+
+// The rotary angles t · inv_i of positions t < T, as cos and sin tables [T, 2 · inv.numel()]
+// (each frequency twice, HF's cat((freqs, freqs))), computed in float64 and cast to `dtype`.
+struct RotaryTable {
+  at::Tensor cos, sin;
+  int64_t dims = 0;  // the features of each head that rotate: the first `dims`
+};
+RotaryTable rotary_table(const at::Tensor& inverse_frequencies, int64_t T, at::ScalarType dtype);
+
+// The two halves of the last dimension rotated: (−x₂, x₁).
+at::Tensor rotate_half(const at::Tensor& x);
+// x [..., T, head_dim] rotated by position: x·cos + rotate_half(x)·sin over the first
+// table.dims features, the rest passed through (GPT-NeoX's partial rotary).
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
+
+// softmax(q kᵀ · scale + causal mask) v for q [B, H, T, D] and k, v [B, KV, T, D], query head j
+// reading key/value head j / (H / KV) (HF's repeat_kv); the heads' outputs side by side,
+// [B, T, H · D].
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale);
+
+}  // namespace curv
