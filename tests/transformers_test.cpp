@@ -10,7 +10,9 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "curv/io/checkpoint.h"
 #include "curv/io/h5_file.h"
@@ -99,6 +101,26 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
     CHECK(names[0] == "q.head0");
     CHECK(names[4] == "k.head1");
     CHECK(names[11] == "v.head3");
+
+    INFO(
+        "the same models published as a series of revisions named by their step (Pythia's "
+        "step<N>/, OLMo's stage1-step<N>-tokens<M>/): model folders alone, listed in step order");
+    const std::string series = dir.file("series");
+    for (const auto& [from, to] :
+         {std::pair{"checkpoint-2", "step2"}, std::pair{"checkpoint-4", "stage1-step4-tokens1M"}}) {
+      std::filesystem::create_directories(series + "/" + to);
+      for (const char* file : {"config.json", "model.safetensors"}) {
+        std::filesystem::copy_file(dir.path() + "/run/" + from + "/" + file,
+                                   series + "/" + to + "/" + file);
+      }
+    }
+    const std::string revisions = dir.file("revisions.h5");
+    run_tool("ndsprobe", fmt::format("{} --data {} --dtype float64 --directions delta -o {}",
+                                     series, dir.file("probe.safetensors"), revisions));
+    H5Reader r(revisions);
+    CHECK(r.attribute_string("/runs/series", "layout") == "hf_revisions");
+    const Table t = r.table("/taylor");
+    check_audit(t, taylor_row(t, 2, "delta"), ref["delta"]);
   }
 
   if (arch == "llama") {

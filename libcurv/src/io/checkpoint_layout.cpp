@@ -27,9 +27,9 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;
-    out->entries = {native_layout(),      nanogpt_layout(),    hf_layout(),
-                    torch_steps_layout(), torchtitan_layout(), accelerate_layout(),
-                    deepspeed_layout()};
+    out->entries = {native_layout(),      nanogpt_layout(),     hf_layout(),
+                    torch_steps_layout(), torchtitan_layout(),  accelerate_layout(),
+                    deepspeed_layout(),   hf_revisions_layout()};
     return out;
   }();
   return *r;

@@ -1,6 +1,7 @@
 // Hugging Face Trainer folders: checkpoint-<N>/ with model.safetensors or pytorch_model.bin (or a
-// sharded save's index), optional optimizer.pt, config.json and trainer_state.json; and the
-// Trainer's own parameter-group rule for its optimizer.pt.
+// sharded save's index), optional optimizer.pt, config.json and trainer_state.json; a published
+// series of such model folders named by their step; and the Trainer's own parameter-group rule
+// for its optimizer.pt.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -193,10 +194,43 @@ class HuggingFaceLayout : public CheckpointLayoutReader {
   }
 };
 
+// A published series of revisions: Hugging Face model folders whose names hold the step as one
+// "step<N>" token between hyphens (Pythia's step1000/, OLMo's stage1-step1000-tokens5B/).
+std::optional<int64_t> revision_step(const std::string& entry) {
+  static const std::regex token(R"((?:^|-)step([0-9]+)(?=-|$))");
+  std::optional<int64_t> step;
+  for (std::sregex_iterator it(entry.begin(), entry.end(), token), end; it != end; ++it) {
+    if (step) return std::nullopt;  // two step tokens: not a revision's name
+    step = step_number((*it)[1].str());
+  }
+  return step;
+}
+
+class HuggingFaceRevisionsLayout : public HuggingFaceLayout {
+ public:
+  std::string name() const override { return "hf_revisions"; }
+  std::string brief() const override { return "step<N>/ revision folders"; }
+  std::string expected() const override {
+    return "Hugging Face model folders named by their step (step1000/, "
+           "stage1-step1000-tokens5B/)";
+  }
+  bool holds(const std::string& path, const std::string& entry) const override {
+    return revision_step(entry) && fs::is_directory(path) && !hf_model_file(path).empty();
+  }
+  int64_t step(const std::string&, const std::string& entry) const override {
+    return *revision_step(entry);
+  }
+  bool looks_like_one_checkpoint(const std::string&) const override { return false; }
+};
+
 }  // namespace
 
 std::shared_ptr<const CheckpointLayoutReader> hf_layout() {
   return std::make_shared<HuggingFaceLayout>();
+}
+
+std::shared_ptr<const CheckpointLayoutReader> hf_revisions_layout() {
+  return std::make_shared<HuggingFaceRevisionsLayout>();
 }
 
 // The Hugging Face Trainer's create_optimizer: group 0 holds get_decay_parameter_names(model) in
