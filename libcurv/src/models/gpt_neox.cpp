@@ -5,12 +5,10 @@
 // embed_out. HF's parameter names and order, read from the config.json HF saves beside the
 // weights (transformers 4.x's rotary_pct / rotary_emb_base or 5.x's rope_parameters).
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>
 
-#include "core/fmt_torch.h"
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
 #include "models/transformer_parts.h"
@@ -47,18 +45,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GptNeoxConfig, vocab_size, hidde
 class GptNeox : public FunctionalModel {
  public:
   GptNeox(const GptNeoxConfig& c, const ModelInit& init) : c_(c) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
-    auto opts = at::TensorOptions().dtype(at::kDouble);
-    // Drawn in float64 on the CPU from one generator, as HF's _init_weights: normal(0, 0.02)
-    // weights, zero biases, unit LayerNorm gains.
-    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
-    auto normal = [&](std::vector<int64_t> shape) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::normal(0.0, 0.02, shape, gen, opts).to(c10::Device(init.device), init.dtype);
-    };
-    auto filled = [&](std::vector<int64_t> shape, double value) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
+    ParameterDraw draw(init);
+    auto normal = [&](std::vector<int64_t> shape) { return draw.normal(std::move(shape)); };
+    auto filled = [&](std::vector<int64_t> shape, double v) {
+      return draw.filled(std::move(shape), v);
     };
     const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
     const int64_t D = c.head_size();
@@ -129,11 +119,7 @@ class GptNeox : public FunctionalModel {
 
   at::Tensor token_losses(const Batch& batch) override {
     check(batch);
-    auto l = forward(batch.inputs);
-    const int64_t classes = l.size(-1);
-    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
-                        {}, at::Reduction::None)
-        .reshape(batch.targets.sizes());
+    return token_cross_entropy(forward(batch.inputs), batch.targets);
   }
 
   at::Tensor logits(const Batch& batch) override {
@@ -161,28 +147,7 @@ class GptNeox : public FunctionalModel {
   }
 
   void check(const Batch& batch) const {
-    const auto& x = batch.inputs;
-    if (x.dim() != 2 || x.scalar_type() != at::kLong) {
-      throw ModelError(fmt::format(
-          "gpt_neox: inputs must be int64 tokens of shape (batch, T); got {} of shape {}",
-          x.scalar_type(), x.sizes()));
-    }
-    if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
-      throw ModelError(
-          fmt::format("gpt_neox: targets must be int64 of the inputs' shape {}; got {} of shape {}",
-                      x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
-    }
-    if (x.size(1) > c_.max_position_embeddings) {
-      throw ModelError(
-          fmt::format("gpt_neox: sequence length {} exceeds max_position_embeddings {}", x.size(1),
-                      c_.max_position_embeddings));
-    }
-    const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
-    if (lo < 0 || hi >= c_.vocab_size) {
-      throw ModelError(
-          fmt::format("gpt_neox: token ids span [{}, {}], outside the vocabulary [0, {})", lo, hi,
-                      c_.vocab_size));
-    }
+    check_token_batch(batch, "gpt_neox", c_.vocab_size, c_.max_position_embeddings);
   }
 
   at::Tensor forward(const at::Tensor& tokens) const {

@@ -103,11 +103,7 @@ class Llama : public FunctionalModel {
 
   at::Tensor token_losses(const Batch& batch) override {
     check(batch);
-    auto l = forward(batch.inputs);
-    const int64_t classes = l.size(-1);
-    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
-                        {}, at::Reduction::None)
-        .reshape(batch.targets.sizes());
+    return token_cross_entropy(forward(batch.inputs), batch.targets);
   }
 
   at::Tensor logits(const Batch& batch) override {
@@ -187,7 +183,7 @@ class Llama : public FunctionalModel {
   at::Tensor forward(const at::Tensor& tokens) const {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    auto x = at::embedding(p(embed_), tokens);
+    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
     const RotaryTable rope = rotary_table(inverse_frequencies(f64), T, x.scalar_type());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -241,7 +237,8 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
             "rope_factor",
             "rope_low_freq_factor",
             "rope_high_freq_factor",
-            "rope_original_context"};
+            "rope_original_context",
+            "pad_token_id"};
   }
   LlamaConfig from_json(const nlohmann::json& j, const std::string&) const override {
     LlamaConfig c;
@@ -266,6 +263,7 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     c.rope_low_freq_factor = j.value("rope_low_freq_factor", c.rope_low_freq_factor);
     c.rope_high_freq_factor = j.value("rope_high_freq_factor", c.rope_high_freq_factor);
     c.rope_original_context = j.value("rope_original_context", c.rope_original_context);
+    c.pad_token_id = j.value("pad_token_id", c.pad_token_id);
     return c;
   }
   nlohmann::json to_json_object(const LlamaConfig& c) const override {
@@ -286,6 +284,7 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
                         {"sliding_window", c.sliding_window}};
     // Written only when they change the model, so configs of plain LLaMA models read as before.
     if (c.qk_norm) j["qk_norm"] = true;
+    if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
     if (c.rope_type != "default") {
       j["rope_type"] = c.rope_type;
       j["rope_factor"] = c.rope_factor;
@@ -339,6 +338,11 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
                       c.rope_type));
     }
     positive("rope_factor", c.rope_factor);
+    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
+      throw InvalidArgument(fmt::format(
+          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
+          c.pad_token_id, c.vocab_size));
+    }
     if (c.rope_type == "llama3") {
       positive("rope_low_freq_factor", c.rope_low_freq_factor);
       positive("rope_original_context", static_cast<double>(c.rope_original_context));
@@ -408,6 +412,7 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
     c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
     c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    c.pad_token_id = r.integer("pad_token_id", -1);
     if (type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q, k, v with biases, o without
     } else {

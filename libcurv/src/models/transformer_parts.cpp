@@ -1,10 +1,60 @@
 #include "models/transformer_parts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
+#include "core/fmt_torch.h"
+#include "curv/core/error.h"
 #include "curv/models/fused_ops.h"
 
 namespace curv {
+
+ParameterDraw::ParameterDraw(const ModelInit& init)
+    : init_(init), generator_(at::make_generator<at::CPUGeneratorImpl>(init.seed)) {}
+
+at::Tensor ParameterDraw::normal(std::vector<int64_t> shape) {
+  const c10::Device device(init_.device);
+  if (!init_.draw) return at::empty(shape, at::TensorOptions().dtype(init_.dtype).device(device));
+  return at::normal(0.0, 0.02, shape, generator_, at::TensorOptions().dtype(at::kDouble))
+      .to(device, init_.dtype);
+}
+
+at::Tensor ParameterDraw::filled(std::vector<int64_t> shape, double value) {
+  const c10::Device device(init_.device);
+  if (!init_.draw) return at::empty(shape, at::TensorOptions().dtype(init_.dtype).device(device));
+  return at::full(shape, value, at::TensorOptions().dtype(at::kDouble)).to(device, init_.dtype);
+}
+
+void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context) {
+  const auto& x = batch.inputs;
+  if (x.dim() != 2 || x.scalar_type() != at::kLong) {
+    throw ModelError(
+        fmt::format("{}: inputs must be int64 tokens of shape (batch, T); got {} of shape {}", arch,
+                    x.scalar_type(), x.sizes()));
+  }
+  if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
+    throw ModelError(
+        fmt::format("{}: targets must be int64 of the inputs' shape {}; got {} of shape {}", arch,
+                    x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
+  }
+  if (x.size(1) > context) {
+    throw ModelError(fmt::format("{}: sequence length {} exceeds max_position_embeddings {}", arch,
+                                 x.size(1), context));
+  }
+  const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab) {
+    throw ModelError(fmt::format("{}: token ids span [{}, {}], outside the vocabulary [0, {})",
+                                 arch, lo, hi, vocab));
+  }
+}
+
+at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t classes = logits.size(-1);
+  return at::nll_loss(at::log_softmax(logits.reshape({-1, classes}), -1), targets.reshape({-1}), {},
+                      at::Reduction::None)
+      .reshape(targets.sizes());
+}
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps) {
   return gain * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));

@@ -4,11 +4,38 @@
 // differentiable; each architecture file composes them.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "curv/core/objective.h"
+#include "curv/models/models.h"
 
 namespace curv {
+
+// The parameters of a built-in transformer as HF's _init_weights draws them: normal(0, 0.02)
+// weights, constant gains and biases, drawn in float64 on the CPU from one generator (the same
+// model in every dtype and on every device), or left unset (ModelInit::draw false) for a caller
+// that overwrites every one.
+class ParameterDraw {
+ public:
+  explicit ParameterDraw(const ModelInit& init);
+  at::Tensor normal(std::vector<int64_t> shape);
+  at::Tensor filled(std::vector<int64_t> shape, double value);
+
+ private:
+  ModelInit init_;
+  at::Generator generator_;
+};
+
+// A token batch a causal language model of `arch` can read: int64 inputs [B, T] with targets of
+// the same shape, T ≤ context, ids in [0, vocab); ModelError naming what differs otherwise.
+void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context);
+
+// The cross-entropy of each target token, shaped like `targets`.
+at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
 
 // x / sqrt(mean(x²) + eps) over the last dimension, times `gain` (HF's LlamaRMSNorm), in the
 // model's dtype (HF normalises in float32 whatever the dtype; here float64 stays exact).

@@ -67,6 +67,10 @@ struct LlamaConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_context = 8192;
+  // HF's nn.Embedding padding_idx (config.json's pad_token_id): that token's embedding row gets
+  // no gradient, as in the training HF runs, so rebuilt optimizer steps and gradients match its;
+  // -1: none.
+  int64_t pad_token_id = -1;
   int64_t kv_heads() const {
     return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
   }

@@ -1,0 +1,273 @@
+// OLMo 2 (Hugging Face's Olmo2ForCausalLM): LLaMA's attention and SwiGLU MLP with the norms after
+// each branch (x + norm(attn(x)), then x + norm(mlp(x))) and an RMSNorm over the whole query and
+// key projections (all heads together) before the rotation. HF's parameter names and order, read
+// from the config.json HF saves beside the weights.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "models/architecture.h"
+#include "models/transformer_parts.h"
+
+namespace curv {
+
+namespace {
+
+struct Olmo2Config {
+  int64_t vocab_size = 512;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 344;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 0;  // 0: num_attention_heads
+  int64_t max_position_embeddings = 256;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool attention_bias = false;
+  bool tie_word_embeddings = false;
+  int64_t pad_token_id = -1;  // nn.Embedding's padding_idx: no gradient for that row; -1: none
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
+  int64_t head_size() const { return hidden_size / num_attention_heads; }
+};
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Olmo2Config, vocab_size, hidden_size,
+                                                intermediate_size, num_hidden_layers,
+                                                num_attention_heads, num_key_value_heads,
+                                                max_position_embeddings, rms_norm_eps, rope_theta,
+                                                attention_bias, tie_word_embeddings, pad_token_id)
+
+class Olmo2 : public FunctionalModel {
+ public:
+  Olmo2(const Olmo2Config& c, const ModelInit& init) : c_(c) {
+    ParameterDraw draw(init);
+    const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
+    const int64_t KV = c.kv_heads(), F = c.intermediate_size;
+    int64_t layer = -1;
+    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
+      const size_t index = params_.size();
+      add(name, std::move(value));
+      roles_.push_back({role, layer, {}});
+      return index;
+    };
+    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
+                          ParamRole role) {
+      const size_t index = add_param(name + ".weight", draw.normal({out, in}), role);
+      if (bias) add_param(name + ".bias", draw.filled({out}, 0.0), role);
+      return Linear{index, bias};
+    };
+    auto add_gain = [&](const std::string& name, int64_t size) {
+      return add_param(name + ".weight", draw.filled({size}, 1.0), ParamRole::kNormGain);
+    };
+    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
+                       ParamRole::kTokenEmbedding);
+    // HF's named_parameters order: self_attn (q, k, v, o, q_norm, k_norm), mlp (gate, up,
+    // down), then the two post-norms.
+    const bool bias = c.attention_bias;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string h = fmt::format("model.layers.{}.", l);
+      layer = l;
+      Layer y;
+      y.q = add_linear(h + "self_attn.q_proj", H * D, C, bias, ParamRole::kAttentionQuery);
+      y.k = add_linear(h + "self_attn.k_proj", KV * D, C, bias, ParamRole::kAttentionKey);
+      y.v = add_linear(h + "self_attn.v_proj", KV * D, C, bias, ParamRole::kAttentionValue);
+      y.o = add_linear(h + "self_attn.o_proj", C, H * D, bias, ParamRole::kAttentionOutput);
+      y.q_norm = add_gain(h + "self_attn.q_norm", H * D);
+      y.k_norm = add_gain(h + "self_attn.k_norm", KV * D);
+      y.gate = add_linear(h + "mlp.gate_proj", F, C, false, ParamRole::kMlpGate);
+      y.up = add_linear(h + "mlp.up_proj", F, C, false, ParamRole::kMlpInput);
+      y.down = add_linear(h + "mlp.down_proj", C, F, false, ParamRole::kMlpOutput);
+      y.post_attention_norm = add_gain(h + "post_attention_layernorm", C);
+      y.post_mlp_norm = add_gain(h + "post_feedforward_layernorm", C);
+      layers_.push_back(y);
+    }
+    layer = -1;
+    norm_ = add_gain("model.norm", C);
+    if (!c.tie_word_embeddings) {
+      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
+    }
+    finish();
+  }
+
+  ModelStructure structure() const override {
+    ModelStructure s;
+    s.params = roles_;
+    s.n_head = c_.num_attention_heads;
+    s.n_kv_head = c_.kv_heads();
+    s.head_dim = c_.head_size();
+    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
+    return s;
+  }
+
+  at::Tensor loss(const Batch& batch) override {
+    check(batch);
+    return mean_cross_entropy(forward(batch.inputs), batch.targets);
+  }
+  at::Tensor token_losses(const Batch& batch) override {
+    check(batch);
+    return token_cross_entropy(forward(batch.inputs), batch.targets);
+  }
+  at::Tensor logits(const Batch& batch) override {
+    check(batch);
+    return forward(batch.inputs);
+  }
+  std::string describe() const override { return ModelConfig("olmo2", c_).describe(); }
+
+ private:
+  struct Linear {
+    size_t weight = 0;
+    bool bias = false;
+  };
+  struct Layer {
+    Linear q, k, v, o, gate, up, down;
+    size_t q_norm = 0, k_norm = 0, post_attention_norm = 0, post_mlp_norm = 0;
+  };
+
+  at::Tensor linear(const at::Tensor& x, const Linear& l) const {
+    return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
+  }
+  at::Tensor norm(const at::Tensor& x, size_t gain) const {
+    return rms_norm(x, p(gain), c_.rms_norm_eps);
+  }
+  void check(const Batch& batch) const {
+    check_token_batch(batch, "olmo2", c_.vocab_size, c_.max_position_embeddings);
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) const {
+    const int64_t B = tokens.size(0), T = tokens.size(1);
+    const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
+    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    const RotaryTable rope =
+        rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64), T, x.scalar_type());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    for (const auto& l : layers_) {
+      auto q = norm(linear(x, l.q), l.q_norm).view({B, T, H, D}).transpose(1, 2);
+      auto k = norm(linear(x, l.k), l.k_norm).view({B, T, KV, D}).transpose(1, 2);
+      auto v = linear(x, l.v).view({B, T, KV, D}).transpose(1, 2);
+      auto attention = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
+      x = x + norm(linear(attention, l.o), l.post_attention_norm);
+      auto mlp = linear(at::silu(linear(x, l.gate)) * linear(x, l.up), l.down);
+      x = x + norm(mlp, l.post_mlp_norm);
+    }
+    x = norm(x, norm_);
+    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
+  }
+
+  Olmo2Config c_;
+  std::vector<ParamStructure> roles_;
+  std::vector<Layer> layers_;
+  size_t embed_ = 0, norm_ = 0, head_ = 0;
+};
+
+class Olmo2Architecture : public TypedArchitecture<Olmo2Config> {
+ public:
+  std::string name() const override { return "olmo2"; }
+  std::vector<std::string> keys() const override { return json_keys_of(Olmo2Config{}); }
+  Olmo2Config from_json(const nlohmann::json& j, const std::string&) const override {
+    return j.get<Olmo2Config>();
+  }
+  nlohmann::json to_json_object(const Olmo2Config& c) const override { return c; }
+  void validate_config(const Olmo2Config& c) const override {
+    for (const auto& [field, value] :
+         {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},
+          std::pair{"hidden_size", static_cast<double>(c.hidden_size)},
+          std::pair{"intermediate_size", static_cast<double>(c.intermediate_size)},
+          std::pair{"num_hidden_layers", static_cast<double>(c.num_hidden_layers)},
+          std::pair{"num_attention_heads", static_cast<double>(c.num_attention_heads)},
+          std::pair{"max_position_embeddings", static_cast<double>(c.max_position_embeddings)},
+          std::pair{"rms_norm_eps", c.rms_norm_eps}, std::pair{"rope_theta", c.rope_theta}}) {
+      if (!(value > 0)) {
+        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+      }
+    }
+    if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
+        c.hidden_size % c.num_attention_heads != 0 || c.head_size() % 2 != 0) {
+      throw InvalidArgument(fmt::format(
+          "model config: num_key_value_heads = {} must divide num_attention_heads = {}, which "
+          "must divide hidden_size = {} into heads of an even size",
+          c.num_key_value_heads, c.num_attention_heads, c.hidden_size));
+    }
+    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
+      throw InvalidArgument(fmt::format(
+          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
+          c.pad_token_id, c.vocab_size));
+    }
+  }
+  std::string describe_config(const Olmo2Config& c) const override {
+    return fmt::format(
+        "olmo2(layers={}, hidden={}, heads={}, kv_heads={}, intermediate={}, vocab={}, "
+        "context={}, tied={}{})",
+        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.kv_heads(),
+        c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings,
+        c.attention_bias ? ", attention_bias" : "");
+  }
+  std::unique_ptr<Objective> build(const Olmo2Config& c, const ModelInit& init) const override {
+    return std::make_unique<Olmo2>(c, init);
+  }
+  ModelData data_of(const Olmo2Config& c) const override {
+    ModelData d;
+    d.kind = ModelData::Kind::kTokens;
+    d.vocab_size = c.vocab_size;
+    d.context = c.max_position_embeddings;
+    return d;
+  }
+  double count_parameters(const Olmo2Config& c) const override {
+    const double C = static_cast<double>(c.hidden_size),
+                 F = static_cast<double>(c.intermediate_size);
+    const double Q = static_cast<double>(c.num_attention_heads * c.head_size());
+    const double K = static_cast<double>(c.kv_heads() * c.head_size());
+    const double layer = 2 * Q * C + 2 * K * C + (c.attention_bias ? Q + 2 * K + C : 0.0) + Q + K +
+                         3 * F * C + 2 * C;
+    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
+           static_cast<double>(c.num_hidden_layers) * layer + C;
+  }
+
+  std::vector<std::string> hf_model_types() const override { return {"olmo2"}; }
+
+  // Reads config.json as transformers 4.47 to 5.x write it for OLMo 2
+  // (docs/checkpoints.md#hugging-face-models).
+  std::any parse_hf(const std::string& json, const std::string& origin) const override {
+    const auto j = nlohmann::json::parse(json);
+    HfConfigReader r(j, origin);
+    Olmo2Config c;
+    c.vocab_size = r.integer("vocab_size", 50304);
+    c.hidden_size = r.integer("hidden_size", 4096);
+    c.intermediate_size = r.integer("intermediate_size", 11008);
+    c.num_hidden_layers = r.integer("num_hidden_layers", 32);
+    c.num_attention_heads = r.integer("num_attention_heads", 32);
+    c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+    c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
+    c.rms_norm_eps = r.number("rms_norm_eps", 1e-5);
+    c.attention_bias = r.boolean("attention_bias", false);
+    c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    c.pad_token_id = r.integer("pad_token_id", -1);
+    if (r.text("hidden_act", "silu") != "silu") {
+      r.unsupported("hidden_act", "OLMo 2's MLP is SwiGLU (silu)");
+    }
+    c.rope_theta = r.number("rope_theta", 10000.0);
+    if (r.find("rope_scaling")) r.unsupported("rope_scaling", "no rotary scaling is built in");
+    if (const nlohmann::json* rope = r.find("rope_parameters")) {
+      if (!rope->is_object()) r.unsupported("rope_parameters", "expected an object");
+      HfConfigReader p(*rope, fmt::format("{}: \"rope_parameters\"", r.origin()), false);
+      c.rope_theta = p.number("rope_theta", c.rope_theta);
+      if (p.text("rope_type", "default") != "default") {
+        p.unsupported("rope_type", "OLMo 2's rotary type built in is default");
+      }
+      p.finish();
+    }
+    r.ignore({"attention_dropout"});
+    r.finish();
+    return c;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> olmo2_architecture() {
+  return std::make_shared<Olmo2Architecture>();
+}
+
+}  // namespace curv
