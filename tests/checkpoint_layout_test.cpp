@@ -88,9 +88,9 @@ TEST_CASE("a checkpoint layout registered from outside the library is detected, 
   CHECK(parse_checkpoint_layout("toy") == CheckpointLayout("toy"));
   CURV_CHECK_THROWS(register_checkpoint_layout(std::make_shared<ToyLayout>()), InvalidArgument,
                     Contains("'toy' is already registered"));
-  CURV_CHECK_THROWS(
-      parse_checkpoint_layout("toys"), InvalidArgument,
-      Contains("expected auto, native, nanogpt, hf, pt, torchtitan, accelerate, deepspeed or toy"));
+  CURV_CHECK_THROWS(parse_checkpoint_layout("toys"), InvalidArgument,
+                    Contains("expected auto, native, nanogpt, hf, pt, torchtitan, accelerate, "
+                             "deepspeed, hf_revisions or toy"));
 
   CHECK(detect_checkpoint_layout(dir.path()) == CheckpointLayout("toy"));
   const auto listed = list_checkpoints(dir.path(), StepSelection::parse("5:"));

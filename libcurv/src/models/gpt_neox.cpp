@@ -42,7 +42,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GptNeoxConfig, vocab_size, hidde
                                                 rotary_pct, rotary_emb_base, layer_norm_eps,
                                                 use_parallel_residual, attention_bias, gelu_tanh)
 
-class GptNeox : public FunctionalModel {
+class GptNeox : public CausalLanguageModel {
  public:
   GptNeox(const GptNeoxConfig& c, const ModelInit& init) : c_(c) {
     ParameterDraw draw(init);
@@ -112,45 +112,23 @@ class GptNeox : public FunctionalModel {
     return s;
   }
 
-  at::Tensor loss(const Batch& batch) override {
-    check(batch);
-    return mean_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-
-  at::Tensor token_losses(const Batch& batch) override {
-    check(batch);
-    return token_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-
-  at::Tensor logits(const Batch& batch) override {
-    check(batch);
-    return forward(batch.inputs);
-  }
-
   std::string describe() const override { return ModelConfig("gpt_neox", c_).describe(); }
 
  private:
-  struct Linear {
-    size_t weight = 0;
-    bool bias = false;
-  };
   struct Layer {
     size_t input_norm = 0, post_norm = 0;
     Linear qkv, dense, up, down;
   };
 
-  at::Tensor linear(const at::Tensor& x, const Linear& l) const {
-    return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
-  }
   at::Tensor norm(const at::Tensor& x, size_t weight) const {
     return fused_layer_norm(x, p(weight), p(weight + 1), c_.layer_norm_eps);
   }
 
-  void check(const Batch& batch) const {
+  void check(const Batch& batch) const override {
     check_token_batch(batch, "gpt_neox", c_.vocab_size, c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const override {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = c_.num_attention_heads, D = c_.head_size();
     auto x = at::embedding(p(embed_), tokens);
@@ -178,7 +156,6 @@ class GptNeox : public FunctionalModel {
   }
 
   GptNeoxConfig c_;
-  std::vector<ParamStructure> roles_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
 };

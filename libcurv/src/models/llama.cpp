@@ -18,7 +18,7 @@ namespace curv {
 
 namespace {
 
-class Llama : public FunctionalModel {
+class Llama : public CausalLanguageModel {
  public:
   Llama(const LlamaConfig& c, const ModelInit& init) : c_(c) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
@@ -96,37 +96,14 @@ class Llama : public FunctionalModel {
     return s;
   }
 
-  at::Tensor loss(const Batch& batch) override {
-    check(batch);
-    return mean_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-
-  at::Tensor token_losses(const Batch& batch) override {
-    check(batch);
-    return token_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-
-  at::Tensor logits(const Batch& batch) override {
-    check(batch);
-    return forward(batch.inputs);
-  }
-
   std::string describe() const override { return ModelConfig("llama", c_).describe(); }
 
  private:
-  struct Linear {
-    size_t weight = 0;
-    bool bias = false;
-  };
   struct Layer {
     Linear q, k, v, o, gate, up, down;
     size_t input_norm = 0, post_norm = 0;
     size_t q_norm = 0, k_norm = 0;  // Qwen3's per-head query and key norms
   };
-
-  at::Tensor linear(const at::Tensor& x, const Linear& l) const {
-    return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
-  }
 
   at::Tensor norm(const at::Tensor& x, size_t gain) const {
     return rms_norm(x, p(gain), c_.rms_norm_eps);
@@ -150,7 +127,7 @@ class Llama : public FunctionalModel {
     return at::where(band, smoothed, scaled);
   }
 
-  void check(const Batch& batch) const {
+  void check(const Batch& batch) const override {
     const auto& x = batch.inputs;
     if (x.dim() != 2 || x.scalar_type() != at::kLong) {
       throw ModelError(
@@ -180,7 +157,7 @@ class Llama : public FunctionalModel {
     }
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const override {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
     auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
@@ -208,7 +185,6 @@ class Llama : public FunctionalModel {
   }
 
   LlamaConfig c_;
-  std::vector<ParamStructure> roles_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };

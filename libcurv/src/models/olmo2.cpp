@@ -39,7 +39,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Olmo2Config, vocab_size, hidden_
                                                 max_position_embeddings, rms_norm_eps, rope_theta,
                                                 attention_bias, tie_word_embeddings, pad_token_id)
 
-class Olmo2 : public FunctionalModel {
+class Olmo2 : public CausalLanguageModel {
  public:
   Olmo2(const Olmo2Config& c, const ModelInit& init) : c_(c) {
     ParameterDraw draw(init);
@@ -101,41 +101,22 @@ class Olmo2 : public FunctionalModel {
     return s;
   }
 
-  at::Tensor loss(const Batch& batch) override {
-    check(batch);
-    return mean_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-  at::Tensor token_losses(const Batch& batch) override {
-    check(batch);
-    return token_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-  at::Tensor logits(const Batch& batch) override {
-    check(batch);
-    return forward(batch.inputs);
-  }
   std::string describe() const override { return ModelConfig("olmo2", c_).describe(); }
 
  private:
-  struct Linear {
-    size_t weight = 0;
-    bool bias = false;
-  };
   struct Layer {
     Linear q, k, v, o, gate, up, down;
     size_t q_norm = 0, k_norm = 0, post_attention_norm = 0, post_mlp_norm = 0;
   };
 
-  at::Tensor linear(const at::Tensor& x, const Linear& l) const {
-    return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
-  }
   at::Tensor norm(const at::Tensor& x, size_t gain) const {
     return rms_norm(x, p(gain), c_.rms_norm_eps);
   }
-  void check(const Batch& batch) const {
+  void check(const Batch& batch) const override {
     check_token_batch(batch, "olmo2", c_.vocab_size, c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const override {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
     auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
@@ -157,7 +138,6 @@ class Olmo2 : public FunctionalModel {
   }
 
   Olmo2Config c_;
-  std::vector<ParamStructure> roles_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };

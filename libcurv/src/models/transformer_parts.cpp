@@ -49,6 +49,25 @@ void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int6
   }
 }
 
+at::Tensor CausalLanguageModel::loss(const Batch& batch) {
+  check(batch);
+  return mean_cross_entropy(forward(batch.inputs), batch.targets);
+}
+
+at::Tensor CausalLanguageModel::token_losses(const Batch& batch) {
+  check(batch);
+  return token_cross_entropy(forward(batch.inputs), batch.targets);
+}
+
+at::Tensor CausalLanguageModel::logits(const Batch& batch) {
+  check(batch);
+  return forward(batch.inputs);
+}
+
+at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) const {
+  return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
+}
+
 at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t classes = logits.size(-1);
   return at::nll_loss(at::log_softmax(logits.reshape({-1, classes}), -1), targets.reshape({-1}), {},

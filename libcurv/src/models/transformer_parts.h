@@ -12,8 +12,32 @@
 
 #include "curv/core/objective.h"
 #include "curv/models/models.h"
+#include "models/architecture.h"
 
 namespace curv {
+
+// A causal language model on token batches: its loss (the mean cross-entropy), per-token losses
+// and logits, all from forward() after check(); its projections as Linear (a weight and, when it
+// has one, its bias directly after it) and each parameter's role in `roles_`.
+class CausalLanguageModel : public FunctionalModel {
+ public:
+  at::Tensor loss(const Batch& batch) override;
+  at::Tensor token_losses(const Batch& batch) override;
+  at::Tensor logits(const Batch& batch) override;
+
+ protected:
+  struct Linear {
+    size_t weight = 0;
+    bool bias = false;
+  };
+  // ModelError naming what a batch the model cannot read gets wrong.
+  virtual void check(const Batch& batch) const = 0;
+  // Logits [B, T, vocab] of int64 tokens [B, T].
+  virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
+  at::Tensor linear(const at::Tensor& x, const Linear& l) const;
+
+  std::vector<ParamStructure> roles_;  // aligned with the parameters
+};
 
 // The parameters of a built-in transformer as HF's _init_weights draws them: normal(0, 0.02)
 // weights, constant gains and biases, drawn in float64 on the CPU from one generator (the same
