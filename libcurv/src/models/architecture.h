@@ -102,6 +102,9 @@ class FunctionalModel : public Objective {
 
 at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
 
+// InvalidArgument "model config: FIELD = VALUE must be > 0" unless value > 0.
+void require_positive(const char* field, double value);
+
 // Reading Hugging Face config.json files (hf_config.cpp): every key of the file must be taken by
 // the architecture or listed as one that does not change the forward pass in eval mode.
 class HfConfigReader {

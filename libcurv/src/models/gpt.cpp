@@ -245,16 +245,11 @@ class GptArchitecture : public TypedArchitecture<GptConfig> {
             {"conv1d", c.conv1d}};
   }
   void validate_config(const GptConfig& c) const override {
-    auto positive = [](const char* field, int64_t value) {
-      if (value <= 0) {
-        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
-      }
-    };
-    positive("vocab_size", c.vocab_size);
-    positive("block_size", c.block_size);
-    positive("n_layer", c.n_layer);
-    positive("n_head", c.n_head);
-    positive("n_embd", c.n_embd);
+    require_positive("vocab_size", c.vocab_size);
+    require_positive("block_size", c.block_size);
+    require_positive("n_layer", c.n_layer);
+    require_positive("n_head", c.n_head);
+    require_positive("n_embd", c.n_embd);
     if (c.activation != "gelu" && c.activation != "gelu_tanh") {
       throw InvalidArgument(
           fmt::format("model config: activation = '{}': expected gelu or gelu_tanh", c.activation));

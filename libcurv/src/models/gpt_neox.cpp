@@ -104,12 +104,7 @@ class GptNeox : public CausalLanguageModel {
   }
 
   ModelStructure structure() const override {
-    ModelStructure s;
-    s.params = roles_;
-    s.n_head = c_.num_attention_heads;
-    s.n_kv_head = c_.num_attention_heads;
-    s.head_dim = c_.head_size();
-    return s;
+    return heads_structure(c_.num_attention_heads, c_.num_attention_heads, c_.head_size());
   }
 
   std::string describe() const override { return ModelConfig("gpt_neox", c_).describe(); }
@@ -169,19 +164,14 @@ class GptNeoxArchitecture : public TypedArchitecture<GptNeoxConfig> {
   }
   nlohmann::json to_json_object(const GptNeoxConfig& c) const override { return c; }
   void validate_config(const GptNeoxConfig& c) const override {
-    auto positive = [](const char* field, double value) {
-      if (!(value > 0)) {
-        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
-      }
-    };
-    positive("vocab_size", c.vocab_size);
-    positive("hidden_size", c.hidden_size);
-    positive("intermediate_size", c.intermediate_size);
-    positive("num_hidden_layers", c.num_hidden_layers);
-    positive("num_attention_heads", c.num_attention_heads);
-    positive("max_position_embeddings", c.max_position_embeddings);
-    positive("rotary_emb_base", c.rotary_emb_base);
-    positive("layer_norm_eps", c.layer_norm_eps);
+    require_positive("vocab_size", c.vocab_size);
+    require_positive("hidden_size", c.hidden_size);
+    require_positive("intermediate_size", c.intermediate_size);
+    require_positive("num_hidden_layers", c.num_hidden_layers);
+    require_positive("num_attention_heads", c.num_attention_heads);
+    require_positive("max_position_embeddings", c.max_position_embeddings);
+    require_positive("rotary_emb_base", c.rotary_emb_base);
+    require_positive("layer_norm_eps", c.layer_norm_eps);
     if (c.hidden_size % c.num_attention_heads != 0) {
       throw InvalidArgument(
           fmt::format("model config: hidden_size = {} is not divisible by num_attention_heads = {}",

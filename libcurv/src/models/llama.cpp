@@ -87,11 +87,7 @@ class Llama : public CausalLanguageModel {
   }
 
   ModelStructure structure() const override {
-    ModelStructure s;
-    s.params = roles_;
-    s.n_head = c_.num_attention_heads;
-    s.n_kv_head = c_.kv_heads();
-    s.head_dim = c_.head_size();
+    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
     if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
     return s;
   }
@@ -273,19 +269,14 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     return j;
   }
   void validate_config(const LlamaConfig& c) const override {
-    auto positive = [](const char* field, double value) {
-      if (!(value > 0)) {
-        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
-      }
-    };
-    positive("vocab_size", c.vocab_size);
-    positive("hidden_size", c.hidden_size);
-    positive("intermediate_size", c.intermediate_size);
-    positive("num_hidden_layers", c.num_hidden_layers);
-    positive("num_attention_heads", c.num_attention_heads);
-    positive("max_position_embeddings", c.max_position_embeddings);
-    positive("rms_norm_eps", c.rms_norm_eps);
-    positive("rope_theta", c.rope_theta);
+    require_positive("vocab_size", c.vocab_size);
+    require_positive("hidden_size", c.hidden_size);
+    require_positive("intermediate_size", c.intermediate_size);
+    require_positive("num_hidden_layers", c.num_hidden_layers);
+    require_positive("num_attention_heads", c.num_attention_heads);
+    require_positive("max_position_embeddings", c.max_position_embeddings);
+    require_positive("rms_norm_eps", c.rms_norm_eps);
+    require_positive("rope_theta", c.rope_theta);
     if (c.num_key_value_heads < 0 || c.head_dim < 0 || c.sliding_window < 0) {
       throw InvalidArgument(fmt::format(
           "model config: num_key_value_heads = {}, head_dim = {} and sliding_window = {} must "
@@ -313,15 +304,15 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
           fmt::format("model config: rope_type = \"{}\" is not built in (default, linear, llama3)",
                       c.rope_type));
     }
-    positive("rope_factor", c.rope_factor);
+    require_positive("rope_factor", c.rope_factor);
     if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
       throw InvalidArgument(fmt::format(
           "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
           c.pad_token_id, c.vocab_size));
     }
     if (c.rope_type == "llama3") {
-      positive("rope_low_freq_factor", c.rope_low_freq_factor);
-      positive("rope_original_context", static_cast<double>(c.rope_original_context));
+      require_positive("rope_low_freq_factor", c.rope_low_freq_factor);
+      require_positive("rope_original_context", static_cast<double>(c.rope_original_context));
       if (!(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
         throw InvalidArgument(fmt::format(
             "model config: rope_high_freq_factor = {} must exceed rope_low_freq_factor = {}",

@@ -216,18 +216,13 @@ class ModdedArchitecture : public TypedArchitecture<ModdedConfig> {
             {"loss_scale", c.loss_scale}, {"attention_scale", c.attention_scale}};
   }
   void validate_config(const ModdedConfig& c) const override {
-    auto positive = [](const char* field, double value) {
-      if (!(value > 0)) {
-        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
-      }
-    };
-    positive("vocab_size", c.vocab_size);
-    positive("num_layers", c.num_layers);
-    positive("model_dim", c.model_dim);
-    positive("head_dim", c.head_dim);
-    positive("context", c.context);
-    positive("loss_scale", c.loss_scale);
-    positive("attention_scale", c.attention_scale);
+    require_positive("vocab_size", c.vocab_size);
+    require_positive("num_layers", c.num_layers);
+    require_positive("model_dim", c.model_dim);
+    require_positive("head_dim", c.head_dim);
+    require_positive("context", c.context);
+    require_positive("loss_scale", c.loss_scale);
+    require_positive("attention_scale", c.attention_scale);
     if (c.logit_cap < 0) {
       throw InvalidArgument(fmt::format("model config: logit_cap = {} must be >= 0", c.logit_cap));
     }

@@ -192,4 +192,10 @@ std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit
   return find_architecture(config.arch()).make(config.config(), init);
 }
 
+void require_positive(const char* field, double value) {
+  if (!(value > 0)) {
+    throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+  }
+}
+
 }  // namespace curv

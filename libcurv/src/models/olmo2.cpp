@@ -92,11 +92,7 @@ class Olmo2 : public CausalLanguageModel {
   }
 
   ModelStructure structure() const override {
-    ModelStructure s;
-    s.params = roles_;
-    s.n_head = c_.num_attention_heads;
-    s.n_kv_head = c_.kv_heads();
-    s.head_dim = c_.head_size();
+    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
     if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
     return s;
   }
@@ -159,9 +155,7 @@ class Olmo2Architecture : public TypedArchitecture<Olmo2Config> {
           std::pair{"num_attention_heads", static_cast<double>(c.num_attention_heads)},
           std::pair{"max_position_embeddings", static_cast<double>(c.max_position_embeddings)},
           std::pair{"rms_norm_eps", c.rms_norm_eps}, std::pair{"rope_theta", c.rope_theta}}) {
-      if (!(value > 0)) {
-        throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
-      }
+      require_positive(field, value);
     }
     if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
         c.hidden_size % c.num_attention_heads != 0 || c.head_size() % 2 != 0) {

@@ -68,6 +68,16 @@ at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) con
   return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
 }
 
+ModelStructure CausalLanguageModel::heads_structure(int64_t n_head, int64_t n_kv_head,
+                                                    int64_t head_dim) const {
+  ModelStructure s;
+  s.params = roles_;
+  s.n_head = n_head;
+  s.n_kv_head = n_kv_head;
+  s.head_dim = head_dim;
+  return s;
+}
+
 at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t classes = logits.size(-1);
   return at::nll_loss(at::log_softmax(logits.reshape({-1, classes}), -1), targets.reshape({-1}), {},

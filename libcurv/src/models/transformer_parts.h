@@ -35,6 +35,8 @@ class CausalLanguageModel : public FunctionalModel {
   // Logits [B, T, vocab] of int64 tokens [B, T].
   virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
   at::Tensor linear(const at::Tensor& x, const Linear& l) const;
+  // The parameters' roles with the attention's head counts.
+  ModelStructure heads_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim) const;
 
   std::vector<ParamStructure> roles_;  // aligned with the parameters
 };
