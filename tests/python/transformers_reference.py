@@ -2,7 +2,7 @@
 
 A tiny model of one family (llama, llama3: Llama 3.1's rotary scaling, qwen2, qwen3, mistral,
 gpt2, gpt_neox: Pythia's parallel residual and quarter-head rotary, gpt_neox_sequential: the
-residual in turn, half-head rotary, gelu_new; olmo2) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
+residual in turn, half-head rotary, gelu_new; olmo2; phi3) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
 (AdamW, linear schedule decaying to 0, save_steps=2), which writes OUT/run/checkpoint-2 and
 checkpoint-4 as users get them (config.json, model.safetensors, optimizer.pt, scheduler.pt,
 trainer_state.json). For llama, OUT/sharded/ holds both checkpoints again in bfloat16, sharded
@@ -35,8 +35,8 @@ import transformers
 from safetensors.torch import save_file
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers import (AttentionInterface, AutoModelForCausalLM, GPT2Config, GPTNeoXConfig,
-                          LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config, Qwen3Config,
-                          Trainer, TrainingArguments)
+                          LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+                          Qwen3Config, Trainer, TrainingArguments)
 
 VOCAB, T, STEPS = 61, 12, 4
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -68,6 +68,11 @@ def config_of(arch):
     # HF's padding row gets no gradient, so its AdamW step differs from the plain gradient's
     if arch == "olmo2":
         return Olmo2Config(**SMALL, num_key_value_heads=2)
+    if arch == "phi3":  # fused qkv_proj and gate_up_proj, half-head rotary, a padding token
+        return Phi3Config(**SMALL, num_key_value_heads=2, pad_token_id=3, bos_token_id=1,
+                          eos_token_id=2, rope_parameters={"rope_type": "default",
+                                                           "rope_theta": 10000.0,
+                                                           "partial_rotary_factor": 0.5})
     if arch == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                           bos_token_id=0, eos_token_id=0)

@@ -1,0 +1,270 @@
+// Phi-3 (Hugging Face's Phi3ForCausalLM): LLaMA's RMSNorm, rotary embeddings (over the first
+// partial_rotary_factor of each head) and grouped-query attention, with the query, key and value
+// projections fused into one qkv_proj (their rows one after the other) and the MLP's gate and up
+// projections into one gate_up_proj. HF's parameter names and order, read from the config.json
+// HF saves beside the weights.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "models/architecture.h"
+#include "models/transformer_parts.h"
+
+namespace curv {
+
+namespace {
+
+struct Phi3Config {
+  int64_t vocab_size = 512;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 344;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 0;  // 0: num_attention_heads
+  int64_t max_position_embeddings = 256;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  // Sequences longer than the window are refused, so plain causal attention is the window's.
+  int64_t sliding_window = 0;
+  bool tie_word_embeddings = false;
+  int64_t pad_token_id = -1;  // nn.Embedding's padding_idx: no gradient for that row; -1: none
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
+  int64_t head_size() const { return hidden_size / num_attention_heads; }
+  int64_t rotary_dims() const {
+    return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
+  }
+};
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Phi3Config, vocab_size, hidden_size,
+                                                intermediate_size, num_hidden_layers,
+                                                num_attention_heads, num_key_value_heads,
+                                                max_position_embeddings, rms_norm_eps, rope_theta,
+                                                partial_rotary_factor, sliding_window,
+                                                tie_word_embeddings, pad_token_id)
+
+class Phi3 : public CausalLanguageModel {
+ public:
+  Phi3(const Phi3Config& c, const ModelInit& init) : c_(c) {
+    ParameterDraw draw(init);
+    const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
+    const int64_t KV = c.kv_heads(), F = c.intermediate_size;
+    int64_t layer = -1;
+    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role,
+                         std::vector<RowSlice> slices = {}) {
+      const size_t index = params_.size();
+      add(name, std::move(value));
+      roles_.push_back({role, layer, std::move(slices)});
+      return index;
+    };
+    auto add_gain = [&](const std::string& name) {
+      return add_param(name + ".weight", draw.filled({C}, 1.0), ParamRole::kNormGain);
+    };
+    const int64_t qkv_rows = (H + 2 * KV) * D;
+    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
+                       ParamRole::kTokenEmbedding);
+    // HF's named_parameters order: self_attn (o, then qkv: its registration order), mlp
+    // (gate_up, down), then the norms.
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string h = fmt::format("model.layers.{}.", l);
+      layer = l;
+      Layer y;
+      y.o = {add_param(h + "self_attn.o_proj.weight", draw.normal({C, H * D}),
+                       ParamRole::kAttentionOutput),
+             false};
+      y.qkv = {add_param(h + "self_attn.qkv_proj.weight", draw.normal({qkv_rows, C}),
+                         ParamRole::kFusedQkv, fused_qkv_slices(qkv_rows, H, KV, D)),
+               false};
+      y.gate_up = {
+          add_param(h + "mlp.gate_up_proj.weight", draw.normal({2 * F, C}), ParamRole::kMlpInput),
+          false};
+      y.down = {add_param(h + "mlp.down_proj.weight", draw.normal({C, F}), ParamRole::kMlpOutput),
+                false};
+      y.input_norm = add_gain(h + "input_layernorm");
+      y.post_norm = add_gain(h + "post_attention_layernorm");
+      layers_.push_back(y);
+    }
+    layer = -1;
+    norm_ = add_gain("model.norm");
+    if (!c.tie_word_embeddings) {
+      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
+    }
+    finish();
+  }
+
+  ModelStructure structure() const override {
+    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
+    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
+    return s;
+  }
+
+  std::string describe() const override { return ModelConfig("phi3", c_).describe(); }
+
+ private:
+  struct Layer {
+    Linear qkv, o, gate_up, down;
+    size_t input_norm = 0, post_norm = 0;
+  };
+
+  at::Tensor norm(const at::Tensor& x, size_t gain) const {
+    return rms_norm(x, p(gain), c_.rms_norm_eps);
+  }
+  void check(const Batch& batch) const override {
+    check_token_batch(batch, "phi3", c_.vocab_size, c_.max_position_embeddings);
+    if (c_.sliding_window > 0 && batch.inputs.size(1) > c_.sliding_window) {
+      throw ModelError(fmt::format(
+          "phi3: sequence length {} exceeds the sliding window {}; windowed attention is not "
+          "built in, so probe with sequences of at most {} tokens",
+          batch.inputs.size(1), c_.sliding_window, c_.sliding_window));
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) const override {
+    const int64_t B = tokens.size(0), T = tokens.size(1);
+    const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
+    const int64_t F = c_.intermediate_size;
+    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    const RotaryTable rope = rotary_table(
+        rotary_inverse_frequencies(c_.rope_theta, c_.rotary_dims(), f64), T, x.scalar_type());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    for (const auto& l : layers_) {
+      auto qkv = linear(norm(x, l.input_norm), l.qkv);
+      auto q = qkv.narrow(-1, 0, H * D).view({B, T, H, D}).transpose(1, 2);
+      auto k = qkv.narrow(-1, H * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
+      auto v = qkv.narrow(-1, (H + KV) * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
+      auto y = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
+      x = x + linear(y, l.o);
+      auto gate_up = linear(norm(x, l.post_norm), l.gate_up);
+      x = x + linear(at::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), l.down);
+    }
+    x = norm(x, norm_);
+    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
+  }
+
+  Phi3Config c_;
+  std::vector<Layer> layers_;
+  size_t embed_ = 0, norm_ = 0, head_ = 0;
+};
+
+class Phi3Architecture : public TypedArchitecture<Phi3Config> {
+ public:
+  std::string name() const override { return "phi3"; }
+  std::vector<std::string> keys() const override { return json_keys_of(Phi3Config{}); }
+  Phi3Config from_json(const nlohmann::json& j, const std::string&) const override {
+    return j.get<Phi3Config>();
+  }
+  nlohmann::json to_json_object(const Phi3Config& c) const override { return c; }
+  void validate_config(const Phi3Config& c) const override {
+    require_positive("vocab_size", static_cast<double>(c.vocab_size));
+    require_positive("hidden_size", static_cast<double>(c.hidden_size));
+    require_positive("intermediate_size", static_cast<double>(c.intermediate_size));
+    require_positive("num_hidden_layers", static_cast<double>(c.num_hidden_layers));
+    require_positive("num_attention_heads", static_cast<double>(c.num_attention_heads));
+    require_positive("max_position_embeddings", static_cast<double>(c.max_position_embeddings));
+    require_positive("rms_norm_eps", c.rms_norm_eps);
+    require_positive("rope_theta", c.rope_theta);
+    if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
+        c.hidden_size % c.num_attention_heads != 0) {
+      throw InvalidArgument(fmt::format(
+          "model config: num_key_value_heads = {} must divide num_attention_heads = {}, which "
+          "must divide hidden_size = {}",
+          c.num_key_value_heads, c.num_attention_heads, c.hidden_size));
+    }
+    if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) ||
+        c.rotary_dims() % 2 != 0) {
+      throw InvalidArgument(fmt::format(
+          "model config: partial_rotary_factor = {} must be in (0, 1] and rotate an even number "
+          "of a head's {} features (it rotates {})",
+          c.partial_rotary_factor, c.head_size(), c.rotary_dims()));
+    }
+    if (c.sliding_window < 0 || c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
+      throw InvalidArgument(fmt::format(
+          "model config: sliding_window = {} must be >= 0 and pad_token_id = {} a token id below "
+          "vocab_size = {} (or -1: none)",
+          c.sliding_window, c.pad_token_id, c.vocab_size));
+    }
+  }
+  std::string describe_config(const Phi3Config& c) const override {
+    return fmt::format(
+        "phi3(layers={}, hidden={}, heads={}, kv_heads={}, intermediate={}, vocab={}, "
+        "context={}, rotary={}/{}, tied={})",
+        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.kv_heads(),
+        c.intermediate_size, c.vocab_size, c.max_position_embeddings, c.rotary_dims(),
+        c.head_size(), c.tie_word_embeddings);
+  }
+  std::unique_ptr<Objective> build(const Phi3Config& c, const ModelInit& init) const override {
+    return std::make_unique<Phi3>(c, init);
+  }
+  ModelData data_of(const Phi3Config& c) const override {
+    ModelData d;
+    d.kind = ModelData::Kind::kTokens;
+    d.vocab_size = c.vocab_size;
+    d.context = c.sliding_window > 0 ? std::min(c.sliding_window, c.max_position_embeddings)
+                                     : c.max_position_embeddings;
+    return d;
+  }
+  double count_parameters(const Phi3Config& c) const override {
+    const double C = static_cast<double>(c.hidden_size);
+    const double F = static_cast<double>(c.intermediate_size);
+    const double D = static_cast<double>(c.head_size());
+    const double H = static_cast<double>(c.num_attention_heads);
+    const double KV = static_cast<double>(c.kv_heads());
+    const double layer = (H + 2 * KV) * D * C + C * H * D + 3 * F * C + 2 * C;
+    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
+           static_cast<double>(c.num_hidden_layers) * layer + C;
+  }
+
+  std::vector<std::string> hf_model_types() const override { return {"phi3"}; }
+
+  // Reads config.json as transformers 4.40 to 5.x write it for Phi-3
+  // (docs/checkpoints.md#hugging-face-models).
+  std::any parse_hf(const std::string& json, const std::string& origin) const override {
+    const auto j = nlohmann::json::parse(json);
+    HfConfigReader r(j, origin);
+    Phi3Config c;
+    c.vocab_size = r.integer("vocab_size", 32064);
+    c.hidden_size = r.integer("hidden_size", 3072);
+    c.intermediate_size = r.integer("intermediate_size", 8192);
+    c.num_hidden_layers = r.integer("num_hidden_layers", 32);
+    c.num_attention_heads = r.integer("num_attention_heads", 32);
+    c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+    c.max_position_embeddings = r.integer("max_position_embeddings", 4096);
+    c.rms_norm_eps = r.number("rms_norm_eps", 1e-5);
+    c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+    c.pad_token_id = r.integer("pad_token_id", -1);
+    c.sliding_window = r.integer("sliding_window", 0);
+    if (r.text("hidden_act", "silu") != "silu") {
+      r.unsupported("hidden_act", "Phi-3's MLP is SwiGLU (silu)");
+    }
+    c.rope_theta = r.number("rope_theta", 10000.0);
+    c.partial_rotary_factor = r.number("partial_rotary_factor", 1.0);
+    if (r.find("rope_scaling")) r.unsupported("rope_scaling", "no rotary scaling is built in");
+    if (const nlohmann::json* rope = r.find("rope_parameters")) {
+      if (!rope->is_object()) r.unsupported("rope_parameters", "expected an object");
+      HfConfigReader p(*rope, fmt::format("{}: \"rope_parameters\"", r.origin()), false);
+      c.rope_theta = p.number("rope_theta", c.rope_theta);
+      c.partial_rotary_factor = p.number("partial_rotary_factor", c.partial_rotary_factor);
+      if (p.text("rope_type", "default") != "default") {
+        p.unsupported("rope_type", "Phi-3's rotary type built in is default (not longrope)");
+      }
+      p.finish();
+    }
+    // The context the default rotary type ignores (longrope reads it), and dropout in eval mode.
+    r.ignore(
+        {"original_max_position_embeddings", "resid_pdrop", "embd_pdrop", "attention_dropout"});
+    r.finish();
+    return c;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> phi3_architecture() {
+  return std::make_shared<Phi3Architecture>();
+}
+
+}  // namespace curv
