@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   provenance.dtype = "float32";
   provenance.probe_hash = "training-batch";
   provenance.blocks = "tensor";
-  provenance.hvp_method = HvpMethod::kExact;
+  provenance.hvp_method = curv::HvpMethod::kExact;
   curv::ProbeReport report(output, provenance, /*resume=*/false);
   curv::InTrainingProbeOptions options;
   options.every = probe_every;
