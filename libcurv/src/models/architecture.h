@@ -132,4 +132,10 @@ class HfConfigReader {
   std::set<std::string> taken_;
 };
 
+// The rotary fields of a family built with the default rope type only: 4.x's top-level
+// rope_theta (and, with `partial`, partial_rotary_factor) or 5.x's rope_parameters over them; a
+// rope_scaling, or a rope_type other than default, is refused naming `family`.
+void read_default_rope(HfConfigReader& r, const char* family, double& theta,
+                       double* partial = nullptr);
+
 }  // namespace curv

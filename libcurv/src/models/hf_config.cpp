@@ -149,4 +149,20 @@ void HfConfigReader::finish() const {
   }
 }
 
+void read_default_rope(HfConfigReader& r, const char* family, double& theta, double* partial) {
+  theta = r.number("rope_theta", theta);
+  if (partial) *partial = r.number("partial_rotary_factor", *partial);
+  if (r.find("rope_scaling")) r.unsupported("rope_scaling", "no rotary scaling is built in");
+  const nlohmann::json* rope = r.find("rope_parameters");
+  if (!rope) return;
+  if (!rope->is_object()) r.unsupported("rope_parameters", "expected an object");
+  HfConfigReader p(*rope, fmt::format("{}: \"rope_parameters\"", r.origin()), false);
+  theta = p.number("rope_theta", theta);
+  if (partial) *partial = p.number("partial_rotary_factor", *partial);
+  if (p.text("rope_type", "default") != "default") {
+    p.unsupported("rope_type", fmt::format("{}'s rotary type built in is default", family));
+  }
+  p.finish();
+}
+
 }  // namespace curv

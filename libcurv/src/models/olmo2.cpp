@@ -221,17 +221,7 @@ class Olmo2Architecture : public TypedArchitecture<Olmo2Config> {
     if (r.text("hidden_act", "silu") != "silu") {
       r.unsupported("hidden_act", "OLMo 2's MLP is SwiGLU (silu)");
     }
-    c.rope_theta = r.number("rope_theta", 10000.0);
-    if (r.find("rope_scaling")) r.unsupported("rope_scaling", "no rotary scaling is built in");
-    if (const nlohmann::json* rope = r.find("rope_parameters")) {
-      if (!rope->is_object()) r.unsupported("rope_parameters", "expected an object");
-      HfConfigReader p(*rope, fmt::format("{}: \"rope_parameters\"", r.origin()), false);
-      c.rope_theta = p.number("rope_theta", c.rope_theta);
-      if (p.text("rope_type", "default") != "default") {
-        p.unsupported("rope_type", "OLMo 2's rotary type built in is default");
-      }
-      p.finish();
-    }
+    read_default_rope(r, "OLMo 2", c.rope_theta);
     r.ignore({"attention_dropout"});
     r.finish();
     return c;

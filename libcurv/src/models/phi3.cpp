@@ -240,19 +240,8 @@ class Phi3Architecture : public TypedArchitecture<Phi3Config> {
     if (r.text("hidden_act", "silu") != "silu") {
       r.unsupported("hidden_act", "Phi-3's MLP is SwiGLU (silu)");
     }
-    c.rope_theta = r.number("rope_theta", 10000.0);
-    c.partial_rotary_factor = r.number("partial_rotary_factor", 1.0);
-    if (r.find("rope_scaling")) r.unsupported("rope_scaling", "no rotary scaling is built in");
-    if (const nlohmann::json* rope = r.find("rope_parameters")) {
-      if (!rope->is_object()) r.unsupported("rope_parameters", "expected an object");
-      HfConfigReader p(*rope, fmt::format("{}: \"rope_parameters\"", r.origin()), false);
-      c.rope_theta = p.number("rope_theta", c.rope_theta);
-      c.partial_rotary_factor = p.number("partial_rotary_factor", c.partial_rotary_factor);
-      if (p.text("rope_type", "default") != "default") {
-        p.unsupported("rope_type", "Phi-3's rotary type built in is default (not longrope)");
-      }
-      p.finish();
-    }
+    // longrope (the 128k-context models) is refused: only the default rotary type is built in.
+    read_default_rope(r, "Phi-3", c.rope_theta, &c.partial_rotary_factor);
     // The context the default rotary type ignores (longrope reads it), and dropout in eval mode.
     r.ignore(
         {"original_max_position_embeddings", "resid_pdrop", "embd_pdrop", "attention_dropout"});
