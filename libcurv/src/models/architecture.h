@@ -74,6 +74,18 @@ std::vector<std::string> json_keys_of(const Config& defaults) {
   return keys;
 }
 
+// A TypedArchitecture whose config is a plain JSON struct (NLOHMANN_DEFINE_TYPE_*_WITH_DEFAULT):
+// its keys, parsing and writing are the struct's fields.
+template <typename Config>
+class JsonConfigArchitecture : public TypedArchitecture<Config> {
+ public:
+  std::vector<std::string> keys() const override { return json_keys_of(Config{}); }
+  Config from_json(const nlohmann::json& j, const std::string&) const override {
+    return j.get<Config>();
+  }
+  nlohmann::json to_json_object(const Config& c) const override { return c; }
+};
+
 // Built-in models: parameters live in one ordered list; forward passes are plain ATen calls on
 // them, so everything is twice differentiable and nothing depends on torch::nn.
 class FunctionalModel : public Objective {

@@ -155,14 +155,9 @@ class GptNeox : public CausalLanguageModel {
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
 };
 
-class GptNeoxArchitecture : public TypedArchitecture<GptNeoxConfig> {
+class GptNeoxArchitecture : public JsonConfigArchitecture<GptNeoxConfig> {
  public:
   std::string name() const override { return "gpt_neox"; }
-  std::vector<std::string> keys() const override { return json_keys_of(GptNeoxConfig{}); }
-  GptNeoxConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<GptNeoxConfig>();
-  }
-  nlohmann::json to_json_object(const GptNeoxConfig& c) const override { return c; }
   void validate_config(const GptNeoxConfig& c) const override {
     require_positive("vocab_size", c.vocab_size);
     require_positive("hidden_size", c.hidden_size);

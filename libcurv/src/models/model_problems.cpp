@@ -213,14 +213,9 @@ std::unique_ptr<Objective> make_memory_problem(const MemoryConfig& config, const
 
 namespace {
 
-class QuadraticArchitecture : public TypedArchitecture<QuadraticConfig> {
+class QuadraticArchitecture : public JsonConfigArchitecture<QuadraticConfig> {
  public:
   std::string name() const override { return "quadratic"; }
-  std::vector<std::string> keys() const override { return json_keys_of(QuadraticConfig{}); }
-  QuadraticConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<QuadraticConfig>();
-  }
-  nlohmann::json to_json_object(const QuadraticConfig& c) const override { return c; }
   void validate_config(const QuadraticConfig& c) const override { validate_quadratic(c); }
   std::string describe_config(const QuadraticConfig& q) const override {
     return fmt::format(
@@ -234,14 +229,9 @@ class QuadraticArchitecture : public TypedArchitecture<QuadraticConfig> {
   ModelData data_of(const QuadraticConfig&) const override { return {}; }  // kNone
 };
 
-class MemoryArchitecture : public TypedArchitecture<MemoryConfig> {
+class MemoryArchitecture : public JsonConfigArchitecture<MemoryConfig> {
  public:
   std::string name() const override { return "memory"; }
-  std::vector<std::string> keys() const override { return json_keys_of(MemoryConfig{}); }
-  MemoryConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<MemoryConfig>();
-  }
-  nlohmann::json to_json_object(const MemoryConfig& c) const override { return c; }
   void validate_config(const MemoryConfig& c) const override { validate_memory(c); }
   std::string describe_config(const MemoryConfig& m) const override {
     return fmt::format("memory(classes={}, dim={}, embeddings={}, embedding_seed={})", m.classes,

@@ -138,14 +138,9 @@ class Olmo2 : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class Olmo2Architecture : public TypedArchitecture<Olmo2Config> {
+class Olmo2Architecture : public JsonConfigArchitecture<Olmo2Config> {
  public:
   std::string name() const override { return "olmo2"; }
-  std::vector<std::string> keys() const override { return json_keys_of(Olmo2Config{}); }
-  Olmo2Config from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<Olmo2Config>();
-  }
-  nlohmann::json to_json_object(const Olmo2Config& c) const override { return c; }
   void validate_config(const Olmo2Config& c) const override {
     for (const auto& [field, value] :
          {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},

@@ -150,14 +150,9 @@ class Phi3 : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class Phi3Architecture : public TypedArchitecture<Phi3Config> {
+class Phi3Architecture : public JsonConfigArchitecture<Phi3Config> {
  public:
   std::string name() const override { return "phi3"; }
-  std::vector<std::string> keys() const override { return json_keys_of(Phi3Config{}); }
-  Phi3Config from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<Phi3Config>();
-  }
-  nlohmann::json to_json_object(const Phi3Config& c) const override { return c; }
   void validate_config(const Phi3Config& c) const override {
     require_positive("vocab_size", static_cast<double>(c.vocab_size));
     require_positive("hidden_size", static_cast<double>(c.hidden_size));
