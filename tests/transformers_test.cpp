@@ -1,8 +1,8 @@
 // Folders written by the real transformers (the version scripts/setup-pypi.sh pins): tiny LLaMA,
 // Llama 3.1 (rotary scaling llama3), Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX (Pythia's
-// architecture, with its residual in parallel and in turn), OLMo 2 and Phi-3 models trained four
-// steps by
-// transformers' own Trainer on the CPU and read as saved, with no --model. ndsprobe's audits of
+// architecture, with its residual in parallel and in turn), OLMo 2, Phi-3, Gemma 2 and Gemma 3
+// (text) models trained four steps by transformers' own Trainer on the CPU and read as saved,
+// with no --model. ndsprobe's audits of
 // the checkpoint delta and of the rebuilt AdamW step equal transformers' modelling code and
 // torch.optim.AdamW in float64 (tests/python/transformers_reference.py); the linear schedule's
 // last learning rate is 0, so the last checkpoint's AdamW step is a zero direction, recorded as
@@ -27,8 +27,9 @@ using Catch::Matchers::Contains;
 
 TEST_CASE("folders saved by transformers' Trainer equal transformers' own float64 model",
           "[transformers][hf_models][ndsprobe]") {
-  const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2",
-                                    "gpt_neox", "gpt_neox_sequential", "olmo2", "phi3");
+  const std::string arch =
+      GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox",
+               "gpt_neox_sequential", "olmo2", "phi3", "gemma2", "gemma3");
   INFO(arch);
   TempDir dir;
   run_transformers_python("transformers_reference.py", {dir.path(), arch});

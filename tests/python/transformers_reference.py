@@ -2,7 +2,10 @@
 
 A tiny model of one family (llama, llama3: Llama 3.1's rotary scaling, qwen2, qwen3, mistral,
 gpt2, gpt_neox: Pythia's parallel residual and quarter-head rotary, gpt_neox_sequential: the
-residual in turn, half-head rotary, gelu_new; olmo2; phi3) is made with transformers' classes and trained 4 steps on the CPU by transformers' Trainer
+residual in turn, half-head rotary, gelu_new; olmo2; phi3; gemma2: soft-capped scores and
+logits, a sliding window shorter than the probe; gemma3: per-head q/k norms, a rotary base per
+layer kind, linear rotary scaling) is made with transformers' classes and trained 4 steps on the
+CPU by transformers' Trainer
 (AdamW, linear schedule decaying to 0, save_steps=2), which writes OUT/run/checkpoint-2 and
 checkpoint-4 as users get them (config.json, model.safetensors, optimizer.pt, scheduler.pt,
 trainer_state.json). For llama, OUT/sharded/ holds both checkpoints again in bfloat16, sharded
@@ -10,11 +13,12 @@ with a model.safetensors.index.json.
 
 The reference runs transformers' modelling code in float64 with eager attention. For the LLaMA
 family transformers computes three things in float32 whatever the model's dtype: RMSNorm's
-normalisation (hidden_states.to(torch.float32)), the rotary table, and eager attention's softmax
-(softmax(..., dtype=torch.float32)). Those run here in float64 with the same formulas: the first
-two by replacing the modules' forward, the third as an attention function registered through
-transformers' AttentionInterface; the float64 inverse frequencies are checked against
-transformers' float32 ones. GPT-2's eager attention is float64 as it is.
+normalisation (hidden_states.to(torch.float32); Gemma's x.float() with gains 1 + w), the rotary
+table, and eager attention's softmax (softmax(..., dtype=torch.float32)). Those run here in
+float64 with the same formulas: the first two by replacing the modules' forward, the third as an
+attention function registered through transformers' AttentionInterface (with Gemma 2's
+soft-capping); the float64 inverse frequencies are checked against transformers' float32 ones.
+GPT-2's eager attention is float64 as it is.
 
 At checkpoint-2 it writes, for the probe batch OUT/probe.safetensors (inputs, targets):
 - delta: u = θ4 − θ2, the checkpoint delta;
@@ -34,9 +38,10 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers import (AttentionInterface, AutoModelForCausalLM, GPT2Config, GPTNeoXConfig,
-                          LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
-                          Qwen3Config, Trainer, TrainingArguments)
+from transformers import (AttentionInterface, AutoModelForCausalLM, Gemma2Config,
+                          Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, MistralConfig,
+                          Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config, Trainer,
+                          TrainingArguments)
 
 VOCAB, T, STEPS = 61, 12, 4
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -73,6 +78,22 @@ def config_of(arch):
                           eos_token_id=2, rope_parameters={"rope_type": "default",
                                                            "rope_theta": 10000.0,
                                                            "partial_rotary_factor": 0.5})
+    # Alternating sliding (window 5 < T) and full layers; caps small enough that tanh bends the
+    # scores and logits of a model this size; an untied head.
+    if arch == "gemma2":
+        return Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                            query_pre_attn_scalar=16, attn_logit_softcapping=0.1,
+                            final_logit_softcapping=1.0, tie_word_embeddings=False)
+    # Gemma 3 4B's rotary setting (linear factor 8 on the full layers' base 1e6, base 1e4 on the
+    # sliding ones), exact gelu, the tied head.
+    if arch == "gemma3":
+        return Gemma3TextConfig(
+            **SMALL, num_key_value_heads=2, head_dim=16, sliding_window=5,
+            query_pre_attn_scalar=16, hidden_activation="gelu",
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     if arch == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                           bos_token_id=0, eos_token_id=0)
@@ -80,13 +101,15 @@ def config_of(arch):
 
 
 def eager_attention_in_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0,
-                             **kwargs):
-    """transformers' eager_attention_forward of the LLaMA family with its softmax in the
-    model's dtype."""
+                             softcap=None, **kwargs):
+    """transformers' eager_attention_forward of the LLaMA and Gemma families with its softmax in
+    the model's dtype."""
     groups = getattr(module, "num_key_value_groups", 1)
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
     if attention_mask is not None:
         weights = weights + attention_mask
     weights = torch.softmax(weights, dim=-1)
@@ -102,9 +125,13 @@ def rms_norm_float64(self, x):
     return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
-def inverse_frequencies(c):
+def gemma_rms_norm_float64(self, x):
+    return (1.0 + self.weight) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def inverse_frequencies(c, rope=None):
     """The rotary inverse frequencies of transformers' rope types, in float64."""
-    rope = c.rope_parameters
+    rope = rope or c.rope_parameters
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     d = int(d * rope.get("partial_rotary_factor", 1.0))  # GPT-NeoX rotates part of each head
     inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -142,6 +169,24 @@ def make_rope_float64(module, config, inv=None):
     module.forward = types.MethodType(forward, module)
 
 
+def make_layer_rope_float64(module, config):
+    """Gemma 3's rotary tables, one per layer kind, computed in float64."""
+    for kind in module.layer_types:
+        inv = inverse_frequencies(config, config.rope_parameters[kind])
+        assert torch.allclose(inv, getattr(module, f"{kind}_inv_freq").to(torch.float64),
+                              rtol=1e-6, atol=0), kind
+        assert getattr(module, f"{kind}_attention_scaling") == 1.0, kind
+        setattr(module, f"{kind}_inv_freq64", inv)
+
+    def forward(self, x, position_ids, layer_type):
+        inv = getattr(self, f"{layer_type}_inv_freq64").to(x.device)
+        freqs = position_ids[:, :, None].to(torch.float64) * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    module.forward = types.MethodType(forward, module)
+
+
 def load_float64(folder):
     gpt2 = json.load(open(f"{folder}/config.json"))["model_type"] == "gpt2"
     model = AutoModelForCausalLM.from_pretrained(
@@ -149,10 +194,17 @@ def load_float64(folder):
     model.eval()
     for m in model.modules():
         name = type(m).__name__
-        if name.endswith("RMSNorm"):
+        if name.startswith("Gemma") and name.endswith("RMSNorm"):
+            m.forward = types.MethodType(gemma_rms_norm_float64, m)
+        elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(rms_norm_float64, m)
+        elif name.endswith("RotaryEmbedding") and hasattr(m, "layer_types"):
+            make_layer_rope_float64(m, model.config)
         elif name.endswith("RotaryEmbedding"):
             make_rope_float64(m, model.config)
+        elif name.endswith("ScaledWordEmbedding"):  # √hidden, in float64 as the model is
+            assert m.embed_scale.dtype == torch.float64
+            assert m.embed_scale.item() == model.config.hidden_size ** 0.5
     return model
 
 

@@ -4,6 +4,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "core/fmt_torch.h"
 #include "curv/core/error.h"
 #include "curv/models/fused_ops.h"
@@ -114,12 +116,32 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& t) {
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale) {
+  AttentionScores scores;
+  scores.scale = scale;
+  return causal_attention(q, k, v, scores);
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionScores& scores) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t KV = k.size(1), group = H / KV;
   auto repeat = [&](const at::Tensor& t) {
     return group == 1 ? t : t.unsqueeze(2).expand({B, KV, group, T, D}).reshape({B, H, T, D});
   };
-  auto att = causal_softmax(batched_matmul(q, repeat(k).transpose(-2, -1)), scale);
+  auto s = batched_matmul(q, repeat(k).transpose(-2, -1));
+  double scale = scores.scale;
+  if (scores.softcap > 0) {
+    s = at::tanh(s * (scale / scores.softcap)) * scores.softcap;
+    scale = 1.0;
+  }
+  if (scores.window > 0 && scores.window < T) {
+    // −inf where the key is `window` or more positions before the query; causal_softmax masks
+    // the keys after it.
+    const auto positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    const auto too_old = positions.unsqueeze(1) - positions.unsqueeze(0) >= scores.window;
+    s = s.masked_fill(too_old, -std::numeric_limits<double>::infinity());
+  }
+  auto att = causal_softmax(s, scale);
   return batched_matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
 }
 

@@ -84,10 +84,23 @@ at::Tensor rotate_half(const at::Tensor& x);
 // table.dims features, the rest passed through (GPT-NeoX's partial rotary).
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 
+// What a causal attention layer does to its scores beyond q kᵀ · scale: Gemma 2's tanh
+// soft-capping, s ↦ cap · tanh(s / cap) before the mask (0: none), and a sliding window, each
+// query reading the `window` latest positions, itself included (0: every earlier position).
+struct AttentionScores {
+  double scale = 1.0;
+  double softcap = 0.0;
+  int64_t window = 0;
+};
+
 // softmax(q kᵀ · scale + causal mask) v for q [B, H, T, D] and k, v [B, KV, T, D], query head j
 // reading key/value head j / (H / KV) (HF's repeat_kv); the heads' outputs side by side,
 // [B, T, H · D].
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale);
+// The same with soft-capped scores and a sliding window (HF's eager attention with softcap and
+// sliding_window): the masked positions get probability 0 exactly.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionScores& scores);
 
 }  // namespace curv
