@@ -584,3 +584,127 @@ TEST_CASE("a config's parameter count by arithmetic equals its model's", "[hf_mo
     CHECK(config.parameter_count() == count(config));
   }
 }
+
+TEST_CASE("Gemma 2 and Gemma 3 configs as transformers 4.x and 5.x write them",
+          "[hf_models][models]") {
+  // google/gemma-3-1b-pt's config.json as transformers 4.50 wrote it (sizes shrunk): the rotary
+  // bases and scaling by their 4.x names, the sliding pattern as a number.
+  const nlohmann::json v4 = {{"architectures", {"Gemma3ForCausalLM"}},
+                             {"model_type", "gemma3_text"},
+                             {"attention_bias", false},
+                             {"attention_dropout", 0.0},
+                             {"attn_logit_softcapping", nullptr},
+                             {"cache_implementation", "hybrid"},
+                             {"final_logit_softcapping", nullptr},
+                             {"head_dim", 8},
+                             {"hidden_activation", "gelu_pytorch_tanh"},
+                             {"hidden_size", 16},
+                             {"intermediate_size", 24},
+                             {"max_position_embeddings", 64},
+                             {"num_attention_heads", 4},
+                             {"num_hidden_layers", 7},
+                             {"num_key_value_heads", 1},
+                             {"pad_token_id", 0},
+                             {"query_pre_attn_scalar", 8},
+                             {"rms_norm_eps", 1e-6},
+                             {"rope_local_base_freq", 10000},
+                             {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}},
+                             {"rope_theta", 1000000},
+                             {"sliding_window", 4},
+                             {"sliding_window_pattern", 6},
+                             {"torch_dtype", "bfloat16"},
+                             {"transformers_version", "4.50.0.dev0"},
+                             {"vocab_size", 37}};
+  // The same model as transformers 5 writes it.
+  nlohmann::json v5 = v4;
+  for (const char* key : {"rope_local_base_freq", "rope_scaling", "rope_theta",
+                          "sliding_window_pattern", "cache_implementation", "torch_dtype"}) {
+    v5.erase(key);
+  }
+  v5["_sliding_window_pattern"] = 6;
+  v5["dtype"] = "bfloat16";
+  v5["use_bidirectional_attention"] = false;
+  v5["layer_types"] = nlohmann::json::array();
+  for (int l = 0; l < 7; ++l) {
+    v5["layer_types"].push_back(l == 5 ? "full_attention" : "sliding_attention");
+  }
+  v5["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  const ModelConfig a = ModelConfig::from_json(v4.dump(), "v4/config.json");
+  const ModelConfig b = ModelConfig::from_json(v5.dump(), "v5/config.json");
+  CHECK(a.arch() == "gemma3");
+  CHECK(a.to_json() == b.to_json());
+  CHECK_THAT(a.describe(), Contains("layers=7 (6 sliding, window 4)"));
+  const auto native = nlohmann::json::parse(a.to_json());
+  CHECK(native["rope_factor"] == 8.0);
+  CHECK(native["rope_theta"] == 1e6);
+  CHECK(native["rope_local_theta"] == 1e4);
+  CHECK(native["qk_norm"] == true);
+  CHECK(ModelConfig::from_json(a.to_json()).to_json() == a.to_json());
+  // A native config takes its generation's defaults for the keys it leaves out.
+  CHECK(nlohmann::json::parse(
+            ModelConfig::from_json(R"({"arch": "gemma3"})").to_json())["qk_norm"] == true);
+  CHECK(nlohmann::json::parse(
+            ModelConfig::from_json(R"({"arch": "gemma2"})").to_json())["final_logit_softcapping"] ==
+        30.0);
+
+  // Gemma 2 (4.42's keys): alternating layers, the first sliding; soft-capping by default.
+  nlohmann::json gemma2 = v4;
+  gemma2["model_type"] = "gemma2";
+  for (const char* key : {"rope_local_base_freq", "rope_scaling", "sliding_window_pattern",
+                          "attn_logit_softcapping", "final_logit_softcapping"}) {
+    gemma2.erase(key);
+  }
+  gemma2["hidden_act"] = "gelu_pytorch_tanh";
+  const ModelConfig g2 = ModelConfig::from_json(gemma2.dump(), "g2/config.json");
+  CHECK(g2.arch() == "gemma2");
+  CHECK_THAT(g2.describe(), Contains("layers=7 (4 sliding, window 4)") &&
+                                Contains("attention softcap 50") && Contains("logit softcap 30"));
+
+  // The window is applied, not refused: sequences longer than it give another loss than the same
+  // model with a window covering them.
+  nlohmann::json wide = gemma2;
+  wide["sliding_window"] = 64;
+  const at::Tensor tokens = at::arange(10, at::kLong).remainder(37).view({1, 10});
+  auto loss = [&](const nlohmann::json& config) {
+    return make_model(ModelConfig::from_json(config.dump(), "c"), ModelInit{3, at::kDouble})
+        ->loss(Batch{tokens, tokens})
+        .item<double>();
+  };
+  CHECK(std::isfinite(loss(gemma2)));
+  CHECK(loss(gemma2) != loss(wide));
+
+  auto refused = [&](const nlohmann::json& base, const std::string& key, nlohmann::json value,
+                     const std::string& named) {
+    nlohmann::json c = base;
+    c[key] = std::move(value);
+    INFO(c.dump());
+    CURV_CHECK_THROWS(ModelConfig::from_json(c.dump(), "ckpt/config.json"), FormatError,
+                      Contains("ckpt/config.json") && Contains(named));
+  };
+  refused(v4, "use_bidirectional_attention", true, "use_bidirectional_attention");
+  refused(v4, "hidden_activation", "relu", "hidden_activation");
+  refused(v4, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}, "yarn");
+  refused(v5, "rope_parameters",
+          {{"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}}, "linear");
+  refused(v5, "rope_parameters", {{"chunked_attention", {{"rope_type", "default"}}}},
+          "chunked_attention");
+  refused(v5, "layer_types", {"sliding_attention", "chunked_attention"}, "layer_types");
+  refused(v4, "sliding_window_pattern", 0, "sliding_window_pattern");
+
+  // The parameter count by arithmetic equals the model's, tied and untied, with biases.
+  for (const bool variant : {false, true}) {
+    for (const ModelConfig& base : {a, g2}) {
+      nlohmann::json c = nlohmann::json::parse(base.to_json());
+      c["tie_word_embeddings"] = !variant;
+      c["attention_bias"] = variant;
+      const ModelConfig config = ModelConfig::from_json(c.dump());
+      INFO(config.describe());
+      auto model = make_model(config, ModelInit{0, at::kFloat});
+      int64_t n = 0;
+      for (const auto& p : model->parameters()) n += p.numel();
+      CHECK(config.parameter_count() == static_cast<double>(n));
+    }
+  }
+}
