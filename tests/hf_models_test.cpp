@@ -211,7 +211,7 @@ TEST_CASE("Hugging Face configs: unsupported fields and model types name the fil
   refused(with("hidden_act", "gelu"), "hidden_act");
   refused(with("num_local_experts", 8), "num_local_experts");
   refused(with("some_new_field", 1), "some_new_field");
-  refused(with("model_type", "mixtral"), "mixtral");
+  refused(with("model_type", "deepseek_v3"), "deepseek_v3");
   refused(with("num_attention_heads", "four"), "num_attention_heads");
   CHECK(
       ModelConfig::from_json(with("rope_scaling", {{"rope_type", "default"}}).dump(), "c").arch() ==

@@ -1,14 +1,15 @@
 // Folders written by the real transformers (the version scripts/setup-pypi.sh pins): tiny LLaMA,
 // Llama 3.1 (rotary scaling llama3), Qwen2, Qwen3, Mistral, GPT-2, GPT-NeoX (Pythia's
 // architecture, with its residual in parallel and in turn), OLMo 2, Phi-3, Gemma 2 and Gemma 3
-// (text) models trained four steps by transformers' own Trainer on the CPU and read as saved,
-// with no --model. ndsprobe's audits of
+// (text) and mixture-of-experts (Mixtral, OLMoE, Qwen3-MoE) models trained four steps by
+// transformers' own Trainer on the CPU and read as saved, with no --model. ndsprobe's audits of
 // the checkpoint delta and of the rebuilt AdamW step equal transformers' modelling code and
 // torch.optim.AdamW in float64 (tests/python/transformers_reference.py); the linear schedule's
 // last learning rate is 0, so the last checkpoint's AdamW step is a zero direction, recorded as
 // such while the run completes.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -27,10 +28,14 @@ using Catch::Matchers::Contains;
 
 TEST_CASE("folders saved by transformers' Trainer equal transformers' own float64 model",
           "[transformers][hf_models][ndsprobe]") {
-  const std::string arch =
-      GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox",
-               "gpt_neox_sequential", "olmo2", "phi3", "gemma2", "gemma3");
+  const std::string arch = GENERATE("llama", "llama3", "qwen2", "qwen3", "mistral", "gpt2",
+                                    "gpt_neox", "gpt_neox_sequential", "olmo2", "phi3", "gemma2",
+                                    "gemma3", "mixtral", "olmoe", "qwen3_moe");
   INFO(arch);
+  // transformers 5 trains a mixture of experts with each layer's experts fused into two tensors,
+  // so its optimizer.pt does not fit the per-expert parameters the checkpoints store: the
+  // rebuilt AdamW step is refused by name, and the delta is audited.
+  const bool moe = arch == "mixtral" || arch == "olmoe" || arch == "qwen3_moe";
   TempDir dir;
   run_transformers_python("transformers_reference.py", {dir.path(), arch});
   const nlohmann::json ref = read_json(dir.file("reference.json"));
@@ -39,12 +44,36 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
   int status = 0;
   const std::string log = run_tool(
       "ndsprobe",
-      fmt::format("{}/run --data {} --dtype float64 --directions delta,adamw --blocks component "
+      fmt::format("{}/run --data {} --dtype float64 --directions {} --blocks component "
                   "-o {}",
-                  dir.path(), dir.file("probe.safetensors"), out),
+                  dir.path(), dir.file("probe.safetensors"), moe ? "delta" : "delta,adamw", out),
       &status);
   INFO(log);
   REQUIRE(status == 0);
+  if (moe) {
+    const std::string refused =
+        run_tool("ndsprobe",
+                 fmt::format("{}/run --data {} --dtype float64 --directions adamw -o {}",
+                             dir.path(), dir.file("probe.safetensors"), dir.file("adamw.h5")),
+                 &status);
+    CHECK(status != 0);
+    CHECK_THAT(refused, Contains("checkpoint-2/optimizer.pt") &&
+                            Contains("does not fit the model's parameters"));
+    H5Reader reader(out);
+    CHECK(reader.attribute_string("/", "param_names") ==
+          fmt::format("{}", fmt::join(ref["param_names"].get<std::vector<std::string>>(), ",")));
+    const Table taylor = reader.table("/taylor");
+    check_audit(taylor, taylor_row(taylor, 2, "delta"), ref["delta"]);
+    INFO("the share of routing choices that differ at θ + u, as transformers' routers choose");
+    const double changed = reader.attribute_double("/runs/run/step_2/delta", "routing_changed");
+    CHECK(changed == ref["delta"]["routing_changed"].get<double>());
+    CHECK(changed > 0.0);
+    INFO("the router and each expert are blocks of their own");
+    const auto names = reader.table("/runs/run/step_2/delta/blocks").strings("name");
+    CHECK(std::count(names.begin(), names.end(), "model.layers.0.router") == 1);
+    CHECK(std::count(names.begin(), names.end(), "model.layers.0.mlp.expert3") == 1);
+    return;
+  }
   {
     INFO("optimizer.pt's indices named by the Trainer's own decay / no-decay grouping");
     Checkpoint ckpt = load_checkpoint(list_checkpoints(dir.path() + "/run").front());

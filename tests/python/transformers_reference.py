@@ -4,8 +4,9 @@ A tiny model of one family (llama, llama3: Llama 3.1's rotary scaling, qwen2, qw
 gpt2, gpt_neox: Pythia's parallel residual and quarter-head rotary, gpt_neox_sequential: the
 residual in turn, half-head rotary, gelu_new; olmo2; phi3; gemma2: soft-capped scores and
 logits, a sliding window shorter than the probe; gemma3: per-head q/k norms, a rotary base per
-layer kind, linear rotary scaling) is made with transformers' classes and trained 4 steps on the
-CPU by transformers' Trainer
+layer kind, linear rotary scaling; mixtral, olmoe, qwen3_moe: mixtures of experts, the router's
+softmax run in float64 too, experts_implementation "eager") is made with transformers' classes and
+trained 4 steps on the CPU by transformers' Trainer
 (AdamW, linear schedule decaying to 0, save_steps=2), which writes OUT/run/checkpoint-2 and
 checkpoint-4 as users get them (config.json, model.safetensors, optimizer.pt, scheduler.pt,
 trainer_state.json). For llama, OUT/sharded/ holds both checkpoints again in bfloat16, sharded
@@ -24,7 +25,8 @@ At checkpoint-2 it writes, for the probe batch OUT/probe.safetensors (inputs, ta
 - delta: u = θ4 − θ2, the checkpoint delta;
 - adamw: u = the step torch.optim.AdamW takes from checkpoint-2's optimizer.pt and scheduler.pt,
   with the Trainer's own parameter groups, on the probe-batch gradient;
-with the loss, g·u, uᵀHu, ‖u‖² and L(θ + u) − L(θ) of each, and the loss of the bfloat16 folders.
+with the loss, g·u, uᵀHu, ‖u‖² and L(θ + u) − L(θ) of each (for a mixture of experts also the share
+of routing choices that differ at θ + u), and the loss of the bfloat16 folders.
 
 usage: transformers_reference.py OUT ARCH
 """
@@ -40,8 +42,8 @@ from safetensors.torch import save_file
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers import (AttentionInterface, AutoModelForCausalLM, Gemma2Config,
                           Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, MistralConfig,
-                          Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config, Trainer,
-                          TrainingArguments)
+                          MixtralConfig, OlmoeConfig, Olmo2Config, Phi3Config, Qwen2Config,
+                          Qwen3Config, Qwen3MoeConfig, Trainer, TrainingArguments)
 
 VOCAB, T, STEPS = 61, 12, 4
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -94,6 +96,19 @@ def config_of(arch):
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
                                                 "rope_theta": 1e6},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    # Mixtures of experts, 4 experts, top 2: Mixtral (renormalised top-k, a sliding window shorter
+    # than the probe), OLMoE (q/k norms over the whole projections, probabilities as they are),
+    # Qwen3-MoE (per-head q/k norms, renormalised, its second layer a dense MLP).
+    if arch == "mixtral":
+        return MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4,
+                             num_experts_per_tok=2, sliding_window=5)
+    if arch == "olmoe":
+        return OlmoeConfig(**SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                           eos_token_id=2)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(**SMALL, num_key_value_heads=2, head_dim=16, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=24,
+                              norm_topk_prob=True, mlp_only_layers=[1])
     if arch == "gpt2":
         return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                           bos_token_id=0, eos_token_id=0)
@@ -187,10 +202,25 @@ def make_layer_rope_float64(module, config):
     module.forward = types.MethodType(forward, module)
 
 
+def router_float64(self, hidden_states):
+    """transformers' top-k router with its softmax in the model's dtype."""
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    probabilities = torch.softmax(logits, dim=-1)
+    top, chosen = torch.topk(probabilities, self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, chosen
+
+
+MOE = ("mixtral", "olmoe", "qwen3_moe")
+
+
 def load_float64(folder):
-    gpt2 = json.load(open(f"{folder}/config.json"))["model_type"] == "gpt2"
+    model_type = json.load(open(f"{folder}/config.json"))["model_type"]
+    extra = {"experts_implementation": "eager"} if model_type in MOE else {}
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float64, attn_implementation="eager" if gpt2 else "eager_in_dtype")
+        folder, dtype=torch.float64,
+        attn_implementation="eager" if model_type == "gpt2" else "eager_in_dtype", **extra)
     model.eval()
     for m in model.modules():
         name = type(m).__name__
@@ -202,6 +232,8 @@ def load_float64(folder):
             make_layer_rope_float64(m, model.config)
         elif name.endswith("RotaryEmbedding"):
             make_rope_float64(m, model.config)
+        elif name.endswith("TopKRouter"):
+            m.forward = types.MethodType(router_float64, m)
         elif name.endswith("ScaledWordEmbedding"):  # √hidden, in float64 as the model is
             assert m.embed_scale.dtype == torch.float64
             assert m.embed_scale.item() == model.config.hidden_size ** 0.5
@@ -225,12 +257,29 @@ def audit(model, inputs, targets, u):
            "curvature": sum((h * v).sum() for h, v in zip(hu, u)).item(),
            "sq_norm": sum((v * v).sum() for v in u).item()}
     with torch.no_grad():
+        before = expert_choices(model, inputs)
         for p, v in zip(params, u):
             p.add_(v)
         out["realized"] = loss_of(model, inputs, targets).item() - out["loss"]
+        after = expert_choices(model, inputs)
         for p, v in zip(params, u):
             p.sub_(v)
+    if before:
+        changed = sum((a != b).any(-1).sum().item() for a, b in zip(before, after))
+        out["routing_changed"] = changed / sum(a.shape[0] for a in before)
     return out
+
+
+def expert_choices(model, inputs):
+    """Each routed layer's top-k experts per token (sorted), from its router's own output."""
+    chosen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: chosen.append(o[2].sort(-1).values))
+             for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    if hooks:
+        model(input_ids=inputs)
+    for h in hooks:
+        h.remove()
+    return chosen
 
 
 def training_args(out):
@@ -258,6 +307,27 @@ def adamw_step(folder, args, inputs, targets):
     return step, lrs
 
 
+def saved_expert_names(arch, names, experts):
+    """transformers 5 holds each layer's experts in two fused tensors (experts.gate_up_proj,
+    experts.down_proj) and saves them per expert, as the published checkpoints and 4.x's modules
+    name them; the names of 4.x's parameters, in its order (the router, then each expert's)."""
+    out = []
+    for n in names:
+        layer, _, leaf = n.partition(".mlp.")
+        if not leaf:
+            out.append(n)
+        elif leaf == "experts.gate_up_proj":
+            module = "block_sparse_moe" if arch == "mixtral" else "mlp"
+            parts = ("w1", "w2", "w3") if arch == "mixtral" else ("gate_proj", "up_proj",
+                                                                  "down_proj")
+            out.append(f"{layer}.{module}.gate.weight")
+            for e in range(experts):
+                out += [f"{layer}.{module}.experts.{e}.{p}.weight" for p in parts]
+        elif leaf not in ("gate.weight", "experts.down_proj"):
+            out.append(n)
+    return out
+
+
 def main():
     out, arch = sys.argv[1], sys.argv[2]
     run = f"{out}/run"
@@ -277,6 +347,9 @@ def main():
     # GPT-NeoX's head is the module lm_head, saved as embed_out.weight (Pythia's name).
     names = [("embed_out.weight" if arch.startswith("gpt_neox") and n == "lm_head.weight" else n)
              for n, _ in at2.named_parameters()]
+    if arch in MOE:
+        names = saved_expert_names(arch, names, config.num_local_experts
+                                   if arch == "mixtral" else config.num_experts)
     delta = [b.detach() - a.detach() for a, b in zip(at2.parameters(), at4.parameters())]
     ref = {"transformers": transformers.__version__, "torch": torch.__version__,
            "param_names": names,

@@ -457,6 +457,11 @@ const TableLayout<TaylorResult>& unit_attributes_layout() {
         .column("curvature", kLoss, "uᵀHu", [](R r) { return r.curvature; })
         .column("predicted", kLoss, "g·u + ½ uᵀHu", [](R r) { return r.predicted; })
         .column("realized", kLoss, "L(θ+u) − L(θ)", [](R r) { return r.realized; })
+        .column("routing_changed", kOne,
+                "a mixture of experts: the share of routing choices (token × routed layer) whose "
+                "experts differ between θ and θ+u, where the quadratic model holds the routing "
+                "fixed; NaN for other models or without the realized change",
+                [](R r) { return r.routing_changed; })
         .column("nds", kNds, "uᵀHu / ‖u‖²", [](R r) { return r.nds; })
         .column("eta_star", kOne, "η*", [](R r) { return r.eta_star; })
         .column("update_norm", kNorm, "‖u‖", [](R r) { return r.update_norm; })

@@ -414,6 +414,8 @@ TaylorResult taylor_audit(CurvatureEngine& engine, const ParamVector& u,
   if (options.realized) {
     r.loss_after = landing ? engine.loss_at_point(*landing, &at_step) : engine.loss_at(u, &at_step);
     r.realized = r.loss_after - r.loss;
+    r.routing_changed =
+        landing ? engine.routing_change_to_point(*landing) : engine.routing_change(u);
     t.realized = combine(at_step, -1.0, t.loss);
   }
   for (double eta : options.step_multipliers) {

@@ -41,9 +41,11 @@ std::string layer_prefix(const std::string& name) {
 }
 
 // The component block of a layer parameter (BlockRule::kComponent). With a fused Q/K/V
-// projection the attention splits into that projection and the output projection instead.
-std::string component_of(ParamRole role, bool fused_qkv) {
-  switch (role) {
+// projection the attention splits into that projection and the output projection instead; a
+// mixture of experts' MLP splits into its router and one block per expert.
+std::string component_of(const ParamStructure& p, bool fused_qkv) {
+  if (p.expert >= 0) return fmt::format("mlp.expert{}", p.expert);
+  switch (p.role) {
     case ParamRole::kAttentionQuery:
     case ParamRole::kAttentionKey:
       return "attn.qk";
@@ -60,6 +62,8 @@ std::string component_of(ParamRole role, bool fused_qkv) {
     case ParamRole::kNormGain:
     case ParamRole::kNormBias:
       return "norm";
+    case ParamRole::kRouter:
+      return "router";
     default:
       return "other";
   }
@@ -110,8 +114,7 @@ BlockPartition BlockPartition::by_rule(const ParamSpace& space, const ModelStruc
           // The block keeps the layer's name path ("transformer.h.3") where the name has one.
           std::string prefix = layer_prefix(name);
           if (prefix.empty()) prefix = fmt::format("layer{}", structure[i].layer);
-          add(rule == BlockRule::kLayer ? prefix
-                                        : prefix + "." + component_of(structure[i].role, fused),
+          add(rule == BlockRule::kLayer ? prefix : prefix + "." + component_of(structure[i], fused),
               i);
         } else if (structure.is_embedding(i)) {
           add("embeddings", i);

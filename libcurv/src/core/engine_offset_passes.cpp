@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/engine_internal.h"
 #include "curv/core/engine.h"
@@ -95,6 +96,64 @@ double CurvatureEngine::loss_away(const std::function<void(size_t, at::Tensor&)>
         objective_.describe(), where()));
   }
   return loss;
+}
+
+double CurvatureEngine::routing_change(const ParamVector& u) {
+  return routing_away(
+      [&](size_t i, at::Tensor& data) { data.add_(u.at(i).to(data.scalar_type())); });
+}
+
+double CurvatureEngine::routing_change_to_point(const ParamVector& point) {
+  if (point.size() != state_->params.size()) {
+    throw InvalidArgument(
+        fmt::format("routing_change_to_point: a point of {} tensors for {} "
+                    "parameters",
+                    point.size(), state_->params.size()));
+  }
+  return routing_away([&](size_t i, at::Tensor& data) { data.copy_(point[i]); });
+}
+
+double CurvatureEngine::routing_away(const std::function<void(size_t, at::Tensor&)>& move) {
+  Stopwatch timer(counters_.seconds);
+  auto& s = *state_;
+  c10::NoGradGuard no_grad;
+  // The choices at θ, slice by slice; a model without routing answers with nothing at once.
+  std::vector<at::Tensor> before;
+  for (const auto& batch : s.slices) {
+    for (const Slice& slice : batch) {
+      before.push_back(objective_.expert_choices(slice.batch));
+      ++counters_.forwards;
+      if (!before.back().defined()) return std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  ParamVector saved = clone(s.params);
+  auto restore = [&] {
+    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
+  };
+  // Changed rows and all rows, summed over the ranks' probe batches.
+  std::vector<double> counts{0.0, 0.0};
+  try {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      at::Tensor data = s.params[i].variable_data();
+      move(i, data);
+    }
+    size_t next = 0;
+    for (const auto& batch : s.slices) {
+      for (const Slice& slice : batch) {
+        const at::Tensor after = objective_.expert_choices(slice.batch);
+        ++counters_.forwards;
+        const at::Tensor& was = before[next++];
+        counts[0] += static_cast<double>((after != was).any(-1).sum().item<int64_t>());
+        counts[1] += static_cast<double>(was.size(0));
+      }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  if (communicator_->distributed()) sum_over_ranks(counts.data(), counts.size());
+  return counts[1] > 0 ? counts[0] / counts[1] : std::numeric_limits<double>::quiet_NaN();
 }
 
 double CurvatureEngine::forward_loss() {

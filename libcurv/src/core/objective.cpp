@@ -28,6 +28,8 @@ at::Tensor Objective::loss_listing_linears(const Batch& batch, std::vector<Linea
   return loss(batch);
 }
 
+at::Tensor Objective::expert_choices(const Batch&) { return {}; }
+
 at::Tensor Objective::logits(const Batch&) {
   throw ModelError(
       fmt::format("{}: the Gauss-Newton split needs a model scored by cross-entropy on logits "

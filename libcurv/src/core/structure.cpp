@@ -34,6 +34,7 @@ constexpr RoleEntry kRoles[] = {
     {ParamRole::kMlpInput, "mlp_input"},
     {ParamRole::kMlpGate, "mlp_gate"},
     {ParamRole::kMlpOutput, "mlp_output"},
+    {ParamRole::kRouter, "router"},
     {ParamRole::kOther, "other"},
 };
 
@@ -81,7 +82,8 @@ ParamRole role_of_name(const std::string& name) {
   bool in_attention = false, in_mlp = false;
   for (size_t i = 0; i + (leaf ? 2 : 1) < parts.size(); ++i) {
     in_attention = in_attention || contains(parts[i], "attn") || contains(parts[i], "attention");
-    in_mlp = in_mlp || parts[i] == "mlp" || parts[i] == "feed_forward" || parts[i] == "ffn";
+    in_mlp = in_mlp || parts[i] == "mlp" || parts[i] == "feed_forward" || parts[i] == "ffn" ||
+             parts[i] == "block_sparse_moe";
   }
   static const std::regex norm(R"(^(ln(_[a-z0-9]+)?|[a-z_]*norm[a-z_0-9]*)$)");
   if (std::regex_match(module, norm)) {
@@ -106,6 +108,12 @@ ParamRole role_of_name(const std::string& name) {
     return ParamRole::kMlpInput;
   }
   if (module == "dense_4h_to_h") return ParamRole::kMlpOutput;
+  // A mixture of experts: the router is the MLP's own gate (a gate_proj is a gated MLP's input);
+  // Mixtral's experts name their projections w1 (gate), w3 (input) and w2 (output).
+  if (in_mlp && (module == "gate" || module == "router")) return ParamRole::kRouter;
+  if (in_mlp && module == "w1") return ParamRole::kMlpGate;
+  if (in_mlp && module == "w3") return ParamRole::kMlpInput;
+  if (in_mlp && module == "w2") return ParamRole::kMlpOutput;
   if (module == "gate_proj") return ParamRole::kMlpGate;
   if (module == "down_proj" || module == "fc2") return ParamRole::kMlpOutput;
   return ParamRole::kOther;
@@ -141,6 +149,9 @@ ParamStructure structure_of_name(const ParamInfo& info, int64_t n_head, int64_t 
   p.role = role_of_name(info.name);
   const auto parts = split_dots(info.name);
   p.layer = layer_of(parts);
+  for (size_t i = 0; i + 2 < parts.size(); ++i) {
+    if (parts[i] == "experts" && is_number(parts[i + 1])) p.expert = std::stoll(parts[i + 1]);
+  }
   if (conv1d && info.shape.size() == 2 && parts.size() >= 2) {
     const std::string& module = parts[parts.size() - 2];
     p.transposed = module == "c_attn" || module == "c_proj" || module == "c_fc";

@@ -114,6 +114,9 @@ struct TaylorResult {
   double predicted = 0;    // g·u + ½ uᵀHu
   double realized = 0;     // L(θ+u) − L(θ), NaN when not evaluated
   double loss_after = 0;   // L(θ+u) itself, NaN when not evaluated
+  // A mixture of experts: the share of routing choices that differ between θ and θ+u
+  // (CurvatureEngine::routing_change); NaN for other models or when realized is not evaluated.
+  double routing_changed = kUnset;
   double nds = 0;          // uᵀHu / ‖u‖²
   double eta_star = 0;     // −g·u / uᵀHu when uᵀHu > 0, else NaN
   double update_norm = 0;  // ‖u‖

@@ -133,6 +133,12 @@ class CurvatureEngine {
   // same passes as loss_at(θ_next − θ) without the rounding of θ + (θ_next − θ), so the value is
   // the one forward_loss() gives once the engine is moved there. θ is restored exactly.
   double loss_at_point(const ParamVector& point, std::vector<double>* batch_losses = nullptr);
+  // The share of a mixture of experts' routing choices (a token at a routed layer) whose set of
+  // experts differs between θ and θ + u (or `point`), over the probe set: where it is not 0 the
+  // loss crosses routing boundaries the Hessian, taken with the routing held fixed, does not see.
+  // NaN for a model without routing (Objective::expert_choices). θ is restored exactly.
+  double routing_change(const ParamVector& u);
+  double routing_change_to_point(const ParamVector& point);
 
   // H v by options().hvp_method; `observer`, when given, sees every batch's g_b and H_b v.
   ParamVector hvp(const ParamVector& v, const BatchObserver& observer = {});
@@ -223,6 +229,7 @@ class CurvatureEngine {
   // `where` names the point in the error for a NaN loss.
   double loss_away(const std::function<void(size_t, at::Tensor&)>& move,
                    std::vector<double>* batch_losses, const std::function<std::string()>& where);
+  double routing_away(const std::function<void(size_t, at::Tensor&)>& move);
   void check(const ParamVector& x, const char* what) const;
   // EngineOptions::max_memory during an HVP: past it, releases every kept graph.
   void release_graphs_over_budget();

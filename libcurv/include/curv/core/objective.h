@@ -76,6 +76,10 @@ class Objective {
   // The default applies the name rules (ModelStructure::from_names); built-in architectures
   // return their exact structure, TorchScript models may take a user mapping file.
   virtual ModelStructure structure() const;
+  // A mixture of experts' routing on the batch: the experts each token is sent to, one row per
+  // (routed layer, token) with its k expert indices in ascending order, int64 [rows, k]. An
+  // undefined tensor (the default) for a model without routing. Evaluated without gradients.
+  virtual at::Tensor expert_choices(const Batch& batch);
   // Floating dtype of the parameters.
   at::ScalarType dtype();
   c10::Device device();

@@ -26,11 +26,13 @@ enum class ParamRole {
   kMlpInput,
   kMlpGate,
   kMlpOutput,
+  kRouter,  // a mixture of experts' router: the logits that pick each token's experts
   kOther,
 };
 
 // "token_embedding", "position_embedding", "output_head", "norm_gain", "norm_bias", "query",
-// "key", "value", "attention_output", "fused_qkv", "mlp_input", "mlp_gate", "mlp_output", "other".
+// "key", "value", "attention_output", "fused_qkv", "mlp_input", "mlp_gate", "mlp_output",
+// "router", "other".
 const char* role_name(ParamRole role);
 // The inverse of role_name; throws InvalidArgument naming `context` and the value.
 ParamRole parse_role(const std::string& text, const std::string& context);
@@ -50,6 +52,7 @@ struct ParamStructure {
   // Stored [in, out] (HF's Conv1D, y = x W + b) instead of [out, in]: the output features, and
   // so `slices` and the head groups, run along the columns.
   bool transposed = false;
+  int64_t expert = -1;  // the expert of a mixture-of-experts MLP it belongs to; -1: none
 };
 
 struct ModelStructure {
@@ -71,7 +74,10 @@ struct ModelStructure {
   //    a c_attn of [d, 3d]) are marked transposed;
   //  - Phi-3: qkv_proj (fused Q/K/V rows), gate_up_proj (MLP input);
   //  - GPT-NeoX / Pythia: embed_in, embed_out (the head), attention.dense, dense_h_to_4h,
-  //    dense_4h_to_h; its query_key_value interleaves Q/K/V head by head and stays "other".
+  //    dense_4h_to_h; its query_key_value interleaves Q/K/V head by head and stays "other";
+  //  - mixtures of experts: the router mlp.gate or block_sparse_moe.gate (Mixtral), and the
+  //    experts' projections under experts.<E> (Mixtral's w1 gate, w3 input, w2 output), each
+  //    with its expert index.
   // Embeddings are wte, wpe, embed*, embedding(s), tok_emb, pos_emb as a dotted path component,
   // the head lm_head or embed_out. The layer is the first numeric path component that is not the
   // last one.
