@@ -66,6 +66,13 @@ std::vector<Case> cases() {
               "query_pre_attn_scalar": 4, "attn_logit_softcapping": 0.5,
               "final_logit_softcapping": 2.0, "tie_word_embeddings": false})"),
            11, 15},
+          // Top-2 of 4 experts: the routing is held fixed in every derivative.
+          {"mixtral, 4 experts, top 2",
+           ModelConfig::from_json(R"({"arch": "mixtral", "vocab_size": 11, "hidden_size": 8,
+              "expert_intermediate_size": 6, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "max_position_embeddings": 8, "num_experts": 4,
+              "num_experts_per_tok": 2})"),
+           11, 5},
           {"gemma3, q/k norms, tied head", ModelConfig::from_json(R"({"arch": "gemma3",
               "vocab_size": 11, "hidden_size": 8, "intermediate_size": 12,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -708,3 +708,45 @@ TEST_CASE("Gemma 2 and Gemma 3 configs as transformers 4.x and 5.x write them",
     }
   }
 }
+
+TEST_CASE("mixture-of-experts names give the router role and each expert's index, as built in",
+          "[hf_models][models]") {
+  for (const char* arch : {"mixtral", "olmoe", "qwen3_moe"}) {
+    INFO(arch);
+    const ModelConfig config = ModelConfig::from_json(fmt::format(
+        R"({{"arch": "{}", "vocab_size": 11, "hidden_size": 8, "intermediate_size": 12,
+            "expert_intermediate_size": 6, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_experts": 3, "num_experts_per_tok": 2, "dense_layers": [1]}})",
+        arch));
+    auto model = make_model(config, ModelInit{0, at::kDouble});
+    CHECK(config.parameter_count() == static_cast<double>(model->space().numel()));
+    // The built-in structure is the one the name rules give any model with these names.
+    const ModelStructure built_in = model->structure();
+    const ModelStructure named = ModelStructure::from_names(model->space());
+    int64_t routers = 0, expert_params = 0;
+    for (size_t i = 0; i < model->space().size(); ++i) {
+      INFO(model->space()[i].name);
+      CHECK(role_name(named[i].role) == std::string(role_name(built_in[i].role)));
+      CHECK(named[i].layer == built_in[i].layer);
+      CHECK(named[i].expert == built_in[i].expert);
+      routers += built_in[i].role == ParamRole::kRouter;
+      expert_params += built_in[i].expert >= 0;
+    }
+    CHECK(routers == 1);
+    CHECK(expert_params == 9);
+    const BlockPartition partition =
+        BlockPartition::by_rule(model->space(), built_in, BlockRule::kComponent);
+    std::vector<std::string> blocks;
+    for (const auto& b : partition.blocks()) blocks.push_back(b.name);
+    CHECK_THAT(fmt::format("{}", fmt::join(blocks, " ")),
+               Contains("model.layers.0.router model.layers.0.mlp.expert0 "
+                        "model.layers.0.mlp.expert1 model.layers.0.mlp.expert2") &&
+                   Contains("model.layers.1.mlp ") && Contains("model.layers.1.norm"));
+    // Routing: each token's top 2 of 3 experts in ascending order, for the one routed layer.
+    const at::Tensor tokens = at::arange(10, at::kLong).remainder(11).view({2, 5});
+    const at::Tensor choices = model->expert_choices(Batch{tokens, tokens});
+    REQUIRE(choices.sizes() == at::IntArrayRef({10, 2}));
+    CHECK((choices.select(1, 0) < choices.select(1, 1)).all().item<bool>());
+    CHECK(!make_model(tiny_gpt_config())->expert_choices(Batch{tokens, tokens}).defined());
+  }
+}

@@ -88,6 +88,7 @@ TEST_CASE("folders saved by transformers' Trainer equal transformers' own float6
   CHECK(reader.attribute_string("/", "param_names") ==
         fmt::format("{}", fmt::join(ref["param_names"].get<std::vector<std::string>>(), ",")));
   const Table taylor = reader.table("/taylor");
+  CHECK(std::isnan(reader.attribute_double("/runs/run/step_2/delta", "routing_changed")));
   {
     INFO("delta at checkpoint-2: u = θ4 − θ2");
     check_audit(taylor, taylor_row(taylor, 2, "delta"), ref["delta"]);
