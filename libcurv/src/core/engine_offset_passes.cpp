@@ -122,8 +122,8 @@ double CurvatureEngine::routing_away(const std::function<void(size_t, at::Tensor
   for (const auto& batch : s.slices) {
     for (const Slice& slice : batch) {
       before.push_back(objective_.expert_choices(slice.batch));
-      ++counters_.forwards;
       if (!before.back().defined()) return std::numeric_limits<double>::quiet_NaN();
+      ++counters_.forwards;
     }
   }
   ParamVector saved = clone(s.params);
