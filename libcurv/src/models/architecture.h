@@ -75,13 +75,16 @@ std::vector<std::string> json_keys_of(const Config& defaults) {
 }
 
 // A TypedArchitecture whose config is a plain JSON struct (NLOHMANN_DEFINE_TYPE_*_WITH_DEFAULT):
-// its keys, parsing and writing are the struct's fields.
+// its keys, parsing and writing are the struct's fields. Keys absent from the JSON take the
+// architecture's defaults(), which one struct serving several architectures may vary.
 template <typename Config>
 class JsonConfigArchitecture : public TypedArchitecture<Config> {
  public:
   std::vector<std::string> keys() const override { return json_keys_of(Config{}); }
   Config from_json(const nlohmann::json& j, const std::string&) const override {
-    return j.get<Config>();
+    nlohmann::json merged = this->typed(this->defaults());
+    merged.update(j);
+    return merged.get<Config>();
   }
   nlohmann::json to_json_object(const Config& c) const override { return c; }
 };

@@ -200,14 +200,8 @@ class GemmaArchitecture : public JsonConfigArchitecture<GemmaConfig> {
   explicit GemmaArchitecture(int generation) : generation_(generation) {}
 
   std::string name() const override { return generation_ == 2 ? "gemma2" : "gemma3"; }
+  // Gemma 2 soft-caps, Gemma 3 normalises queries and keys: the defaults of absent keys.
   std::any defaults() const override { return generation_defaults(); }
-  // Keys absent from the JSON take the generation's defaults (Gemma 2 soft-caps, Gemma 3
-  // normalises queries and keys).
-  GemmaConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    nlohmann::json merged = generation_defaults();
-    merged.update(j);
-    return merged.get<GemmaConfig>();
-  }
   void validate_config(const GemmaConfig& c) const override {
     for (const auto& [field, value] :
          {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},

@@ -272,14 +272,9 @@ class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
   explicit MoeArchitecture(MoeFamily family) : family_(family) {}
 
   std::string name() const override { return family_name(family_); }
+  // Mixtral renormalises the chosen probabilities, OLMoE and Qwen3-MoE do not by default: the
+  // defaults of absent keys.
   std::any defaults() const override { return family_defaults(); }
-  // Keys absent from the JSON take the family's defaults (Mixtral renormalises the chosen
-  // probabilities, OLMoE and Qwen3-MoE do not by default).
-  MoeConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    nlohmann::json merged = family_defaults();
-    merged.update(j);
-    return merged.get<MoeConfig>();
-  }
   void validate_config(const MoeConfig& c) const override {
     for (const auto& [field, value] :
          {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},
@@ -375,7 +370,7 @@ class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
     MoeConfig c = family_defaults();
     const bool mixtral = family_ == MoeFamily::kMixtral, qwen = family_ == MoeFamily::kQwen3Moe;
     c.vocab_size = r.integer("vocab_size", mixtral ? 32000 : qwen ? 151936 : 50304);
-    c.hidden_size = r.integer("hidden_size", mixtral ? 4096 : qwen ? 2048 : 2048);
+    c.hidden_size = r.integer("hidden_size", mixtral ? 4096 : 2048);
     c.intermediate_size = r.integer("intermediate_size", mixtral ? 14336 : qwen ? 6144 : 2048);
     c.expert_intermediate_size =
         qwen ? r.integer("moe_intermediate_size", 768) : c.intermediate_size;
