@@ -10,9 +10,11 @@
 //   with its vectors on the model's device, per step of 10 after the graph is kept; hvp_fd)
 //   hvp_bench --compare-cross-entropy 1 [--shape gpt2] [--repeats 2]
 //       gradient and HVPs with ATen's cross-entropy and with libcurv's fused one, float32;
-//       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens
+//       --shape gpt2 is GPT-2 small's shape (124M parameters) on 4 sequences of 256 tokens;
+//       --shape llama and llama_gpt2 are LLaMAs (shape_of below)
 //   hvp_bench --compare-fused-ops 1 [--shape gpt2] [--repeats 5] [--dtype float32] [--device D]
-//       gradient and HVPs with ATen's softmax, LayerNorm and GELU, with libcurv's fused ones
+//       gradient and HVPs with ATen's softmax, LayerNorm, GELU, RMSNorm, SwiGLU and rotary
+//       product, with libcurv's fused ones
 //       (curv/models/fused_ops.h) taking composite second derivatives, and with their kernels
 //       (the CPU's; on a GPU the CUDA kernels, the cross-entropy's included), float32 and
 //       float64, each as a multiple of its own gradient; --fused-ops aten|composite|fused picks
@@ -68,14 +70,40 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-curv::ModelConfig shape_config(const std::string& shape) {
+// The bench's model shapes: the reference GPT (32 sequences of 64 tokens); GPT-2 small's shape
+// (124M parameters, 4 sequences of 256 tokens); "llama", the reference GPT's size as a LLaMA
+// (RMSNorm, rotary, SwiGLU; 32 x 64 tokens); "llama_gpt2", a LLaMA of GPT-2 small's size (hidden
+// 768, 12 layers of 12 heads, SwiGLU 2048, vocabulary 50257) on 16 sequences of 1024 tokens.
+struct Shape {
+  curv::ModelConfig config;
+  int64_t vocab, sequences, length;
+};
+
+Shape shape_of(const std::string& shape) {
   if (shape == "gpt2") {
-    return curv::ModelConfig::from_json(
-        R"({"arch": "gpt", "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304,
-            "block_size": 256, "tied": true})");
+    return {curv::ModelConfig::from_json(
+                R"({"arch": "gpt", "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304,
+                    "block_size": 256, "tied": true})"),
+            50304, 4, 256};
   }
-  return reference_config();
+  if (shape == "llama") {
+    return {curv::ModelConfig::from_json(
+                R"({"arch": "llama", "vocab_size": 512, "hidden_size": 128,
+                    "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "max_position_embeddings": 64})"),
+            512, 32, 64};
+  }
+  if (shape == "llama_gpt2") {
+    return {curv::ModelConfig::from_json(
+                R"({"arch": "llama", "vocab_size": 50257, "hidden_size": 768,
+                    "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+                    "max_position_embeddings": 1024})"),
+            50257, 16, 1024};
+  }
+  return {reference_config(), 512, 32, 64};
 }
+
+curv::ModelConfig shape_config(const std::string& shape) { return shape_of(shape).config; }
 
 // The model of `shape` in `dtype_name`, its probe batch and a random direction v: the same for
 // every measurement.
@@ -85,14 +113,17 @@ struct Setup {
   curv::ParamVector v;
 };
 
-Setup make_setup(const std::string& dtype_name, const std::string& shape,
+Setup make_setup(const std::string& dtype_name, const std::string& shape_name,
                  const std::string& device = "cpu") {
   const auto dtype = dtype_name == "float64" ? at::kDouble : at::kFloat;
-  auto config = shape_config(shape);
+  const Shape shape = shape_of(shape_name);
   Setup s;
-  s.model = curv::make_model(config, curv::ModelInit{0, dtype, device});
+  s.model = curv::make_model(shape.config, curv::ModelInit{0, dtype, device});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  s.probe = curv_bench::reference_probe(config, gen, shape == "gpt2" ? 4 : 32)
+  const auto tokens = at::randint(0, shape.vocab, {shape.sequences, shape.length + 1}, gen,
+                                  at::TensorOptions().dtype(at::kLong));
+  s.probe = curv::ProbeSet({curv::Batch{tokens.narrow(1, 0, shape.length).contiguous(),
+                                        tokens.narrow(1, 1, shape.length).contiguous()}})
                 .to(dtype, c10::Device(device));  // where the model is, as the engine puts it
   // Drawn on the CPU from one generator: the same v on every device.
   for (const auto& p : s.model->parameters()) {
@@ -321,11 +352,11 @@ double child(const char* program, const Args& a, const std::string& flags, const
 }
 
 void fused_ops_table(const char* program, const Args& a) {
-  std::printf("%s; %s; %s GPT %s, medians of %d\n\n", curv::runtime_summary().c_str(),
+  std::printf("%s; %s; shape %s: %s, medians of %d\n\n", curv::runtime_summary().c_str(),
               a.device.c_str(), a.shape.c_str(), shape_config(a.shape).describe().c_str(),
               a.repeats);
   std::printf(
-      "| dtype | softmax, LayerNorm, GELU | op | median time (ms) | x its gradient | x ATen's "
+      "| dtype | fused operations | op | median time (ms) | x its gradient | x ATen's "
       "gradient | peak extra memory (MiB) |\n|---|---|---|---|---|---|---|\n");
   const char* ops[] = {"gradient", "hvp_first", "hvp_reused"};
   for (const std::string d : {"float32", "float64"}) {
@@ -345,7 +376,7 @@ void fused_ops_table(const char* program, const Args& a) {
 }
 
 void cross_entropy_table(const char* program, const Args& a) {
-  std::printf("%s; %s GPT %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
+  std::printf("%s; shape %s: %s, float32, medians of %d\n\n", curv::runtime_summary().c_str(),
               a.shape.c_str(), shape_config(a.shape).describe().c_str(), a.repeats);
   std::printf(
       "| cross-entropy | op | median time (s) | x ATen's gradient | peak extra memory (MiB) "
@@ -365,9 +396,10 @@ void cross_entropy_table(const char* program, const Args& a) {
 }
 
 void operations_table(const char* program, const Args& a) {
-  std::printf("%s; %s; %s GPT %s, %s\n", curv::runtime_summary().c_str(), a.device.c_str(),
-              a.shape.c_str(), shape_config(a.shape).describe().c_str(),
-              a.shape == "gpt2" ? "batch 4 x 256 tokens" : "batch 32 x 64 tokens");
+  const Shape shape = shape_of(a.shape);
+  std::printf("%s; %s; shape %s: %s, batch %lld x %lld tokens\n", curv::runtime_summary().c_str(),
+              a.device.c_str(), a.shape.c_str(), shape.config.describe().c_str(),
+              static_cast<long long>(shape.sequences), static_cast<long long>(shape.length));
   if (a.device == "cpu") {
     std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n",
                 curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));

@@ -160,17 +160,85 @@ TEST_CASE("fused_gelu equals ATen's gelu in value and three derivatives", "[fuse
   check_against_aten([](const Inputs& in) { return fused_gelu(in[0], true); }, {x}, 1e-13);
 }
 
+TEST_CASE("fused_rms_norm equals the composite RMSNorm in value and three derivatives",
+          "[fused_ops]") {
+  const at::Tensor x = random({3, 4, 7}, 1, at::kDouble, 1.5) + 0.3;
+  const at::Tensor w = random({7}, 2) + 1.0;
+  SECTION("with a gain") {
+    check_against_aten([](const Inputs& in) { return fused_rms_norm(in[0], in[1], 1e-6); }, {x, w},
+                       1e-13);
+  }
+  SECTION("without a gain, as modded's q/k norms") {
+    check_against_aten([](const Inputs& in) { return fused_rms_norm(in[0], at::Tensor(), 1e-6); },
+                       {x}, 1e-13);
+  }
+  SECTION("Gemma's 1 + w gain, over heads of a projection") {
+    check_against_aten(
+        [](const Inputs& in) {
+          return fused_rms_norm(in[0].view({3, 2, 2, 7}), in[1] + 1.0, 1e-6);
+        },
+        {random({3, 4, 7}, 4).reshape({3, 2, 14}), w}, 1e-13);
+  }
+  SECTION("the input alone differentiable") {
+    check_against_aten([&](const Inputs& in) { return fused_rms_norm(in[0], w, 1e-6); }, {x},
+                       1e-13);
+  }
+}
+
+TEST_CASE("fused_gated_silu equals silu(gate) * up in value and three derivatives", "[fused_ops]") {
+  const at::Tensor gate = random({5, 11}, 1, at::kDouble, 2.5), up = random({5, 11}, 2);
+  check_against_aten([](const Inputs& in) { return fused_gated_silu(in[0], in[1]); }, {gate, up},
+                     1e-13);
+  check_against_aten([&](const Inputs& in) { return fused_gated_silu(in[0], up); }, {gate}, 1e-13);
+  CHECK_THROWS(fused_gated_silu(gate, up.narrow(1, 0, 5)));
+}
+
+TEST_CASE("fused_rotary equals x cos + rotate_half(x) sin in value and three derivatives",
+          "[fused_ops]") {
+  // Heads read from a [B, T, H, D] projection as [B, H, T, D] (not contiguous), cubed so that the
+  // second and third derivatives pass through the product's backward and its backward's backward.
+  const at::Tensor x = random({2, 5, 3, 8}, 1, at::kDouble, 1.5);
+  const at::Tensor angles = at::outer(at::arange(5, at::kDouble), random({4}, 2));
+  const at::Tensor table_cos = at::cat({angles, angles}, -1).cos();
+  const at::Tensor table_sin = at::cat({angles, angles}, -1).sin();
+  // Tables whose halves differ, so that the transpose's partner indices are checked.
+  const at::Tensor any_cos = random({5, 8}, 3), any_sin = random({5, 8}, 4);
+  for (const auto& [cos, sin] : {std::pair{table_cos, table_sin}, std::pair{any_cos, any_sin}}) {
+    check_against_aten(
+        [&](const Inputs& in) { return fused_rotary(in[0].transpose(1, 2), cos, sin).pow(3); }, {x},
+        1e-13);
+    const at::Tensor heads = x.transpose(1, 2);
+    CHECK(at::equal(
+        fused_rotary(heads, cos, sin),
+        heads * cos + at::cat({-heads.narrow(-1, 4, 4), heads.narrow(-1, 0, 4)}, -1) * sin));
+  }
+  // Other shapes take the composite formula.
+  const at::Tensor flat = random({5, 8}, 5);
+  check_against_aten([&](const Inputs& in) { return fused_rotary(in[0], any_cos, any_sin).pow(3); },
+                     {flat}, 1e-13);
+}
+
 TEST_CASE("the fused kernels agree with ATen in float32 and do not depend on the thread count",
           "[fused_ops]") {
   const at::Tensor x = random({8, 16, 32}, 1, at::kFloat);
   const at::Tensor w = random({32}, 2, at::kFloat) + 1.0, b = random({32}, 3, at::kFloat);
   const at::Tensor scores = random({4, 2, 16, 16}, 4, at::kFloat, 3.0);
+  const at::Tensor table = random({16, 16}, 5, at::kFloat);
   const std::vector<std::pair<std::string, std::pair<Op, Inputs>>> ops = {
       {"layer_norm",
        {[](const Inputs& in) { return fused_layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b}}},
       {"gelu", {[](const Inputs& in) { return fused_gelu(in[0], false); }, {x}}},
       {"gelu tanh", {[](const Inputs& in) { return fused_gelu(in[0], true); }, {x}}},
       {"causal_softmax", {[](const Inputs& in) { return causal_softmax(in[0], 0.25); }, {scores}}},
+      {"rms_norm", {[](const Inputs& in) { return fused_rms_norm(in[0], in[1], 1e-6); }, {x, w}}},
+      {"gated_silu",
+       {[](const Inputs& in) { return fused_gated_silu(in[0], in[1]); }, {x, x * 0.5}}},
+      {"rotary",
+       {[&](const Inputs& in) {
+          return fused_rotary(in[0].view({8, 16, 2, 16}).transpose(1, 2), table, table.flip(0))
+              .pow(3);
+        },
+        {x}}},
   };
   const int threads = at::get_num_threads();
   for (const auto& [name, op] : ops) {

@@ -205,7 +205,7 @@ TEST_CASE("the fused cross-entropy equals ATen's to rounding in value and three 
   }
 }
 
-TEST_CASE("the fused softmax LayerNorm and GELU equal ATen's to rounding in three derivatives",
+TEST_CASE("the built-in models' fused operations equal ATen's to rounding in three derivatives",
           "[models][fused_ops]") {
   REQUIRE(fused_operations());
   REQUIRE(fused_kernels());
@@ -241,9 +241,14 @@ TEST_CASE("the fused softmax LayerNorm and GELU equal ATen's to rounding in thre
     set_fused_operations(true);
     // The forward is ATen's own kernels: the same loss bit for bit.
     CHECK(kernels.loss == aten.loss);
-    // So are the gradients (ATen's first-backward kernels, in ATen's order): training with the
-    // fused operations is training with ATen's.
-    CHECK(at::equal(kernels.gradient, aten.gradient));
+    // So are the GPT's gradients (ATen's first-backward kernels, in ATen's order): training with
+    // the fused operations is training with ATen's. RMSNorm's input gradient takes ATen's steps
+    // but adds its two terms before the residual's where ATen's graph adds them one by one.
+    if (c.name.rfind("gpt", 0) == 0) {
+      CHECK(at::equal(kernels.gradient, aten.gradient));
+    } else {
+      CHECK(relative_difference(kernels.gradient, aten.gradient) < 1e-15);
+    }
     CHECK(relative_difference(kernels.hvp, aten.hvp) < 1e-13);
     CHECK(relative_difference(composite.hvp, aten.hvp) < 1e-13);
     CHECK(relative_difference(kernels.hvp_with_graph, aten.hvp) < 1e-13);

@@ -6,8 +6,9 @@ For each saved checkpoint θ_k with a successor, u = θ_{k+1} − θ_k. Each pro
 create_graph gradient is kept; the HVP of each block's part of u is one second backward per
 batch through all the gradient outputs, with u zero-padded outside the block (how a torch user
 writes H v); the coupling matrix C[l, m] = u_lᵀ (H u_m)_l and the realized change
-L(θ + u) − L(θ) follow. The model is nanoGPT's GPT (the built-in GPT of libcurv is the same
-function), read from the checkpoints' model.safetensors and meta.json.
+L(θ + u) − L(θ) follow. The model is nanoGPT's GPT or Hugging Face's LLaMA (RMSNorm, rotary,
+SwiGLU, grouped-query heads; the built-in `gpt` and `llama` of libcurv are the same functions), as
+the checkpoints' meta.json says, read from their model.safetensors.
 
 With --coupling none (ndsprobe's --coupling none) each batch takes one second backward along the
 whole u, and only uᵀHu is computed. --device runs it on a GPU (explicit softmax attention: torch's
@@ -77,6 +78,47 @@ def gpt_loss(p, cfg, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
+def llama_loss(p, cfg, x, y):
+    B, T = x.shape
+    C, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    KV = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or C // H
+    eps = cfg.get("rms_norm_eps", 1e-6)
+
+    def norm(h, name):
+        return p[name] * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+    inv = 1.0 / cfg.get("rope_theta", 10000.0) ** (
+        torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64, device=x.device), inv)
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().to(p["model.norm.weight"].dtype), emb.sin().to(p["model.norm.weight"].dtype)
+
+    def rotary(t):
+        return t * cos + torch.cat((-t[..., D // 2:], t[..., :D // 2]), -1) * sin
+
+    h = F.embedding(x, p["model.embed_tokens.weight"])
+    mask = torch.full((T, T), -math.inf, dtype=h.dtype, device=x.device).triu(1)
+    for layer in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{layer}."
+        a = norm(h, pre + "input_layernorm.weight")
+        q = F.linear(a, p[pre + "self_attn.q_proj.weight"]).view(B, T, H, D).transpose(1, 2)
+        k = F.linear(a, p[pre + "self_attn.k_proj.weight"]).view(B, T, KV, D).transpose(1, 2)
+        v = F.linear(a, p[pre + "self_attn.v_proj.weight"]).view(B, T, KV, D).transpose(1, 2)
+        q, k = rotary(q), rotary(k)
+        k, v = (t.repeat_interleave(H // KV, 1) for t in (k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, -1)
+        h = h + F.linear((att @ v).transpose(1, 2).reshape(B, T, H * D),
+                         p[pre + "self_attn.o_proj.weight"])
+        m = norm(h, pre + "post_attention_layernorm.weight")
+        h = h + F.linear(F.silu(F.linear(m, p[pre + "mlp.gate_proj.weight"])) *
+                         F.linear(m, p[pre + "mlp.up_proj.weight"]), p[pre + "mlp.down_proj.weight"])
+    h = norm(h, "model.norm.weight")
+    head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
+    logits = F.linear(h, head)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
 def layer_block(name):
     # libcurv's layer rule: the first numeric path component names the layer.
     m = re.match(r"^(.*?\.\d+)(\.|$)", name)
@@ -108,6 +150,13 @@ def main():
     steps = sorted(int(d[5:]) for d in os.listdir(a.run) if re.fullmatch(r"step_\d+", d))
     with open(os.path.join(a.run, f"step_{steps[0]}", "meta.json")) as f:
         cfg = json.load(f)["model"]
+    if cfg.get("arch", "gpt") not in ("gpt", "llama"):
+        raise SystemExit(f"plain_torch_audit: architecture {cfg.get('arch')!r}: gpt or llama")
+    extras = any(cfg.get(key) for key in ("attention_bias", "qkv_bias", "mlp_bias", "qk_norm"))
+    if cfg.get("arch") == "llama" and (extras or cfg.get("rope_type", "default") != "default"):
+        raise SystemExit("plain_torch_audit: the LLaMA here has no biases, q/k norms or rope "
+                         "scaling")
+    model_loss = llama_loss if cfg.get("arch") == "llama" else gpt_loss
     probe = read_safetensors(a.data)
     xs, ys = probe["inputs"].long().to(device), probe["targets"].long().to(device)
     batches = [(xs[i:i + a.batch_size], ys[i:i + a.batch_size])
@@ -135,7 +184,7 @@ def main():
 
         loss, grad, kept = 0.0, [torch.zeros_like(t) for t in params], []
         for (x, y), w in zip(batches, weights):
-            lb = gpt_loss(p, cfg, x, y)
+            lb = model_loss(p, cfg, x, y)
             g = torch.autograd.grad(lb, params, create_graph=True)
             kept.append(g)
             loss += w * lb.item()
@@ -162,7 +211,7 @@ def main():
 
         with torch.no_grad():
             shifted = {n: theta[n] + ui for n, ui in zip(names, u)}
-            loss_after = sum(w * gpt_loss(shifted, cfg, x, y).item()
+            loss_after = sum(w * model_loss(shifted, cfg, x, y).item()
                              for (x, y), w in zip(batches, weights))
         sync()
         audit_seconds += time.perf_counter() - audit_start

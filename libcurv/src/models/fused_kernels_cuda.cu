@@ -1,8 +1,8 @@
 // CUDA kernels of the fused second derivatives: the CPU kernels' formulas (fused_ops.cpp,
-// cross_entropy.cpp), one thread block per row (per range of rows for LayerNorm, whose weight
-// derivative sums over rows). Row sums are reduced within the block in a fixed order, so a
-// result does not depend on scheduling. The accumulators have the data's type, as ATen's
-// opmath type does for float and double.
+// fused_llama_ops.cpp, cross_entropy.cpp), one thread block per row (per range of rows for
+// LayerNorm and RMSNorm, whose weight derivatives sum over rows) or one thread per element. Row
+// sums are reduced within the block in a fixed order, so a result does not depend on scheduling.
+// The accumulators have the data's type, as ATen's opmath type does for float and double.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -214,6 +214,111 @@ __global__ void cross_entropy_double_backward_kernel(const T* logits, const T* v
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// RMSNorm's double backward, two sweeps per row: the four row sums, then the outputs.
+template <typename T>
+__global__ void rms_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* rstd,
+                                                const T* A, const T* bw, T* grad_x, T* grad_dy,
+                                                T* grad_w_chunks, int64_t chunks, int64_t rows,
+                                                int64_t n) {
+  __shared__ T shared[4 * kMaxWarps];
+  const int64_t chunk = blockIdx.x;
+  const int64_t row_begin = rows * chunk / chunks, row_end = rows * (chunk + 1) / chunks;
+  T* gw = grad_w_chunks ? grad_w_chunks + chunk * n : nullptr;
+  const T inv_n = T(1) / T(n);
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t o = row * n;
+    const T rho = rstd[row];
+    // sgx, sax, sag, sbdx
+    T s[4] = {T(0), T(0), T(0), T(0)};
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const T xh = x[o + j] * rho;
+      const T g = w ? dy[o + j] * w[j] : dy[o + j];
+      s[0] += g * xh;
+      if (A) {
+        s[1] += A[o + j] * xh;
+        s[2] += A[o + j] * g;
+      }
+      if (bw) s[3] += bw[j] * dy[o + j] * xh;
+    }
+    block_reduce(s, shared, Sum(), T(0));
+    const T gx_mean = s[0] * inv_n, ax_mean = s[1] * inv_n;
+    const T adx_mean = rho * (s[2] * inv_n - ax_mean * gx_mean);
+    const T qx_mean = (-rho * (s[0] * ax_mean + s[1] * gx_mean) + s[3]) * inv_n;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const T xh = x[o + j] * rho;
+      const T d = dy[o + j];
+      const T wj = w ? w[j] : T(1);
+      const T a = A ? A[o + j] : T(0);
+      const T rpa = rho * (a - xh * ax_mean);
+      if (grad_dy) grad_dy[o + j] = wj * rpa + (bw ? bw[j] * xh : T(0));
+      // Each thread owns its columns of the chunk's row: no other thread writes them.
+      if (gw) gw[j] += d * rpa;
+      if (grad_x) {
+        T q = -rho * (d * wj * ax_mean + a * gx_mean);
+        if (bw) q += bw[j] * d;
+        grad_x[o + j] = rho * (q - xh * qx_mean) - rho * xh * adx_mean;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gated SiLU's double backward, element by element (fused_llama_ops.cpp has the formulas).
+template <typename T>
+__global__ void gated_silu_double_backward_kernel(const T* a, const T* b, const T* dy, const T* A,
+                                                  const T* C, T* grad_a, T* grad_b, T* grad_dy,
+                                                  int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const T v = a[i];
+    const T s = T(1) / (T(1) + device_exp(-v));
+    const T d1 = s * (T(1) + v * (T(1) - s));
+    const T av = A ? A[i] : T(0), cv = C ? C[i] : T(0);
+    if (grad_dy) grad_dy[i] = av * b[i] * d1 + cv * v * s;
+    if (grad_b) grad_b[i] = av * dy[i] * d1;
+    if (grad_a) {
+      const T d2 = s * (T(1) - s) * (T(2) + v * (T(1) - T(2) * s));
+      grad_a[i] = dy[i] * (av * b[i] * d2 + cv * d1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rotary product or its transpose, one thread per output element.
+struct RotaryShape {
+  int64_t sizes[4];
+  int64_t x_strides[3];
+  int64_t out_strides[3];
+};
+
+template <typename T>
+__global__ void rotary_product_kernel(const T* x, const T* cos, const T* sin, T* out,
+                                      RotaryShape shape, bool transpose) {
+  const int64_t D = shape.sizes[3], h = D / 2, T_ = shape.sizes[2];
+  const int64_t n = shape.sizes[0] * shape.sizes[1] * T_ * D;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t j = i % D, r = i / D;
+    const int64_t t = r % T_, i1 = (r / T_) % shape.sizes[1], i0 = r / (T_ * shape.sizes[1]);
+    const T* xr = x + i0 * shape.x_strides[0] + i1 * shape.x_strides[1] + t * shape.x_strides[2];
+    const T *c = cos + t * D, *s = sin + t * D;
+    T y;
+    if (!transpose) {
+      y = j < h ? xr[j] * c[j] + -xr[j + h] * s[j] : xr[j] * c[j] + xr[j - h] * s[j];
+    } else {
+      y = j < h ? xr[j] * c[j] + xr[j + h] * s[j + h] : xr[j] * c[j] + -(xr[j - h] * s[j - h]);
+    }
+    out[i0 * shape.out_strides[0] + i1 * shape.out_strides[1] + t * shape.out_strides[2] + j] = y;
+  }
+}
+
+// Blocks of 256 threads for an element-wise kernel over n elements (grid-stride beyond 65536).
+unsigned elementwise_blocks(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return unsigned(blocks < 65536 ? blocks : 65536);
+}
+
 }  // namespace
 
 bool runs_on_current_device() {
@@ -274,6 +379,44 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
   return launch_error();
 }
 
+template <typename T>
+const char* rms_norm_double_backward(const T* x, const T* w, const T* dy, const T* rstd, const T* A,
+                                     const T* bw, T* grad_x, T* grad_dy, T* grad_w_chunks,
+                                     int64_t chunks, int64_t rows, int64_t n, void* stream) {
+  if (rows == 0 || n == 0 || chunks == 0) return nullptr;
+  rms_norm_double_backward_kernel<T>
+      <<<unsigned(chunks), row_threads(n), 0, static_cast<cudaStream_t>(stream)>>>(
+          x, w, dy, rstd, A, bw, grad_x, grad_dy, grad_w_chunks, chunks, rows, n);
+  return launch_error();
+}
+
+template <typename T>
+const char* gated_silu_double_backward(const T* a, const T* b, const T* dy, const T* A, const T* C,
+                                       T* grad_a, T* grad_b, T* grad_dy, int64_t n, void* stream) {
+  if (n == 0) return nullptr;
+  gated_silu_double_backward_kernel<T>
+      <<<elementwise_blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(a, b, dy, A, C, grad_a,
+                                                                             grad_b, grad_dy, n);
+  return launch_error();
+}
+
+template <typename T>
+const char* rotary_product(const T* x, const T* cos, const T* sin, T* out, const int64_t* sizes,
+                           const int64_t* x_strides, const int64_t* out_strides, bool transpose,
+                           void* stream) {
+  RotaryShape shape;
+  for (int i = 0; i < 4; ++i) shape.sizes[i] = sizes[i];
+  for (int i = 0; i < 3; ++i) {
+    shape.x_strides[i] = x_strides[i];
+    shape.out_strides[i] = out_strides[i];
+  }
+  const int64_t n = sizes[0] * sizes[1] * sizes[2] * sizes[3];
+  if (n == 0) return nullptr;
+  rotary_product_kernel<T><<<elementwise_blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, cos, sin, out, shape, transpose);
+  return launch_error();
+}
+
 #define CURV_INSTANTIATE(T)                                                                      \
   template const char* softmax_double_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, \
                                                   int64_t, T, void*);                            \
@@ -283,7 +426,14 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
                                                      const T*, const T*, const T*, const T*, T*, \
                                                      T*, T*, int64_t, int64_t, int64_t, void*);  \
   template const char* cross_entropy_double_backward<T>(                                         \
-      const T*, const T*, const int64_t*, const T*, T*, T*, int64_t, int64_t, void*);
+      const T*, const T*, const int64_t*, const T*, T*, T*, int64_t, int64_t, void*);            \
+  template const char* rms_norm_double_backward<T>(const T*, const T*, const T*, const T*,       \
+                                                   const T*, const T*, T*, T*, T*, int64_t,      \
+                                                   int64_t, int64_t, void*);                     \
+  template const char* gated_silu_double_backward<T>(const T*, const T*, const T*, const T*,     \
+                                                     const T*, T*, T*, T*, int64_t, void*);      \
+  template const char* rotary_product<T>(const T*, const T*, const T*, T*, const int64_t*,       \
+                                         const int64_t*, const int64_t*, bool, void*);
 CURV_INSTANTIATE(float)
 CURV_INSTANTIATE(double)
 #undef CURV_INSTANTIATE

@@ -66,35 +66,18 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
 class Gemma : public CausalLanguageModel {
  public:
   Gemma(const GemmaConfig& c, int generation, const ModelInit& init)
-      : c_(c), generation_(generation) {
-    ParameterDraw draw(init);
+      : CausalLanguageModel(init), c_(c), generation_(generation) {
     const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    int64_t layer = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer, {}});
-      return index;
-    };
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
-                          ParamRole role) {
-      const size_t index = add_param(name + ".weight", draw.normal({out, in}), role);
-      if (bias) add_param(name + ".bias", draw.filled({out}, 0.0), role);
-      return Linear{index, bias};
-    };
     // Gemma's norms multiply by 1 + w: HF initialises w to 0.
-    auto add_gain = [&](const std::string& name, int64_t size) {
-      return add_param(name + ".weight", draw.filled({size}, 0.0), ParamRole::kNormGain);
-    };
-    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
-                       ParamRole::kTokenEmbedding);
+    constexpr double kGain = 0.0;
+    embed_ = add_token_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (q, k, v, o, then Gemma 3's q_norm, k_norm), mlp
     // (gate, up, down), then the four norms.
     const bool bias = c.attention_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
-      layer = l;
+      layer_ = l;
       Layer y;
       y.sliding = c.sliding(l, generation);
       y.q = add_linear(h + "self_attn.q_proj", H * D, C, bias, ParamRole::kAttentionQuery);
@@ -102,30 +85,27 @@ class Gemma : public CausalLanguageModel {
       y.v = add_linear(h + "self_attn.v_proj", KV * D, C, bias, ParamRole::kAttentionValue);
       y.o = add_linear(h + "self_attn.o_proj", C, H * D, bias, ParamRole::kAttentionOutput);
       if (c.qk_norm) {
-        y.q_norm = add_gain(h + "self_attn.q_norm", D);
-        y.k_norm = add_gain(h + "self_attn.k_norm", D);
+        y.q_norm = add_gain(h + "self_attn.q_norm", D, kGain);
+        y.k_norm = add_gain(h + "self_attn.k_norm", D, kGain);
       }
       y.gate = add_linear(h + "mlp.gate_proj", F, C, false, ParamRole::kMlpGate);
       y.up = add_linear(h + "mlp.up_proj", F, C, false, ParamRole::kMlpInput);
       y.down = add_linear(h + "mlp.down_proj", C, F, false, ParamRole::kMlpOutput);
-      y.input_norm = add_gain(h + "input_layernorm", C);
-      y.post_attention_norm = add_gain(h + "post_attention_layernorm", C);
-      y.pre_mlp_norm = add_gain(h + "pre_feedforward_layernorm", C);
-      y.post_mlp_norm = add_gain(h + "post_feedforward_layernorm", C);
+      y.input_norm = add_gain(h + "input_layernorm", C, kGain);
+      y.post_attention_norm = add_gain(h + "post_attention_layernorm", C, kGain);
+      y.pre_mlp_norm = add_gain(h + "pre_feedforward_layernorm", C, kGain);
+      y.post_mlp_norm = add_gain(h + "post_feedforward_layernorm", C, kGain);
       layers_.push_back(y);
     }
-    layer = -1;
-    norm_ = add_gain("model.norm", C);
-    if (!c.tie_word_embeddings) {
-      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
-    }
+    layer_ = -1;
+    norm_ = add_gain("model.norm", C, kGain);
+    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_dim);
-    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
-    return s;
+    return decoder_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_dim,
+                             c_.tie_word_embeddings);
   }
 
   std::string describe() const override {

@@ -44,12 +44,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GptNeoxConfig, vocab_size, hidde
 
 class GptNeox : public CausalLanguageModel {
  public:
-  GptNeox(const GptNeoxConfig& c, const ModelInit& init) : c_(c) {
-    ParameterDraw draw(init);
-    auto normal = [&](std::vector<int64_t> shape) { return draw.normal(std::move(shape)); };
-    auto filled = [&](std::vector<int64_t> shape, double v) {
-      return draw.filled(std::move(shape), v);
-    };
+  GptNeox(const GptNeoxConfig& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     const int64_t C = c.hidden_size, F = c.intermediate_size, H = c.num_attention_heads;
     const int64_t D = c.head_size();
     // query_key_value's rows: for each head, its D query rows, D key rows, D value rows.
@@ -61,31 +56,18 @@ class GptNeox : public CausalLanguageModel {
         interleaved.push_back({role, begin, begin + D});
       }
     }
-    int64_t layer = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role,
-                         std::vector<RowSlice> slices = {}) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer, std::move(slices)});
-      return index;
-    };
+    // A LayerNorm: its gain, then its bias.
     auto add_norm = [&](const std::string& name) {
-      const size_t index = add_param(name + ".weight", filled({C}, 1.0), ParamRole::kNormGain);
-      add_param(name + ".bias", filled({C}, 0.0), ParamRole::kNormBias);
+      const size_t index = add_gain(name, C);
+      add_param(name + ".bias", draw_.filled({C}, 0.0), ParamRole::kNormBias);
       return index;
     };
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
-                          ParamRole role, const std::vector<RowSlice>& slices = {}) {
-      const size_t index = add_param(name + ".weight", normal({out, in}), role, slices);
-      if (bias) add_param(name + ".bias", filled({out}, 0.0), role, slices);
-      return Linear{index, bias};
-    };
-    embed_ = add_param("gpt_neox.embed_in.weight", normal({c.vocab_size, C}),
+    embed_ = add_param("gpt_neox.embed_in.weight", draw_.normal({c.vocab_size, C}),
                        ParamRole::kTokenEmbedding);
     // HF's named_parameters order: the two norms, then attention, then the MLP.
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("gpt_neox.layers.{}.", l);
-      layer = l;
+      layer_ = l;
       Layer y;
       y.input_norm = add_norm(h + "input_layernorm");
       y.post_norm = add_norm(h + "post_attention_layernorm");
@@ -97,9 +79,9 @@ class GptNeox : public CausalLanguageModel {
       y.down = add_linear(h + "mlp.dense_4h_to_h", C, F, true, ParamRole::kMlpOutput);
       layers_.push_back(y);
     }
-    layer = -1;
+    layer_ = -1;
     final_norm_ = add_norm("gpt_neox.final_layer_norm");
-    head_ = add_param("embed_out.weight", normal({c.vocab_size, C}), ParamRole::kOutputHead);
+    head_ = add_param("embed_out.weight", draw_.normal({c.vocab_size, C}), ParamRole::kOutputHead);
     finish();
   }
 

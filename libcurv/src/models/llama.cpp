@@ -4,7 +4,6 @@
 // the weights.
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -20,43 +19,15 @@ namespace {
 
 class Llama : public CausalLanguageModel {
  public:
-  Llama(const LlamaConfig& c, const ModelInit& init) : c_(c) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
-    auto opts = at::TensorOptions().dtype(at::kDouble);
-    // Drawn in float64 on the CPU from one generator (the same model in every dtype and on every
-    // device), as HF's _init_weights: normal(0, 0.02) weights, zero biases, unit norm gains.
-    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
-    auto normal = [&](std::vector<int64_t> shape) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::normal(0.0, 0.02, shape, gen, opts).to(c10::Device(init.device), init.dtype);
-    };
-    auto filled = [&](std::vector<int64_t> shape, double value) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
-    };
+  Llama(const LlamaConfig& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    int64_t layer_index = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer_index, {}});
-      return index;
-    };
-    // A projection (HF's nn.Linear) and, when it has one, its bias directly after it.
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
-                          ParamRole role) {
-      const size_t index = add_param(name + ".weight", normal({out, in}), role);
-      if (bias) add_param(name + ".bias", filled({out}, 0.0), role);
-      return Linear{index, bias};
-    };
-    embed_ = add_param("model.embed_tokens.weight", normal({c.vocab_size, C}),
-                       ParamRole::kTokenEmbedding);
+    embed_ = add_token_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (q, k, v, o), mlp (gate, up, down), then the norms.
     const bool qkv_bias = c.attention_bias || c.qkv_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
-      layer_index = l;
+      layer_ = l;
       Layer layer;
       layer.q = add_linear(h + "self_attn.q_proj", H * D, C, qkv_bias, ParamRole::kAttentionQuery);
       layer.k = add_linear(h + "self_attn.k_proj", KV * D, C, qkv_bias, ParamRole::kAttentionKey);
@@ -64,32 +35,25 @@ class Llama : public CausalLanguageModel {
       layer.o = add_linear(h + "self_attn.o_proj", C, H * D, c.attention_bias,
                            ParamRole::kAttentionOutput);
       if (c.qk_norm) {
-        layer.q_norm =
-            add_param(h + "self_attn.q_norm.weight", filled({D}, 1.0), ParamRole::kNormGain);
-        layer.k_norm =
-            add_param(h + "self_attn.k_norm.weight", filled({D}, 1.0), ParamRole::kNormGain);
+        layer.q_norm = add_gain(h + "self_attn.q_norm", D);
+        layer.k_norm = add_gain(h + "self_attn.k_norm", D);
       }
       layer.gate = add_linear(h + "mlp.gate_proj", F, C, c.mlp_bias, ParamRole::kMlpGate);
       layer.up = add_linear(h + "mlp.up_proj", F, C, c.mlp_bias, ParamRole::kMlpInput);
       layer.down = add_linear(h + "mlp.down_proj", C, F, c.mlp_bias, ParamRole::kMlpOutput);
-      layer.input_norm =
-          add_param(h + "input_layernorm.weight", filled({C}, 1.0), ParamRole::kNormGain);
-      layer.post_norm =
-          add_param(h + "post_attention_layernorm.weight", filled({C}, 1.0), ParamRole::kNormGain);
+      layer.input_norm = add_gain(h + "input_layernorm", C);
+      layer.post_norm = add_gain(h + "post_attention_layernorm", C);
       layers_.push_back(layer);
     }
-    layer_index = -1;
-    norm_ = add_param("model.norm.weight", filled({C}, 1.0), ParamRole::kNormGain);
-    if (!c.tie_word_embeddings) {
-      head_ = add_param("lm_head.weight", normal({c.vocab_size, C}), ParamRole::kOutputHead);
-    }
+    layer_ = -1;
+    norm_ = add_gain("model.norm", C);
+    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
-    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
-    return s;
+    return decoder_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size(),
+                             c_.tie_word_embeddings);
   }
 
   std::string describe() const override { return ModelConfig("llama", c_).describe(); }
@@ -173,7 +137,7 @@ class Llama : public CausalLanguageModel {
       auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
       x = x + linear(causal_attention(q, k, v, scale), l.o);
       h = norm(x, l.post_norm);
-      x = x + linear(at::silu(linear(h, l.gate)) * linear(h, l.up), l.down);
+      x = x + linear(fused_gated_silu(linear(h, l.gate), linear(h, l.up)), l.down);
     }
     x = norm(x, norm_);
     // A tied head shares its weight with the token embedding: not a listed linear map.

@@ -121,14 +121,18 @@ class Modded : public FunctionalModel {
   }
 
   // torch.nn.functional.rms_norm with eps=None: x / sqrt(mean(x²) + ε), ε the dtype's machine
-  // epsilon, over the last dimension.
-  static at::Tensor rms_norm(const at::Tensor& x) {
-    const double eps = x.scalar_type() == at::kDouble
-                           ? std::numeric_limits<double>::epsilon()
-                           : static_cast<double>(std::numeric_limits<float>::epsilon());
-    return x * at::rsqrt(x.pow(2).mean(-1, true) + eps);
+  // epsilon, over the last dimension, then times the gains where the norm has them.
+  static double rms_epsilon(const at::Tensor& x) {
+    return x.scalar_type() == at::kDouble
+               ? std::numeric_limits<double>::epsilon()
+               : static_cast<double>(std::numeric_limits<float>::epsilon());
   }
-  at::Tensor rms_norm(const at::Tensor& x, size_t gains) const { return rms_norm(x) * p(gains); }
+  static at::Tensor rms_norm(const at::Tensor& x) {
+    return fused_rms_norm(x, at::Tensor(), rms_epsilon(x));
+  }
+  at::Tensor rms_norm(const at::Tensor& x, size_t gains) const {
+    return fused_rms_norm(x, p(gains), rms_epsilon(x));
+  }
 
   void check(const Batch& batch) const {
     const auto& x = batch.inputs;

@@ -76,33 +76,15 @@ const char* family_name(MoeFamily f) {
 class MixtureOfExperts : public CausalLanguageModel {
  public:
   MixtureOfExperts(const MoeConfig& c, MoeFamily family, const ModelInit& init)
-      : c_(c), family_(family) {
-    ParameterDraw draw(init);
+      : CausalLanguageModel(init), c_(c), family_(family) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads();
     const bool mixtral = family == MoeFamily::kMixtral;
-    int64_t layer = -1, expert = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer, {}, false, expert});
-      return index;
-    };
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
-                          ParamRole role) {
-      const size_t index = add_param(name + ".weight", draw.normal({out, in}), role);
-      if (bias) add_param(name + ".bias", draw.filled({out}, 0.0), role);
-      return Linear{index, bias};
-    };
-    auto add_gain = [&](const std::string& name, int64_t size) {
-      return add_param(name + ".weight", draw.filled({size}, 1.0), ParamRole::kNormGain);
-    };
-    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
-                       ParamRole::kTokenEmbedding);
+    embed_ = add_token_embedding(c.vocab_size, C);
     const bool bias = c.attention_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
-      layer = l;
+      layer_ = l;
       Layer y;
       y.q = add_linear(h + "self_attn.q_proj", H * D, C, bias, ParamRole::kAttentionQuery);
       y.k = add_linear(h + "self_attn.k_proj", KV * D, C, bias, ParamRole::kAttentionKey);
@@ -126,9 +108,9 @@ class MixtureOfExperts : public CausalLanguageModel {
         const std::string moe = h + (mixtral ? "block_sparse_moe." : "mlp.");
         const int64_t F = c.expert_intermediate_size;
         y.router =
-            add_param(moe + "gate.weight", draw.normal({c.num_experts, C}), ParamRole::kRouter);
-        for (expert = 0; expert < c.num_experts; ++expert) {
-          const std::string e = fmt::format("{}experts.{}.", moe, expert);
+            add_param(moe + "gate.weight", draw_.normal({c.num_experts, C}), ParamRole::kRouter);
+        for (expert_ = 0; expert_ < c.num_experts; ++expert_) {
+          const std::string e = fmt::format("{}experts.{}.", moe, expert_);
           Expert x;
           if (mixtral) {
             x.gate = add_linear(e + "w1", F, C, false, ParamRole::kMlpGate);
@@ -141,23 +123,21 @@ class MixtureOfExperts : public CausalLanguageModel {
           }
           y.experts.push_back(x);
         }
-        expert = -1;
+        expert_ = -1;
       }
       y.input_norm = add_gain(h + "input_layernorm", C);
       y.post_attention_norm = add_gain(h + "post_attention_layernorm", C);
       layers_.push_back(y);
     }
-    layer = -1;
+    layer_ = -1;
     norm_ = add_gain("model.norm", C);
-    if (!c.tie_word_embeddings) {
-      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
-    }
+    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
-    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
+    ModelStructure s = decoder_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size(),
+                                         c_.tie_word_embeddings);
     return s;
   }
 
@@ -194,8 +174,9 @@ class MixtureOfExperts : public CausalLanguageModel {
     return rms_norm(x, p(gain), c_.rms_norm_eps);
   }
   at::Tensor swiglu(const at::Tensor& x, const Expert& e) const {
-    return at::linear(at::silu(at::linear(x, p(e.gate.weight))) * at::linear(x, p(e.up.weight)),
-                      p(e.down.weight));
+    return at::linear(
+        fused_gated_silu(at::linear(x, p(e.gate.weight)), at::linear(x, p(e.up.weight))),
+        p(e.down.weight));
   }
   void check(const Batch& batch) const override {
     check_token_batch(batch, family_name(family_), c_.vocab_size, c_.max_position_embeddings);

@@ -41,34 +41,16 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Olmo2Config, vocab_size, hidden_
 
 class Olmo2 : public CausalLanguageModel {
  public:
-  Olmo2(const Olmo2Config& c, const ModelInit& init) : c_(c) {
-    ParameterDraw draw(init);
+  Olmo2(const Olmo2Config& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    int64_t layer = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer, {}});
-      return index;
-    };
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, bool bias,
-                          ParamRole role) {
-      const size_t index = add_param(name + ".weight", draw.normal({out, in}), role);
-      if (bias) add_param(name + ".bias", draw.filled({out}, 0.0), role);
-      return Linear{index, bias};
-    };
-    auto add_gain = [&](const std::string& name, int64_t size) {
-      return add_param(name + ".weight", draw.filled({size}, 1.0), ParamRole::kNormGain);
-    };
-    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
-                       ParamRole::kTokenEmbedding);
+    embed_ = add_token_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (q, k, v, o, q_norm, k_norm), mlp (gate, up,
     // down), then the two post-norms.
     const bool bias = c.attention_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
-      layer = l;
+      layer_ = l;
       Layer y;
       y.q = add_linear(h + "self_attn.q_proj", H * D, C, bias, ParamRole::kAttentionQuery);
       y.k = add_linear(h + "self_attn.k_proj", KV * D, C, bias, ParamRole::kAttentionKey);
@@ -83,18 +65,15 @@ class Olmo2 : public CausalLanguageModel {
       y.post_mlp_norm = add_gain(h + "post_feedforward_layernorm", C);
       layers_.push_back(y);
     }
-    layer = -1;
+    layer_ = -1;
     norm_ = add_gain("model.norm", C);
-    if (!c.tie_word_embeddings) {
-      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
-    }
+    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
-    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
-    return s;
+    return decoder_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size(),
+                             c_.tie_word_embeddings);
   }
 
   std::string describe() const override { return ModelConfig("olmo2", c_).describe(); }
@@ -126,7 +105,7 @@ class Olmo2 : public CausalLanguageModel {
       auto v = linear(x, l.v).view({B, T, KV, D}).transpose(1, 2);
       auto attention = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
       x = x + norm(linear(attention, l.o), l.post_attention_norm);
-      auto mlp = linear(at::silu(linear(x, l.gate)) * linear(x, l.up), l.down);
+      auto mlp = linear(fused_gated_silu(linear(x, l.gate), linear(x, l.up)), l.down);
       x = x + norm(mlp, l.post_mlp_norm);
     }
     x = norm(x, norm_);

@@ -48,57 +48,35 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Phi3Config, vocab_size, hidden_s
 
 class Phi3 : public CausalLanguageModel {
  public:
-  Phi3(const Phi3Config& c, const ModelInit& init) : c_(c) {
-    ParameterDraw draw(init);
+  Phi3(const Phi3Config& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    int64_t layer = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role,
-                         std::vector<RowSlice> slices = {}) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer, std::move(slices)});
-      return index;
-    };
-    auto add_gain = [&](const std::string& name) {
-      return add_param(name + ".weight", draw.filled({C}, 1.0), ParamRole::kNormGain);
-    };
     const int64_t qkv_rows = (H + 2 * KV) * D;
-    embed_ = add_param("model.embed_tokens.weight", draw.normal({c.vocab_size, C}),
-                       ParamRole::kTokenEmbedding);
+    embed_ = add_token_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (o, then qkv: its registration order), mlp
     // (gate_up, down), then the norms.
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
-      layer = l;
+      layer_ = l;
       Layer y;
-      y.o = {add_param(h + "self_attn.o_proj.weight", draw.normal({C, H * D}),
-                       ParamRole::kAttentionOutput),
-             false};
-      y.qkv = {add_param(h + "self_attn.qkv_proj.weight", draw.normal({qkv_rows, C}),
-                         ParamRole::kFusedQkv, fused_qkv_slices(qkv_rows, H, KV, D)),
-               false};
-      y.gate_up = {
-          add_param(h + "mlp.gate_up_proj.weight", draw.normal({2 * F, C}), ParamRole::kMlpInput),
-          false};
-      y.down = {add_param(h + "mlp.down_proj.weight", draw.normal({C, F}), ParamRole::kMlpOutput),
-                false};
-      y.input_norm = add_gain(h + "input_layernorm");
-      y.post_norm = add_gain(h + "post_attention_layernorm");
+      y.o = add_linear(h + "self_attn.o_proj", C, H * D, false, ParamRole::kAttentionOutput);
+      y.qkv = add_linear(h + "self_attn.qkv_proj", qkv_rows, C, false, ParamRole::kFusedQkv,
+                         fused_qkv_slices(qkv_rows, H, KV, D));
+      y.gate_up = add_linear(h + "mlp.gate_up_proj", 2 * F, C, false, ParamRole::kMlpInput);
+      y.down = add_linear(h + "mlp.down_proj", C, F, false, ParamRole::kMlpOutput);
+      y.input_norm = add_gain(h + "input_layernorm", C);
+      y.post_norm = add_gain(h + "post_attention_layernorm", C);
       layers_.push_back(y);
     }
-    layer = -1;
-    norm_ = add_gain("model.norm");
-    if (!c.tie_word_embeddings) {
-      head_ = add_param("lm_head.weight", draw.normal({c.vocab_size, C}), ParamRole::kOutputHead);
-    }
+    layer_ = -1;
+    norm_ = add_gain("model.norm", C);
+    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s = heads_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size());
-    if (c_.tie_word_embeddings) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
-    return s;
+    return decoder_structure(c_.num_attention_heads, c_.kv_heads(), c_.head_size(),
+                             c_.tie_word_embeddings);
   }
 
   std::string describe() const override { return ModelConfig("phi3", c_).describe(); }
@@ -139,7 +117,7 @@ class Phi3 : public CausalLanguageModel {
       auto y = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
       x = x + linear(y, l.o);
       auto gate_up = linear(norm(x, l.post_norm), l.gate_up);
-      x = x + linear(at::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), l.down);
+      x = x + linear(fused_gated_silu(gate_up.narrow(-1, 0, F), gate_up.narrow(-1, F, F)), l.down);
     }
     x = norm(x, norm_);
     return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);

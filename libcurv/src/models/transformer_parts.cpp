@@ -70,6 +70,43 @@ at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) con
   return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
 }
 
+size_t CausalLanguageModel::add_param(const std::string& name, at::Tensor value, ParamRole role,
+                                      std::vector<RowSlice> slices) {
+  const size_t index = params_.size();
+  add(name, std::move(value));
+  roles_.push_back({role, layer_, std::move(slices), false, expert_});
+  return index;
+}
+
+CausalLanguageModel::Linear CausalLanguageModel::add_linear(const std::string& name, int64_t out,
+                                                            int64_t in, bool bias, ParamRole role,
+                                                            const std::vector<RowSlice>& slices) {
+  const size_t index = add_param(name + ".weight", draw_.normal({out, in}), role, slices);
+  if (bias) add_param(name + ".bias", draw_.filled({out}, 0.0), role, slices);
+  return Linear{index, bias};
+}
+
+size_t CausalLanguageModel::add_gain(const std::string& name, int64_t size, double value) {
+  return add_param(name + ".weight", draw_.filled({size}, value), ParamRole::kNormGain);
+}
+
+size_t CausalLanguageModel::add_token_embedding(int64_t vocab, int64_t hidden) {
+  return add_param("model.embed_tokens.weight", draw_.normal({vocab, hidden}),
+                   ParamRole::kTokenEmbedding);
+}
+
+size_t CausalLanguageModel::add_untied_head(int64_t vocab, int64_t hidden, bool tied) {
+  if (tied) return 0;
+  return add_param("lm_head.weight", draw_.normal({vocab, hidden}), ParamRole::kOutputHead);
+}
+
+ModelStructure CausalLanguageModel::decoder_structure(int64_t n_head, int64_t n_kv_head,
+                                                      int64_t head_dim, bool tied) const {
+  ModelStructure s = heads_structure(n_head, n_kv_head, head_dim);
+  if (tied) s.tied.emplace_back("lm_head.weight", "model.embed_tokens.weight");
+  return s;
+}
+
 ModelStructure CausalLanguageModel::heads_structure(int64_t n_head, int64_t n_kv_head,
                                                     int64_t head_dim) const {
   ModelStructure s;
@@ -88,7 +125,7 @@ at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targe
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps) {
-  return gain * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));
+  return fused_rms_norm(x, gain, eps);
 }
 
 at::Tensor rotary_inverse_frequencies(double theta, int64_t dims, const at::TensorOptions& f64) {
@@ -109,9 +146,9 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& t) {
   const int64_t D = x.size(-1);
-  if (t.dims == D) return x * t.cos + rotate_half(x) * t.sin;
-  const auto rot = x.narrow(-1, 0, t.dims);
-  return at::cat({rot * t.cos + rotate_half(rot) * t.sin, x.narrow(-1, t.dims, D - t.dims)}, -1);
+  if (t.dims == D) return fused_rotary(x, t.cos, t.sin);
+  return at::cat(
+      {fused_rotary(x.narrow(-1, 0, t.dims), t.cos, t.sin), x.narrow(-1, t.dims, D - t.dims)}, -1);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

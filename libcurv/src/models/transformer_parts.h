@@ -11,35 +11,11 @@
 #include <vector>
 
 #include "curv/core/objective.h"
+#include "curv/models/fused_ops.h"
 #include "curv/models/models.h"
 #include "models/architecture.h"
 
 namespace curv {
-
-// A causal language model on token batches: its loss (the mean cross-entropy), per-token losses
-// and logits, all from forward() after check(); its projections as Linear (a weight and, when it
-// has one, its bias directly after it) and each parameter's role in `roles_`.
-class CausalLanguageModel : public FunctionalModel {
- public:
-  at::Tensor loss(const Batch& batch) override;
-  at::Tensor token_losses(const Batch& batch) override;
-  at::Tensor logits(const Batch& batch) override;
-
- protected:
-  struct Linear {
-    size_t weight = 0;
-    bool bias = false;
-  };
-  // ModelError naming what a batch the model cannot read gets wrong.
-  virtual void check(const Batch& batch) const = 0;
-  // Logits [B, T, vocab] of int64 tokens [B, T].
-  virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
-  at::Tensor linear(const at::Tensor& x, const Linear& l) const;
-  // The parameters' roles with the attention's head counts.
-  ModelStructure heads_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim) const;
-
-  std::vector<ParamStructure> roles_;  // aligned with the parameters
-};
 
 // The parameters of a built-in transformer as HF's _init_weights draws them: normal(0, 0.02)
 // weights, constant gains and biases, drawn in float64 on the CPU from one generator (the same
@@ -54,6 +30,54 @@ class ParameterDraw {
  private:
   ModelInit init_;
   at::Generator generator_;
+};
+
+// A causal language model on token batches: its loss (the mean cross-entropy), per-token losses
+// and logits, all from forward() after check(); its projections as Linear (a weight and, when it
+// has one, its bias directly after it) and each parameter's role in `roles_`.
+class CausalLanguageModel : public FunctionalModel {
+ public:
+  at::Tensor loss(const Batch& batch) override;
+  at::Tensor token_losses(const Batch& batch) override;
+  at::Tensor logits(const Batch& batch) override;
+
+ protected:
+  explicit CausalLanguageModel(const ModelInit& init) : draw_(init) {}
+
+  struct Linear {
+    size_t weight = 0;
+    bool bias = false;
+  };
+  // Registration, in a constructor, in the checkpoint's order: each parameter gets its role, the
+  // layer and expert the constructor has set in layer_ and expert_ (−1: none) and, for a fused
+  // projection, its row slices.
+  size_t add_param(const std::string& name, at::Tensor value, ParamRole role,
+                   std::vector<RowSlice> slices = {});
+  // A projection (HF's nn.Linear) drawn normal(0, 0.02) and, when it has one, its zero bias
+  // directly after it.
+  Linear add_linear(const std::string& name, int64_t out, int64_t in, bool bias, ParamRole role,
+                    const std::vector<RowSlice>& slices = {});
+  // A norm's gain `name`.weight of `size` entries equal to `value` (Gemma's 1 + w gains start at
+  // 0).
+  size_t add_gain(const std::string& name, int64_t size, double value = 1.0);
+  // HF's token embedding `model.embed_tokens.weight` [vocab, hidden], and after the layers the
+  // head `lm_head.weight` unless it is tied to the embedding (returns its index, 0 when tied).
+  size_t add_token_embedding(int64_t vocab, int64_t hidden);
+  size_t add_untied_head(int64_t vocab, int64_t hidden, bool tied);
+  // ModelError naming what a batch the model cannot read gets wrong.
+  virtual void check(const Batch& batch) const = 0;
+  // Logits [B, T, vocab] of int64 tokens [B, T].
+  virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
+  at::Tensor linear(const at::Tensor& x, const Linear& l) const;
+  // The parameters' roles with the attention's head counts.
+  ModelStructure heads_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim) const;
+  // The same with, when `tied`, lm_head.weight named as model.embed_tokens.weight's tie.
+  ModelStructure decoder_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                   bool tied) const;
+
+  ParameterDraw draw_;
+  int64_t layer_ = -1, expert_ = -1;
+  std::vector<ParamStructure> roles_;  // aligned with the parameters
 };
 
 // A token batch a causal language model of `arch` can read: int64 inputs [B, T] with targets of

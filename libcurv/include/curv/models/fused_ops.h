@@ -29,6 +29,18 @@ at::Tensor fused_layer_norm(const at::Tensor& x, const at::Tensor& weight, const
 // at::gelu(x, tanh ? "tanh" : "none").
 at::Tensor fused_gelu(const at::Tensor& x, bool tanh);
 
+// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps), times `gain` when it is defined
+// (HF's LlamaRMSNorm in the model's dtype; modded's inner norms have no gain).
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps);
+
+// SwiGLU's gate: at::silu(gate) * up, for gate and up of one shape.
+at::Tensor fused_gated_silu(const at::Tensor& gate, const at::Tensor& up);
+
+// The rotary product x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁) over the halves of
+// the last dimension, for x [B, H, T, D] (any strides but the last) and constant tables cos,
+// sin [T, D]; other shapes take the composite formula.
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // at::matmul(a, b) for a [..., n, k] and b [..., k, m] with the same leading sizes (attention's
 // q kᵀ and p v). On the CPU with a LibTorch without MKL (Debian's, on OpenBLAS), in
 // float32/float64, the matrices are split over the threads and each product made by one thread,
