@@ -241,14 +241,9 @@ TEST_CASE("the built-in models' fused operations equal ATen's to rounding in thr
     set_fused_operations(true);
     // The forward is ATen's own kernels: the same loss bit for bit.
     CHECK(kernels.loss == aten.loss);
-    // So are the GPT's gradients (ATen's first-backward kernels, in ATen's order): training with
-    // the fused operations is training with ATen's. RMSNorm's input gradient takes ATen's steps
-    // but adds its two terms before the residual's where ATen's graph adds them one by one.
-    if (c.name.rfind("gpt", 0) == 0) {
-      CHECK(at::equal(kernels.gradient, aten.gradient));
-    } else {
-      CHECK(relative_difference(kernels.gradient, aten.gradient) < 1e-15);
-    }
+    // So are the gradients (ATen's first-backward kernels or its graph's steps, in ATen's order):
+    // training with the fused operations is training with ATen's.
+    CHECK(at::equal(kernels.gradient, aten.gradient));
     CHECK(relative_difference(kernels.hvp, aten.hvp) < 1e-13);
     CHECK(relative_difference(composite.hvp, aten.hvp) < 1e-13);
     CHECK(relative_difference(kernels.hvp_with_graph, aten.hvp) < 1e-13);

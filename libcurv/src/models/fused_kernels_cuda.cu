@@ -218,9 +218,9 @@ __global__ void cross_entropy_double_backward_kernel(const T* logits, const T* v
 // RMSNorm's double backward, two sweeps per row: the four row sums, then the outputs.
 template <typename T>
 __global__ void rms_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* rstd,
-                                                const T* A, const T* bw, T* grad_x, T* grad_dy,
-                                                T* grad_w_chunks, int64_t chunks, int64_t rows,
-                                                int64_t n) {
+                                                const T* A1, const T* A2, const T* bw, T* grad_x,
+                                                T* grad_dy, T* grad_w_chunks, int64_t chunks,
+                                                int64_t rows, int64_t n) {
   __shared__ T shared[4 * kMaxWarps];
   const int64_t chunk = blockIdx.x;
   const int64_t row_begin = rows * chunk / chunks, row_end = rows * (chunk + 1) / chunks;
@@ -229,35 +229,34 @@ __global__ void rms_norm_double_backward_kernel(const T* x, const T* w, const T*
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t o = row * n;
     const T rho = rstd[row];
-    // sgx, sax, sag, sbdx
+    // Σ g x̂, Σ A₁ g, Σ A₂ x̂, Σ Bw dy x̂
     T s[4] = {T(0), T(0), T(0), T(0)};
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const T xh = x[o + j] * rho;
       const T g = w ? dy[o + j] * w[j] : dy[o + j];
       s[0] += g * xh;
-      if (A) {
-        s[1] += A[o + j] * xh;
-        s[2] += A[o + j] * g;
-      }
+      if (A1) s[1] += A1[o + j] * g;
+      if (A2) s[2] += A2[o + j] * xh;
       if (bw) s[3] += bw[j] * dy[o + j] * xh;
     }
     block_reduce(s, shared, Sum(), T(0));
-    const T gx_mean = s[0] * inv_n, ax_mean = s[1] * inv_n;
-    const T adx_mean = rho * (s[2] * inv_n - ax_mean * gx_mean);
-    const T qx_mean = (-rho * (s[0] * ax_mean + s[1] * gx_mean) + s[3]) * inv_n;
+    const T gx = s[0] * inv_n, a1g = s[1] * inv_n, a2 = s[2] * inv_n, bdx = s[3] * inv_n;
+    const T rho2 = rho * rho;
+    const T x_coefficient = -rho2 * (a1g - T(3) * a2 * gx);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const T xh = x[o + j] * rho;
       const T d = dy[o + j];
       const T wj = w ? w[j] : T(1);
-      const T a = A ? A[o + j] : T(0);
-      const T rpa = rho * (a - xh * ax_mean);
+      const T a1 = A1 ? A1[o + j] : T(0);
+      const T rpa = rho * (a1 - xh * a2);
       if (grad_dy) grad_dy[o + j] = wj * rpa + (bw ? bw[j] * xh : T(0));
       // Each thread owns its columns of the chunk's row: no other thread writes them.
       if (gw) gw[j] += d * rpa;
       if (grad_x) {
-        T q = -rho * (d * wj * ax_mean + a * gx_mean);
-        if (bw) q += bw[j] * d;
-        grad_x[o + j] = rho * (q - xh * qx_mean) - rho * xh * adx_mean;
+        const T a2j = A2 ? A2[o + j] : T(0);
+        T v = -rho2 * (a2 * d * wj + gx * a2j) + xh * x_coefficient;
+        if (bw) v += rho * (bw[j] * d - xh * bdx);
+        grad_x[o + j] = v;
       }
     }
   }
@@ -380,13 +379,14 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
 }
 
 template <typename T>
-const char* rms_norm_double_backward(const T* x, const T* w, const T* dy, const T* rstd, const T* A,
-                                     const T* bw, T* grad_x, T* grad_dy, T* grad_w_chunks,
-                                     int64_t chunks, int64_t rows, int64_t n, void* stream) {
+const char* rms_norm_double_backward(const T* x, const T* w, const T* dy, const T* rstd,
+                                     const T* A1, const T* A2, const T* bw, T* grad_x, T* grad_dy,
+                                     T* grad_w_chunks, int64_t chunks, int64_t rows, int64_t n,
+                                     void* stream) {
   if (rows == 0 || n == 0 || chunks == 0) return nullptr;
   rms_norm_double_backward_kernel<T>
       <<<unsigned(chunks), row_threads(n), 0, static_cast<cudaStream_t>(stream)>>>(
-          x, w, dy, rstd, A, bw, grad_x, grad_dy, grad_w_chunks, chunks, rows, n);
+          x, w, dy, rstd, A1, A2, bw, grad_x, grad_dy, grad_w_chunks, chunks, rows, n);
   return launch_error();
 }
 
@@ -428,8 +428,8 @@ const char* rotary_product(const T* x, const T* cos, const T* sin, T* out, const
   template const char* cross_entropy_double_backward<T>(                                         \
       const T*, const T*, const int64_t*, const T*, T*, T*, int64_t, int64_t, void*);            \
   template const char* rms_norm_double_backward<T>(const T*, const T*, const T*, const T*,       \
-                                                   const T*, const T*, T*, T*, T*, int64_t,      \
-                                                   int64_t, int64_t, void*);                     \
+                                                   const T*, const T*, const T*, T*, T*, T*,     \
+                                                   int64_t, int64_t, int64_t, void*);            \
   template const char* gated_silu_double_backward<T>(const T*, const T*, const T*, const T*,     \
                                                      const T*, T*, T*, T*, int64_t, void*);      \
   template const char* rotary_product<T>(const T*, const T*, const T*, T*, const int64_t*,       \

@@ -53,12 +53,14 @@ const char* cross_entropy_double_backward(const T* logits, const T* v, const int
                                           const T* grad_loss, T* d_logits, T* row_terms,
                                           int64_t rows, int64_t classes, void* stream);
 
-// RMSNorm's double backward (fused_llama_ops.cpp has the formulas): w (no gain), A, bw, grad_x,
-// grad_dy and grad_w_chunks may be null; grad_w_chunks as for LayerNorm.
+// RMSNorm's double backward (fused_llama_ops.cpp has the formulas): A1 and A2 are the cotangents
+// of the backward's two parts; w (no gain), A1, A2, bw, grad_x, grad_dy and grad_w_chunks may be
+// null; grad_w_chunks as for LayerNorm.
 template <typename T>
-const char* rms_norm_double_backward(const T* x, const T* w, const T* dy, const T* rstd, const T* A,
-                                     const T* bw, T* grad_x, T* grad_dy, T* grad_w_chunks,
-                                     int64_t chunks, int64_t rows, int64_t n, void* stream);
+const char* rms_norm_double_backward(const T* x, const T* w, const T* dy, const T* rstd,
+                                     const T* A1, const T* A2, const T* bw, T* grad_x, T* grad_dy,
+                                     T* grad_w_chunks, int64_t chunks, int64_t rows, int64_t n,
+                                     void* stream);
 
 // The gated SiLU's double backward (fused_llama_ops.cpp): cotangents A of da and C of db, either
 // null; any output may be null.
@@ -77,8 +79,8 @@ const char* rotary_product(const T* x, const T* cos, const T* sin, T* out, const
 #else
 inline bool runs_on_current_device() { return false; }
 template <typename T>
-const char* rms_norm_double_backward(const T*, const T*, const T*, const T*, const T*, const T*, T*,
-                                     T*, T*, int64_t, int64_t, int64_t, void*) {
+const char* rms_norm_double_backward(const T*, const T*, const T*, const T*, const T*, const T*,
+                                     const T*, T*, T*, T*, int64_t, int64_t, int64_t, void*) {
   return kNotBuilt;
 }
 template <typename T>

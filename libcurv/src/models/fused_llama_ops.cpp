@@ -4,9 +4,7 @@
 // runs one kernel (the CPU's, or libcurv's CUDA kernels on a GPU) where LibTorch composes about
 // ten element-wise passes: RMSNorm's composite graph (pow, mean, add, rsqrt, two products) and
 // rotate_half's narrow/neg/cat. Forward values and first derivatives are the composite formulas'
-// own ATen operations in their order, bit for bit, except that RMSNorm's input gradient adds its
-// two terms before the rest of the input's gradient arrives (ATen's graph adds them one by one):
-// equal to rounding there.
+// own ATen operations in their order, bit for bit, so training is unchanged.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/OpMathType.h>
@@ -44,17 +42,21 @@ bool no_gain(const at::Tensor& gain) { return gain.numel() == 0; }
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over rows of length N: x̂ = x·ρ, ρ = (mean(x²) + ε)^(−1/2), y = x̂⊙w (w = 1 without a
-// gain). With g = dy⊙w and P(q) = q − x̂·mean(q⊙x̂), ∂x̂/∂x = ρ·P (P symmetric), so the backward
-// is dx = ρ·P(g), dw = Σ_rows dy⊙x̂. Its backward, for cotangents A of dx and Bw of dw (each row;
-// LayerNorm's formulas without the centring):
-//   ∂/∂dy = w⊙ρ·P(A) + Bw⊙x̂,      ∂/∂w = Σ_rows dy⊙ρ·P(A),
-//   ∂/∂x  = ρ·P(Q) − ρ·x̂·mean(A⊙dx),     Q = −ρ(g·mean(A⊙x̂) + A·mean(g⊙x̂)) + Bw⊙dy.
-// Two passes per row: four row sums, then the outputs. ∂/∂w sums rows within fixed chunks and then
-// the chunks, in an order that does not depend on the thread count.
+// gain). With g = dy⊙w, its backward is dx = dx₁ + dx₂ with dx₁ = ρ·g (through x·ρ) and
+// dx₂ = −ρ·x̂·mean(g⊙x̂) (through ρ), and dw = Σ_rows dy⊙x̂. The two parts are separate outputs,
+// both into x, so that the autograd engine adds them to x's gradient one after the other as it
+// does for ATen's graph (whose backward reaches x through the product and through pow): the
+// gradient is ATen's bit for bit, also beside a residual. Its backward, for cotangents A₁, A₂
+// of dx₁, dx₂ and Bw of dw (each row; means over the row), with gx = mean(g⊙x̂), a₁g =
+// mean(A₁⊙g), a₂ = mean(A₂⊙x̂), bdx = mean(Bw⊙dy⊙x̂):
+//   ∂/∂dy = w⊙ρ(A₁ − x̂·a₂) + Bw⊙x̂,      ∂/∂w = Σ_rows dy⊙ρ(A₁ − x̂·a₂),
+//   ∂/∂x  = −ρ²(a₂·g + gx·A₂) − ρ²·x̂·(a₁g − 3·a₂·gx) + ρ(Bw⊙dy − x̂·bdx).
+// Two passes per row: four row sums, then the outputs. ∂/∂w sums rows within fixed chunks and
+// then the chunks, in an order that does not depend on the thread count.
 
 template <typename T>
-void rms_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* rstd, const T* A,
-                                     const T* bw, T* grad_x, T* grad_dy,
+void rms_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* rstd,
+                                     const T* A1, const T* A2, const T* bw, T* grad_x, T* grad_dy,
                                      at::opmath_type<T>* grad_w_chunks, int64_t chunks,
                                      int64_t rows, int64_t n) {
   using acc_t = at::opmath_type<T>;
@@ -65,34 +67,32 @@ void rms_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const 
       for (int64_t row = row_begin; row < row_end; ++row) {
         const int64_t o = row * n;
         const acc_t rho = rstd[row];
-        acc_t sgx = 0, sax = 0, sag = 0, sbdx = 0;
+        acc_t sgx = 0, sa1g = 0, sa2x = 0, sbdx = 0;
         for (int64_t j = 0; j < n; ++j) {
           const acc_t xh = acc_t(x[o + j]) * rho;
           const acc_t g = w ? acc_t(dy[o + j]) * acc_t(w[j]) : acc_t(dy[o + j]);
           sgx += g * xh;
-          if (A) {
-            const acc_t a = A[o + j];
-            sax += a * xh;
-            sag += a * g;
-          }
+          if (A1) sa1g += acc_t(A1[o + j]) * g;
+          if (A2) sa2x += acc_t(A2[o + j]) * xh;
           if (bw) sbdx += acc_t(bw[j]) * acc_t(dy[o + j]) * xh;
         }
         const acc_t inv_n = acc_t(1) / acc_t(n);
-        const acc_t gx_mean = sgx * inv_n, ax_mean = sax * inv_n;
-        const acc_t adx_mean = rho * (sag * inv_n - ax_mean * gx_mean);
-        const acc_t qx_mean = (-rho * (sgx * ax_mean + sax * gx_mean) + sbdx) * inv_n;
+        const acc_t gx = sgx * inv_n, a1g = sa1g * inv_n, a2 = sa2x * inv_n, bdx = sbdx * inv_n;
+        const acc_t rho2 = rho * rho;
+        const acc_t x_coefficient = -rho2 * (a1g - acc_t(3) * a2 * gx);
         for (int64_t j = 0; j < n; ++j) {
           const acc_t xh = acc_t(x[o + j]) * rho;
           const acc_t d = dy[o + j];
           const acc_t wj = w ? acc_t(w[j]) : acc_t(1);
-          const acc_t a = A ? acc_t(A[o + j]) : acc_t(0);
-          const acc_t rpa = rho * (a - xh * ax_mean);
+          const acc_t a1 = A1 ? acc_t(A1[o + j]) : acc_t(0);
+          const acc_t rpa = rho * (a1 - xh * a2);
           if (grad_dy) grad_dy[o + j] = T(wj * rpa + (bw ? acc_t(bw[j]) * xh : acc_t(0)));
           if (gw) gw[j] += d * rpa;
           if (grad_x) {
-            acc_t q = -rho * (d * wj * ax_mean + a * gx_mean);
-            if (bw) q += acc_t(bw[j]) * d;
-            grad_x[o + j] = T(rho * (q - xh * qx_mean) - rho * xh * adx_mean);
+            const acc_t a2j = A2 ? acc_t(A2[o + j]) : acc_t(0);
+            acc_t v = -rho2 * (a2 * d * wj + gx * a2j) + xh * x_coefficient;
+            if (bw) v += rho * (acc_t(bw[j]) * d - xh * bdx);
+            grad_x[o + j] = T(v);
           }
         }
       }
@@ -106,7 +106,7 @@ at::Tensor rms_inverse(const at::Tensor& x, double eps) {
 
 class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
  public:
-  // Returns {dx, dw}; dw is empty without a gain.
+  // Returns {dx₁, dx₂, dw}; dw is empty without a gain.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& dy, const at::Tensor& rstd, double eps) {
     ctx->set_materialize_grads(false);
@@ -114,14 +114,14 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
     ctx->saved_data["rstd"] = rstd;
     ctx->saved_data["eps"] = eps;
     // The composite graph's own backward steps in its order (products, rsqrt's −½·r³, mean's
-    // expand and division, pow's 2x, the reductions to the operands' shapes): the gain's gradient
-    // is ATen's bit for bit, the input's to rounding (see the top of this file).
+    // expand and division, pow's 2x, the reductions to the operands' shapes).
     const at::Tensor g = no_gain(w) ? dy : dy * w;
     const at::Tensor d_rstd = at::sum_to(g * x, rstd.sizes());
     const at::Tensor d_mean_square = d_rstd * -0.5 * rstd.pow(3);
-    const at::Tensor dx = g * rstd + d_mean_square.expand(x.sizes()) / x.size(-1) * (x * 2.0);
-    if (no_gain(w)) return {dx, at::empty({0}, w.options())};
-    return {dx, at::sum_to(dy * (x * rstd), w.sizes())};
+    const at::Tensor dx2 = d_mean_square.expand(x.sizes()) / x.size(-1) * (x * 2.0);
+    const at::Tensor dw =
+        no_gain(w) ? at::empty({0}, w.options()) : at::sum_to(dy * (x * rstd), w.sizes());
+    return {g * rstd, dx2, dw};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -129,16 +129,20 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
     const at::Tensor& x = saved[0];
     const at::Tensor w = no_gain(saved[1]) ? at::Tensor() : saved[1];
     const at::Tensor& dy = saved[2];
-    const at::Tensor& A = grads[0];
-    const at::Tensor bw = w.defined() ? grads[1] : at::Tensor();
+    const at::Tensor &A1 = grads[0], &A2 = grads[1];
+    const at::Tensor bw = w.defined() ? grads[2] : at::Tensor();
     const int64_t n = x.size(-1);
     const bool want_x = ctx->needs_input_grad(0), want_w = w.defined() && ctx->needs_input_grad(1),
                want_dy = ctx->needs_input_grad(2);
     at::Tensor grad_x, grad_w, grad_dy;
-    const FusedKernel kernel = fused_kernel_for({x, w, dy, A, bw});
+    if (!A1.defined() && !A2.defined() && !bw.defined()) {
+      return {grad_x, grad_w, grad_dy, at::Tensor(), at::Tensor()};
+    }
+    const FusedKernel kernel = fused_kernel_for({x, w, dy, A1, A2, bw});
     if (kernel != FusedKernel::kNone) {
       const at::Tensor xc = x.contiguous(), wc = contiguous_or_undefined(w), dyc = dy.contiguous();
-      const at::Tensor ac = contiguous_or_undefined(A), bwc = contiguous_or_undefined(bw);
+      const at::Tensor a1c = contiguous_or_undefined(A1), a2c = contiguous_or_undefined(A2),
+                       bwc = contiguous_or_undefined(bw);
       const at::Tensor rstd = ctx->saved_data["rstd"].toTensor().contiguous();
       const int64_t rows = x.numel() / n;
       if (want_x) grad_x = at::empty_like(xc);
@@ -147,24 +151,25 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
       const int64_t row_chunks =
           std::min(rows, kernel == FusedKernel::kCuda ? kCudaRowChunks : kWeightChunks);
       at::Tensor chunks;
-      if (want_w && A.defined() && rows > 0) {
+      if (want_w && (A1.defined() || A2.defined()) && rows > 0) {
         chunks = at::zeros({row_chunks, n}, x.options().dtype(at::toOpMathType(x.scalar_type())));
       }
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm_double_backward", [&] {
         using acc_t = at::opmath_type<scalar_t>;
         const scalar_t *xp = xc.data_ptr<scalar_t>(), *wp = data_or_null<scalar_t>(wc),
                        *dyp = dyc.data_ptr<scalar_t>(), *rp = rstd.data_ptr<scalar_t>(),
-                       *ap = data_or_null<scalar_t>(ac), *bwp = data_or_null<scalar_t>(bwc);
+                       *a1p = data_or_null<scalar_t>(a1c), *a2p = data_or_null<scalar_t>(a2c),
+                       *bwp = data_or_null<scalar_t>(bwc);
         scalar_t *gx = mutable_data_or_null<scalar_t>(grad_x),
                  *gdy = mutable_data_or_null<scalar_t>(grad_dy);
         acc_t* gw = chunks.defined() ? chunks.data_ptr<acc_t>() : nullptr;
         if (kernel == FusedKernel::kCpu) {
-          rms_norm_double_backward_kernel<scalar_t>(xp, wp, dyp, rp, ap, bwp, gx, gdy, gw,
+          rms_norm_double_backward_kernel<scalar_t>(xp, wp, dyp, rp, a1p, a2p, bwp, gx, gdy, gw,
                                                     row_chunks, rows, n);
         } else {
           launch_on_cuda(x.device(), "rms_norm double backward", [&](void* stream) {
             return cuda_kernels::rms_norm_double_backward<scalar_t>(
-                xp, wp, dyp, rp, ap, bwp, gx, gdy, gw, row_chunks, rows, n, stream);
+                xp, wp, dyp, rp, a1p, a2p, bwp, gx, gdy, gw, row_chunks, rows, n, stream);
           });
         }
       });
@@ -175,24 +180,34 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
       const at::Tensor rho = rms_inverse(x, ctx->saved_data["eps"].toDouble());
       const at::Tensor xh = x * rho;
       const at::Tensor g = w.defined() ? dy * w : dy;
-      const at::Tensor gx_mean = (g * xh).mean(-1, true);
-      at::Tensor q;
-      if (A.defined()) {
-        const at::Tensor ax_mean = (A * xh).mean(-1, true);
-        const at::Tensor rpa = (A - xh * ax_mean) * rho;
+      const at::Tensor gx = (g * xh).mean(-1, true);
+      at::Tensor rpa, a2;
+      if (A1.defined()) rpa = A1 * rho;
+      if (A2.defined()) {
+        a2 = (A2 * xh).mean(-1, true);
+        rpa = rpa.defined() ? rpa - xh * (a2 * rho) : -xh * (a2 * rho);
+      }
+      if (rpa.defined()) {
         if (want_dy) grad_dy = w.defined() ? w * rpa : rpa;
-        if (want_w) grad_w = (dy * rpa).reshape({-1, n}).sum(0).reshape(w.sizes());
-        q = -rho * (g * ax_mean + A * gx_mean);
+        if (want_w) grad_w = at::sum_to(dy * rpa, w.sizes());
       }
-      if (bw.defined()) {
-        if (want_dy) grad_dy = grad_dy.defined() ? grad_dy + bw * xh : bw * xh;
-        q = q.defined() ? q + bw * dy : bw * dy;
-      }
-      if (want_x && q.defined()) {
-        grad_x = rho * (q - xh * (q * xh).mean(-1, true));
-        if (A.defined()) {
-          const at::Tensor dx = rho * (g - xh * gx_mean);
-          grad_x = grad_x - rho * xh * (A * dx).mean(-1, true);
+      if (bw.defined() && want_dy) grad_dy = grad_dy.defined() ? grad_dy + bw * xh : bw * xh;
+      if (want_x) {
+        const at::Tensor rho2 = rho * rho;
+        at::Tensor x_coefficient;
+        if (A1.defined()) x_coefficient = (A1 * g).mean(-1, true);
+        if (A2.defined()) {
+          x_coefficient = x_coefficient.defined() ? x_coefficient - 3.0 * a2 * gx : -3.0 * a2 * gx;
+          grad_x = -rho2 * (a2 * g + gx * A2);
+        }
+        if (x_coefficient.defined()) {
+          const at::Tensor part = -rho2 * x_coefficient * xh;
+          grad_x = grad_x.defined() ? grad_x + part : part;
+        }
+        if (bw.defined()) {
+          const at::Tensor bd = bw * dy;
+          const at::Tensor part = rho * (bd - xh * (bd * xh).mean(-1, true));
+          grad_x = grad_x.defined() ? grad_x + part : part;
         }
       }
     }
@@ -202,8 +217,10 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
 
 class RmsNorm : public torch::autograd::Function<RmsNorm> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gain,
-                            double eps) {
+  // x is passed twice (the same tensor): its two gradient parts go to it as separate edges.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& x_again,
+                            const at::Tensor& gain, double eps) {
+    (void)x_again;
     // The composite formula's operations in its order: values bit for bit.
     const at::Tensor rstd = rms_inverse(x, eps);
     ctx->save_for_backward({x, gain});
@@ -217,7 +234,7 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     const at::Tensor &x = saved[0], &gain = saved[1];
     const variable_list d = RmsNormGradient::apply(
         x, gain, grads[0], ctx->saved_data["rstd"].toTensor(), ctx->saved_data["eps"].toDouble());
-    return {d[0], no_gain(gain) ? at::Tensor() : d[1], at::Tensor()};
+    return {d[0], d[1], no_gain(gain) ? at::Tensor() : d[2], at::Tensor()};
   }
 };
 
@@ -425,7 +442,7 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& gain, double ep
     const at::Tensor normed = x * rms_inverse(x, eps);
     return gain.defined() ? gain * normed : normed;
   }
-  return RmsNorm::apply(x, gain.defined() ? gain : at::empty({0}, x.options()), eps);
+  return RmsNorm::apply(x, x, gain.defined() ? gain : at::empty({0}, x.options()), eps);
 }
 
 at::Tensor fused_gated_silu(const at::Tensor& gate, const at::Tensor& up) {
