@@ -11,34 +11,21 @@
 #include "core/fmt_torch.h"
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/transformer_parts.h"
 
 namespace curv {
 
 namespace {
 
-class Gpt : public FunctionalModel {
+class Gpt : public CausalLanguageModel {
  public:
-  Gpt(const GptConfig& c, const ModelInit& init) : c_(c) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
-    auto opts = at::TensorOptions().dtype(at::kDouble);
-    // Draw in float64 on the CPU from one generator, so the same seed gives the same model in
-    // every dtype and on every device.
-    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
-    auto normal = [&](std::vector<int64_t> shape, double std) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::normal(0.0, std, shape, gen, opts).to(c10::Device(init.device), init.dtype);
-    };
-    auto filled = [&](std::vector<int64_t> shape, double value) {
-      if (!init.draw) return at::empty(shape, unset);
-      return at::full(shape, value, opts).to(c10::Device(init.device), init.dtype);
-    };
+  Gpt(const GptConfig& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     const int64_t C = c.n_embd;
     const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
     // The fused c_attn rows: query [0, C), key [C, 2C), value [2C, 3C).
     const std::vector<RowSlice> qkv = {{ParamRole::kAttentionQuery, 0, C},
                                        {ParamRole::kAttentionKey, C, 2 * C},
                                        {ParamRole::kAttentionValue, 2 * C, 3 * C}};
-    int64_t layer_index = -1;
     // Adds a weight and, with biases, its bias (directly after it), both in `role`.
     // `shape` is nn.Linear's [out, in]; HF's Conv1D stores the transpose.
     auto add_pair = [&](const std::string& name, std::vector<int64_t> shape, double std,
@@ -47,21 +34,18 @@ class Gpt : public FunctionalModel {
       const size_t index = params_.size();
       const int64_t out = shape[0];
       if (c.conv1d && shape.size() == 2) std::swap(shape[0], shape[1]);
-      add(name + ".weight", std == 0.0 ? filled(shape, 1.0) : normal(shape, std));
-      roles_.push_back({weight_role, layer_index, slices, c.conv1d && shape.size() == 2});
-      if (c.bias) {
-        add(name + ".bias", filled({out}, 0.0));
-        roles_.push_back({bias_role, layer_index, slices});
-      }
+      add(name + ".weight", std == 0.0 ? draw_.filled(shape, 1.0) : draw_.normal(shape, std));
+      roles_.push_back({weight_role, layer_, slices, c.conv1d && shape.size() == 2});
+      if (c.bias) add_param(name + ".bias", draw_.filled({out}, 0.0), bias_role, slices);
       return index;
     };
-    add("transformer.wte.weight", normal({c.vocab_size, C}, 0.02));
-    roles_.push_back({ParamRole::kTokenEmbedding, -1, {}});
-    add("transformer.wpe.weight", normal({c.block_size, C}, 0.02));
-    roles_.push_back({ParamRole::kPositionEmbedding, -1, {}});
+    add_param("transformer.wte.weight", draw_.normal({c.vocab_size, C}),
+              ParamRole::kTokenEmbedding);
+    add_param("transformer.wpe.weight", draw_.normal({c.block_size, C}),
+              ParamRole::kPositionEmbedding);
     for (int64_t l = 0; l < c.n_layer; ++l) {
       const std::string h = fmt::format("transformer.h.{}.", l);
-      layer_index = l;
+      layer_ = l;
       Layer layer;
       layer.ln_1_w = add_pair(h + "ln_1", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
       layer.attn_w = add_pair(h + "attn.c_attn", {3 * C, C}, 0.02, ParamRole::kFusedQkv,
@@ -75,42 +59,18 @@ class Gpt : public FunctionalModel {
                                   ParamRole::kMlpOutput, ParamRole::kMlpOutput);
       layers_.push_back(layer);
     }
-    layer_index = -1;
+    layer_ = -1;
     ln_f_w_ = add_pair("transformer.ln_f", {C}, 0.0, ParamRole::kNormGain, ParamRole::kNormBias);
     if (!c.tied) {
-      head_ = params_.size();
-      add("lm_head.weight", normal({c.vocab_size, C}, 0.02));
-      roles_.push_back({ParamRole::kOutputHead, -1, {}});
+      head_ = add_param("lm_head.weight", draw_.normal({c.vocab_size, C}), ParamRole::kOutputHead);
     }
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s;
-    s.params = roles_;
-    s.n_head = s.n_kv_head = c_.n_head;
-    s.head_dim = c_.n_embd / c_.n_head;
+    ModelStructure s = heads_structure(c_.n_head, c_.n_head, c_.n_embd / c_.n_head);
     if (c_.tied) s.tied.emplace_back("lm_head.weight", "transformer.wte.weight");
     return s;
-  }
-
-  at::Tensor loss(const Batch& batch) override {
-    check(batch);
-    return mean_cross_entropy(forward(batch.inputs), batch.targets);
-  }
-
-  at::Tensor token_losses(const Batch& batch) override {
-    check(batch);
-    auto l = forward(batch.inputs);
-    const int64_t classes = l.size(-1);
-    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
-                        {}, at::Reduction::None)
-        .reshape(batch.targets.sizes());
-  }
-
-  at::Tensor logits(const Batch& batch) override {
-    check(batch);
-    return forward(batch.inputs);
   }
 
   std::string describe() const override { return ModelConfig("gpt", c_).describe(); }
@@ -120,32 +80,8 @@ class Gpt : public FunctionalModel {
     size_t ln_1_w, attn_w, attn_proj_w, ln_2_w, fc_w, mlp_proj_w;
   };
 
-  // Throws ModelError unless the batch is int64 tokens (batch, T) within the vocabulary and the
-  // context, with int64 targets of the same shape.
-  void check(const Batch& batch) const {
-    const auto& x = batch.inputs;
-    if (x.dim() != 2 || x.scalar_type() != at::kLong) {
-      throw ModelError(
-          fmt::format("gpt: inputs must be int64 tokens of shape (batch, T); got {} "
-                      "of shape {}",
-                      x.scalar_type(), x.sizes()));
-    }
-    if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
-      throw ModelError(
-          fmt::format("gpt: targets must be int64 of the inputs' shape {}; got {} of "
-                      "shape {}",
-                      x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
-    }
-    const int64_t T = x.size(1);
-    if (T > c_.block_size) {
-      throw ModelError(
-          fmt::format("gpt: sequence length {} exceeds block_size {}", T, c_.block_size));
-    }
-    const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
-    if (lo < 0 || hi >= c_.vocab_size) {
-      throw ModelError(fmt::format("gpt: token ids span [{}, {}], outside the vocabulary [0, {})",
-                                   lo, hi, c_.vocab_size));
-    }
+  void check(const Batch& batch) const override {
+    check_token_batch(batch, "gpt", c_.vocab_size, c_.block_size, "block_size");
   }
 
   // Parameter i's bias partner when the model has biases (it directly follows its weight).
@@ -164,7 +100,7 @@ class Gpt : public FunctionalModel {
     return fused_gelu(x, c_.activation == "gelu_tanh");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const override {
     const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, H = c_.n_head;
     auto positions = at::arange(T, tokens.options());
     auto x = at::embedding(p(0), tokens) + at::embedding(p(1), positions);
@@ -174,10 +110,7 @@ class Gpt : public FunctionalModel {
       auto qkv = project(h, l.attn_w).split(C, -1);
       auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-      // Causal: softmax over the unmasked entries of each row, smooth in them.
-      auto att = causal_softmax(batched_matmul(q, k.transpose(-2, -1)), scale);
-      auto y = batched_matmul(att, v).transpose(1, 2).reshape({B, T, C});
-      x = x + project(y, l.attn_proj_w);
+      x = x + project(causal_attention(q, k, v, scale), l.attn_proj_w);
       h = layer_norm(x, l.ln_2_w);
       x = x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);
     }
@@ -187,7 +120,6 @@ class Gpt : public FunctionalModel {
   }
 
   GptConfig c_;
-  std::vector<ParamStructure> roles_;  // aligned with the parameters
   std::vector<Layer> layers_;
   size_t ln_f_w_ = 0;
   size_t head_ = 0;

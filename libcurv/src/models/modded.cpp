@@ -15,6 +15,7 @@
 #include "core/fmt_torch.h"
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/transformer_parts.h"
 
 namespace curv {
 
@@ -177,9 +178,7 @@ class Modded : public FunctionalModel {
       auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
       auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
       auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
-      auto att = causal_softmax(batched_matmul(q, k.transpose(-2, -1)), c_.attention_scale);
-      auto y = batched_matmul(att, v).transpose(1, 2).reshape({B, T, H * D});
-      x = x + linear(y, l.o);
+      x = x + linear(causal_attention(q, k, v, c_.attention_scale), l.o);
       h = rms_norm(x, l.norm2);
       x = x + linear(at::relu(linear(h, l.fc)).square(), l.down);
     }

@@ -15,10 +15,10 @@ namespace curv {
 ParameterDraw::ParameterDraw(const ModelInit& init)
     : init_(init), generator_(at::make_generator<at::CPUGeneratorImpl>(init.seed)) {}
 
-at::Tensor ParameterDraw::normal(std::vector<int64_t> shape) {
+at::Tensor ParameterDraw::normal(std::vector<int64_t> shape, double std) {
   const c10::Device device(init_.device);
   if (!init_.draw) return at::empty(shape, at::TensorOptions().dtype(init_.dtype).device(device));
-  return at::normal(0.0, 0.02, shape, generator_, at::TensorOptions().dtype(at::kDouble))
+  return at::normal(0.0, std, shape, generator_, at::TensorOptions().dtype(at::kDouble))
       .to(device, init_.dtype);
 }
 
@@ -28,7 +28,8 @@ at::Tensor ParameterDraw::filled(std::vector<int64_t> shape, double value) {
   return at::full(shape, value, at::TensorOptions().dtype(at::kDouble)).to(device, init_.dtype);
 }
 
-void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context) {
+void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context,
+                       const char* context_key) {
   const auto& x = batch.inputs;
   if (x.dim() != 2 || x.scalar_type() != at::kLong) {
     throw ModelError(
@@ -41,8 +42,8 @@ void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int6
                     x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
   }
   if (x.size(1) > context) {
-    throw ModelError(fmt::format("{}: sequence length {} exceeds max_position_embeddings {}", arch,
-                                 x.size(1), context));
+    throw ModelError(
+        fmt::format("{}: sequence length {} exceeds {} {}", arch, x.size(1), context_key, context));
   }
   const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
   if (lo < 0 || hi >= vocab) {

@@ -24,7 +24,7 @@ namespace curv {
 class ParameterDraw {
  public:
   explicit ParameterDraw(const ModelInit& init);
-  at::Tensor normal(std::vector<int64_t> shape);
+  at::Tensor normal(std::vector<int64_t> shape, double std = 0.02);
   at::Tensor filled(std::vector<int64_t> shape, double value);
 
  private:
@@ -81,8 +81,10 @@ class CausalLanguageModel : public FunctionalModel {
 };
 
 // A token batch a causal language model of `arch` can read: int64 inputs [B, T] with targets of
-// the same shape, T ≤ context, ids in [0, vocab); ModelError naming what differs otherwise.
-void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context);
+// the same shape, T ≤ context (the config's `context_key`), ids in [0, vocab); ModelError naming
+// what differs otherwise.
+void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int64_t context,
+                       const char* context_key = "max_position_embeddings");
 
 // The cross-entropy of each target token, shaped like `targets`.
 at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
