@@ -35,6 +35,26 @@ inline bool cuda_kernels_run_on_device(int index) {
 #endif
 }
 
+// The kernels' arguments: a tensor's data or null when it is undefined (an output not wanted, a
+// cotangent absent), and a contiguous tensor or the undefined one.
+template <typename T>
+const T* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+template <typename T>
+T* mutable_data_or_null(at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+inline at::Tensor contiguous_or_undefined(const at::Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
+
+// A norm's weight derivative sums over rows: the rows are split into this many chunks (fewer
+// with fewer rows), each summed alone and then the chunks in order, so that the result does not
+// depend on the thread count or the GPU's scheduling.
+inline constexpr int64_t kWeightChunks = 32;
+inline constexpr int64_t kCudaRowChunks = 2048;
+
 // Runs launch(stream) with `device` current and `stream` LibTorch's current stream there (a
 // cudaStream_t as void*); a launch that fails is an error naming `what` and CUDA's message.
 template <typename Launch>

@@ -23,19 +23,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kWeightChunks = 32;
-constexpr int64_t kCudaRowChunks = 2048;
-
-template <typename T>
-const T* data_or_null(const at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-template <typename T>
-T* mutable_data_or_null(at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-at::Tensor contiguous_or_undefined(const at::Tensor& t) { return t.defined() ? t.contiguous() : t; }
-
 // LibTorch 1.13's custom functions take no undefined tensors: RMSNorm without a gain (modded's
 // inner norms) passes an empty tensor.
 bool no_gain(const at::Tensor& gain) { return gain.numel() == 0; }

@@ -69,17 +69,6 @@ namespace {
 // Rows per task for at::parallel_for: about 32k elements per task.
 int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, 32768 / row_length); }
 
-template <typename T>
-const T* data_or_null(const at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-template <typename T>
-T* mutable_data_or_null(at::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-
-at::Tensor contiguous_or_undefined(const at::Tensor& t) { return t.defined() ? t.contiguous() : t; }
-
 // ---------------------------------------------------------------------------------------------
 // Causal softmax: P = softmax(s·S + M) over rows of S [..., n, n], M the additive causal mask.
 // Backward: dS = s·P⊙(dP − r), r = Σ_j P_j dP_j per row. Its backward, for the cotangent W of
@@ -321,9 +310,6 @@ class Gelu : public torch::autograd::Function<Gelu> {
 // The kernel makes two passes per row: the row sums first (P(Q)'s means follow from them), then
 // the outputs. ∂/∂w sums rows within fixed chunks and then the chunks, in an order that does not
 // depend on the thread count.
-
-constexpr int64_t kWeightChunks = 32;
-constexpr int64_t kCudaRowChunks = 2048;
 
 template <typename T>
 void layer_norm_double_backward_kernel(const T* x, const T* w, const T* dy, const T* mean,
