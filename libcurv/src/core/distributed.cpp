@@ -379,7 +379,7 @@ void raise_if_any_rank_failed(Communicator& comm, const std::exception_ptr& loca
   if (local_error) codes[static_cast<size_t>(comm.rank())] = failure_code(local_error);
   comm.all_reduce_sum(codes.data(), world);
   for (size_t r = 0; r < world; ++r) {
-    if (codes[r] == kNone) continue;
+    if (static_cast<int>(codes[r]) == kNone) continue;
     std::string message =
         static_cast<int>(r) == comm.rank() ? message_of(local_error) : std::string();
     comm.broadcast(message, static_cast<int>(r));

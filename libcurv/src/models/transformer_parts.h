@@ -17,10 +17,10 @@
 
 namespace curv {
 
-// The parameters of a built-in transformer as HF's _init_weights draws them: normal(0, 0.02)
-// weights, constant gains and biases, drawn in float64 on the CPU from one generator (the same
-// model in every dtype and on every device), or left unset (ModelInit::draw false) for a caller
-// that overwrites every one.
+// The parameters of a built-in transformer as HF's _init_weights draws them: normal(0, std)
+// weights (HF's 0.02 unless an architecture scales it), constant gains and biases, drawn in float64
+// on the CPU from one generator (the same model in every dtype and on every device), or left unset
+// (ModelInit::draw false) for a caller that overwrites every one.
 class ParameterDraw {
  public:
   explicit ParameterDraw(const ModelInit& init);
