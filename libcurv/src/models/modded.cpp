@@ -21,69 +21,50 @@ namespace curv {
 
 namespace {
 
-class Modded : public FunctionalModel {
+class Modded : public CausalLanguageModel {
  public:
-  Modded(const ModdedConfig& c, const ModelInit& init) : c_(c) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(init.seed);
-    auto opts = at::TensorOptions().dtype(at::kDouble);
-    auto to_model = [&](const at::Tensor& t) { return t.to(c10::Device(init.device), init.dtype); };
+  Modded(const ModdedConfig& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
     // The script's own initialisation: "proj" weights zero, the embedding normal(0, 1), other
     // weights normal(0, 0.33^0.5 / sqrt(fan_in)), biases zero, gains one.
-    const auto unset = at::TensorOptions().dtype(init.dtype).device(c10::Device(init.device));
-    auto weight = [&](const std::string& name, int64_t out, int64_t in) {
-      if (!init.draw) return at::empty({out, in}, unset);
-      if (name.find("proj") != std::string::npos) return to_model(at::zeros({out, in}, opts));
-      return to_model(at::normal(0.0, std::sqrt(0.33 / in), {out, in}, gen, opts));
-    };
     const int64_t C = c.model_dim, H = c.heads() * c.head_dim, V = c.vocab_size;
-    int64_t layer_index = -1;
-    auto add_param = [&](const std::string& name, at::Tensor value, ParamRole role) {
-      const size_t index = params_.size();
-      add(name, std::move(value));
-      roles_.push_back({role, layer_index, {}});
-      return index;
-    };
-    auto add_linear = [&](const std::string& name, int64_t out, int64_t in, ParamRole role) {
-      const size_t index = add_param(name + ".weight", weight(name, out, in), role);
-      add_param(name + ".bias", to_model(at::zeros({out}, opts)), role);
+    auto add_projection = [&](const std::string& name, int64_t out, int64_t in, ParamRole role) {
+      const bool zero = name.find("proj") != std::string::npos;
+      const size_t index = add_param(
+          name + ".weight",
+          zero ? draw_.filled({out, in}, 0.0) : draw_.normal({out, in}, std::sqrt(0.33 / in)),
+          role);
+      add_param(name + ".bias", draw_.filled({out}, 0.0), role);
       return index;
     };
     auto add_gains = [&](const std::string& name) {
-      return add_param(name + ".gains", to_model(at::ones({C}, opts)), ParamRole::kNormGain);
+      return add_param(name + ".gains", draw_.filled({C}, 1.0), ParamRole::kNormGain);
     };
     // named_parameters order: embed, blocks (attn q, k, v, proj; mlp fc, proj; norm1, norm2),
     // proj, norm1, norm2.
-    embed_ = add_param(
-        "embed.weight",
-        init.draw ? to_model(at::normal(0.0, 1.0, {V, C}, gen, opts)) : at::empty({V, C}, unset),
-        ParamRole::kTokenEmbedding);
+    embed_ = add_param("embed.weight", draw_.normal({V, C}, 1.0), ParamRole::kTokenEmbedding);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string b = fmt::format("blocks.{}.", l);
-      layer_index = l;
+      layer_ = l;
       Layer layer;
-      layer.q = add_linear(b + "attn.q", H, C, ParamRole::kAttentionQuery);
-      layer.k = add_linear(b + "attn.k", H, C, ParamRole::kAttentionKey);
-      layer.v = add_linear(b + "attn.v", H, C, ParamRole::kAttentionValue);
-      layer.o = add_linear(b + "attn.proj", C, H, ParamRole::kAttentionOutput);
-      layer.fc = add_linear(b + "mlp.fc", 4 * C, C, ParamRole::kMlpInput);
-      layer.down = add_linear(b + "mlp.proj", C, 4 * C, ParamRole::kMlpOutput);
+      layer.q = add_projection(b + "attn.q", H, C, ParamRole::kAttentionQuery);
+      layer.k = add_projection(b + "attn.k", H, C, ParamRole::kAttentionKey);
+      layer.v = add_projection(b + "attn.v", H, C, ParamRole::kAttentionValue);
+      layer.o = add_projection(b + "attn.proj", C, H, ParamRole::kAttentionOutput);
+      layer.fc = add_projection(b + "mlp.fc", 4 * C, C, ParamRole::kMlpInput);
+      layer.down = add_projection(b + "mlp.proj", C, 4 * C, ParamRole::kMlpOutput);
       layer.norm1 = add_gains(b + "norm1");
       layer.norm2 = add_gains(b + "norm2");
       layers_.push_back(layer);
     }
-    layer_index = -1;
-    head_ = add_linear("proj", V, C, ParamRole::kOutputHead);
+    layer_ = -1;
+    head_ = add_projection("proj", V, C, ParamRole::kOutputHead);
     norm1_ = add_gains("norm1");
     norm2_ = add_gains("norm2");
     finish();
   }
 
   ModelStructure structure() const override {
-    ModelStructure s;
-    s.params = roles_;
-    s.n_head = s.n_kv_head = c_.heads();
-    s.head_dim = c_.head_dim;
-    return s;
+    return heads_structure(c_.heads(), c_.heads(), c_.head_dim);
   }
 
   at::Tensor loss(const Batch& batch) override {
@@ -93,12 +74,7 @@ class Modded : public FunctionalModel {
 
   at::Tensor token_losses(const Batch& batch) override {
     check(batch);
-    auto l = forward(batch.inputs);
-    const int64_t classes = l.size(-1);
-    return at::nll_loss(at::log_softmax(l.reshape({-1, classes}), -1), batch.targets.reshape({-1}),
-                        {}, at::Reduction::None)
-               .reshape(batch.targets.sizes()) *
-           c_.loss_scale;
+    return token_cross_entropy(forward(batch.inputs), batch.targets) * c_.loss_scale;
   }
 
   at::Tensor logits(const Batch& batch) override {
@@ -135,31 +111,11 @@ class Modded : public FunctionalModel {
     return fused_rms_norm(x, p(gains), rms_epsilon(x));
   }
 
-  void check(const Batch& batch) const {
-    const auto& x = batch.inputs;
-    if (x.dim() != 2 || x.scalar_type() != at::kLong) {
-      throw ModelError(
-          fmt::format("modded: inputs must be int64 tokens of shape (batch, T); got {} of shape {}",
-                      x.scalar_type(), x.sizes()));
-    }
-    if (!batch.targets.sizes().equals(x.sizes()) || batch.targets.scalar_type() != at::kLong) {
-      throw ModelError(
-          fmt::format("modded: targets must be int64 of the inputs' shape {}; got {} of shape {}",
-                      x.sizes(), batch.targets.scalar_type(), batch.targets.sizes()));
-    }
-    if (x.size(1) > c_.context) {
-      throw ModelError(
-          fmt::format("modded: sequence length {} exceeds context {}", x.size(1), c_.context));
-    }
-    const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
-    if (lo < 0 || hi >= c_.vocab_size) {
-      throw ModelError(
-          fmt::format("modded: token ids span [{}, {}], outside the vocabulary [0, {})", lo, hi,
-                      c_.vocab_size));
-    }
+  void check(const Batch& batch) const override {
+    check_token_batch(batch, "modded", c_.vocab_size, c_.context, "context");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const {
+  at::Tensor forward(const at::Tensor& tokens) const override {
     const int64_t B = tokens.size(0), T = tokens.size(1), H = c_.heads(), D = c_.head_dim;
     auto x = rms_norm(at::embedding(p(embed_), tokens), norm1_);
     // Half-truncated rotary: frequencies (1/1024)^linspace(0, 1, D/4) on the first D/4 pairs and
@@ -188,7 +144,6 @@ class Modded : public FunctionalModel {
   }
 
   ModdedConfig c_;
-  std::vector<ParamStructure> roles_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, head_ = 0, norm1_ = 0, norm2_ = 0;
 };
