@@ -74,9 +74,10 @@ double median(std::vector<double> v) {
 // (124M parameters, 4 sequences of 256 tokens); "llama", the reference GPT's size as a LLaMA
 // (RMSNorm, rotary, SwiGLU; 32 x 64 tokens); "llama_gpt2", a LLaMA of GPT-2 small's size (hidden
 // 768, 12 layers of 12 heads, SwiGLU 2048, vocabulary 50257) on 16 sequences of 1024 tokens.
+// Sequences are the model's context long.
 struct Shape {
   curv::ModelConfig config;
-  int64_t vocab, sequences, length;
+  int64_t sequences;
 };
 
 Shape shape_of(const std::string& shape) {
@@ -84,23 +85,23 @@ Shape shape_of(const std::string& shape) {
     return {curv::ModelConfig::from_json(
                 R"({"arch": "gpt", "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304,
                     "block_size": 256, "tied": true})"),
-            50304, 4, 256};
+            4};
   }
   if (shape == "llama") {
     return {curv::ModelConfig::from_json(
                 R"({"arch": "llama", "vocab_size": 512, "hidden_size": 128,
                     "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4,
                     "max_position_embeddings": 64})"),
-            512, 32, 64};
+            32};
   }
   if (shape == "llama_gpt2") {
     return {curv::ModelConfig::from_json(
                 R"({"arch": "llama", "vocab_size": 50257, "hidden_size": 768,
                     "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
                     "max_position_embeddings": 1024})"),
-            50257, 16, 1024};
+            16};
   }
-  return {reference_config(), 512, 32, 64};
+  return {reference_config(), 32};
 }
 
 curv::ModelConfig shape_config(const std::string& shape) { return shape_of(shape).config; }
@@ -120,10 +121,7 @@ Setup make_setup(const std::string& dtype_name, const std::string& shape_name,
   Setup s;
   s.model = curv::make_model(shape.config, curv::ModelInit{0, dtype, device});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  const auto tokens = at::randint(0, shape.vocab, {shape.sequences, shape.length + 1}, gen,
-                                  at::TensorOptions().dtype(at::kLong));
-  s.probe = curv::ProbeSet({curv::Batch{tokens.narrow(1, 0, shape.length).contiguous(),
-                                        tokens.narrow(1, 1, shape.length).contiguous()}})
+  s.probe = curv_bench::reference_probe(shape.config, gen, shape.sequences)
                 .to(dtype, c10::Device(device));  // where the model is, as the engine puts it
   // Drawn on the CPU from one generator: the same v on every device.
   for (const auto& p : s.model->parameters()) {
@@ -399,7 +397,8 @@ void operations_table(const char* program, const Args& a) {
   const Shape shape = shape_of(a.shape);
   std::printf("%s; %s; shape %s: %s, batch %lld x %lld tokens\n", curv::runtime_summary().c_str(),
               a.device.c_str(), a.shape.c_str(), shape.config.describe().c_str(),
-              static_cast<long long>(shape.sequences), static_cast<long long>(shape.length));
+              static_cast<long long>(shape.sequences),
+              static_cast<long long>(shape.config.data().context));
   if (a.device == "cpu") {
     std::printf("matmul 1024^2: %.1f GFLOP/s float32, %.1f GFLOP/s float64\n",
                 curv::matmul_gflops(1024, "float32"), curv::matmul_gflops(1024, "float64"));

@@ -15,13 +15,14 @@ inline curv::ModelConfig reference_config() {
                                           "vocab_size": 512, "block_size": 64, "tied": true})");
 }
 
-// One batch of `sequences` random sequences of block_size tokens (inputs and next-token targets).
+// One batch of `sequences` random sequences of the model's context length (inputs and
+// next-token targets) for a token model of any architecture.
 inline curv::ProbeSet reference_probe(const curv::ModelConfig& config, at::Generator& gen,
                                       int64_t sequences = 32) {
-  auto tokens = at::randint(0, config.as<curv::GptConfig>().vocab_size,
-                            {sequences, config.as<curv::GptConfig>().block_size + 1}, gen,
+  const curv::ModelData data = config.data();
+  auto tokens = at::randint(0, data.vocab_size, {sequences, data.context + 1}, gen,
                             at::TensorOptions().dtype(at::kLong));
-  const int64_t t = config.as<curv::GptConfig>().block_size;
+  const int64_t t = data.context;
   return curv::ProbeSet(
       {curv::Batch{tokens.narrow(1, 0, t).contiguous(), tokens.narrow(1, 1, t).contiguous()}});
 }

@@ -2,8 +2,11 @@
 // CUDA kernels' (fused_kernels_cuda.h), or none (the differentiable ATen formulas).
 #pragma once
 
+#include <ATen/Functions.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 #ifdef CURV_WITH_CUDA_KERNELS
@@ -54,6 +57,17 @@ inline at::Tensor contiguous_or_undefined(const at::Tensor& t) {
 // depend on the thread count or the GPU's scheduling.
 inline constexpr int64_t kWeightChunks = 32;
 inline constexpr int64_t kCudaRowChunks = 2048;
+
+// The number of row chunks for `rows` rows on `kernel` (the CUDA kernel spreads rows over more
+// blocks than the CPU has threads).
+inline int64_t weight_row_chunks(FusedKernel kernel, int64_t rows) {
+  return std::min(rows, kernel == FusedKernel::kCuda ? kCudaRowChunks : kWeightChunks);
+}
+// The chunks' zeroed sums of a weight derivative over rows of n entries of x, in x's
+// accumulation type: [chunks, n].
+inline at::Tensor zeroed_weight_chunks(int64_t chunks, int64_t n, const at::Tensor& x) {
+  return at::zeros({chunks, n}, x.options().dtype(at::toOpMathType(x.scalar_type())));
+}
 
 // Runs launch(stream) with `device` current and `stream` LibTorch's current stream there (a
 // cudaStream_t as void*); a launch that fails is an error naming `what` and CUDA's message.

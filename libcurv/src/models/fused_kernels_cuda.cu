@@ -347,10 +347,9 @@ template <typename T>
 const char* gelu_second_derivative_product(const T* x, const T* dy, const T* w, T* out, int64_t n,
                                            bool tanh, void* stream) {
   if (n == 0) return nullptr;
-  constexpr int threads = 256;
-  const int64_t blocks = (n + threads - 1) / threads;
-  gelu_second_derivative_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), threads, 0,
-                                     static_cast<cudaStream_t>(stream)>>>(x, dy, w, out, n, tanh);
+  gelu_second_derivative_kernel<T>
+      <<<elementwise_blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, dy, w, out, n,
+                                                                             tanh);
   return launch_error();
 }
 

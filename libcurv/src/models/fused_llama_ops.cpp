@@ -134,13 +134,10 @@ class RmsNormGradient : public torch::autograd::Function<RmsNormGradient> {
       const int64_t rows = x.numel() / n;
       if (want_x) grad_x = at::empty_like(xc);
       if (want_dy) grad_dy = at::empty_like(dyc);
-      // The CUDA kernel spreads rows over more blocks than the CPU has threads.
-      const int64_t row_chunks =
-          std::min(rows, kernel == FusedKernel::kCuda ? kCudaRowChunks : kWeightChunks);
+      const int64_t row_chunks = weight_row_chunks(kernel, rows);
       at::Tensor chunks;
-      if (want_w && (A1.defined() || A2.defined()) && rows > 0) {
-        chunks = at::zeros({row_chunks, n}, x.options().dtype(at::toOpMathType(x.scalar_type())));
-      }
+      if (want_w && (A1.defined() || A2.defined()) && rows > 0)
+        chunks = zeroed_weight_chunks(row_chunks, n, x);
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm_double_backward", [&] {
         using acc_t = at::opmath_type<scalar_t>;
         const scalar_t *xp = xc.data_ptr<scalar_t>(), *wp = data_or_null<scalar_t>(wc),
@@ -281,7 +278,7 @@ class GatedSiluGradient : public torch::autograd::Function<GatedSiluGradient> {
     const bool want_a = ctx->needs_input_grad(0), want_b = ctx->needs_input_grad(1) && A.defined(),
                want_dy = ctx->needs_input_grad(2);
     const FusedKernel kernel = fused_kernel_for({a, b, dy, A, C});
-    if (kernel != FusedKernel::kNone && a.sizes() == b.sizes() && a.sizes() == dy.sizes()) {
+    if (kernel != FusedKernel::kNone) {
       const at::Tensor ac = a.contiguous(), bc = b.contiguous(), dyc = dy.contiguous();
       const at::Tensor Ac = contiguous_or_undefined(A), Cc = contiguous_or_undefined(C);
       if (want_a) grad_a = at::empty_like(ac);

@@ -413,13 +413,9 @@ class LayerNormGradient : public torch::autograd::Function<LayerNormGradient> {
       const int64_t rows = x.numel() / n;
       if (want_x) grad_x = at::empty_like(xc);
       if (want_dy) grad_dy = at::empty_like(dyc);
-      // The CUDA kernel spreads rows over more blocks than the CPU has threads.
-      const int64_t row_chunks =
-          std::min(rows, kernel == FusedKernel::kCuda ? kCudaRowChunks : kWeightChunks);
+      const int64_t row_chunks = weight_row_chunks(kernel, rows);
       at::Tensor chunks;
-      if (want_w && A.defined() && rows > 0) {
-        chunks = at::zeros({row_chunks, n}, x.options().dtype(at::toOpMathType(x.scalar_type())));
-      }
+      if (want_w && A.defined() && rows > 0) chunks = zeroed_weight_chunks(row_chunks, n, x);
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_double_backward", [&] {
         using acc_t = at::opmath_type<scalar_t>;
         const scalar_t *xp = xc.data_ptr<scalar_t>(), *wp = wc.data_ptr<scalar_t>(),

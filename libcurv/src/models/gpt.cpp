@@ -2,7 +2,6 @@
 // softmax causal attention with a fused Q/K/V projection, exact GELU, tied or untied head.
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -31,11 +30,13 @@ class Gpt : public CausalLanguageModel {
     auto add_pair = [&](const std::string& name, std::vector<int64_t> shape, double std,
                         ParamRole weight_role, ParamRole bias_role,
                         const std::vector<RowSlice>& slices = {}) {
-      const size_t index = params_.size();
       const int64_t out = shape[0];
-      if (c.conv1d && shape.size() == 2) std::swap(shape[0], shape[1]);
-      add(name + ".weight", std == 0.0 ? draw_.filled(shape, 1.0) : draw_.normal(shape, std));
-      roles_.push_back({weight_role, layer_, slices, c.conv1d && shape.size() == 2});
+      const bool transposed = c.conv1d && shape.size() == 2;
+      if (transposed) std::swap(shape[0], shape[1]);
+      const size_t index = add_param(
+          name + ".weight", std == 0.0 ? draw_.filled(shape, 1.0) : draw_.normal(shape, std),
+          weight_role, slices);
+      roles_[index].transposed = transposed;
       if (c.bias) add_param(name + ".bias", draw_.filled({out}, 0.0), bias_role, slices);
       return index;
     };

@@ -6,7 +6,6 @@
 // biases on every projection; an untied head with a logit soft-cap 15·z/√(z² + 15²).
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>

@@ -140,11 +140,6 @@ RotaryTable rotary_table(const at::Tensor& inverse_frequencies, int64_t T, at::S
   return {emb.cos().to(dtype), emb.sin().to(dtype), emb.size(-1)};
 }
 
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& t) {
   const int64_t D = x.size(-1);
   if (t.dims == D) return fused_rotary(x, t.cos, t.sin);

@@ -104,8 +104,6 @@ struct RotaryTable {
 };
 RotaryTable rotary_table(const at::Tensor& inverse_frequencies, int64_t T, at::ScalarType dtype);
 
-// The two halves of the last dimension rotated: (−x₂, x₁).
-at::Tensor rotate_half(const at::Tensor& x);
 // x [..., T, head_dim] rotated by position: x·cos + rotate_half(x)·sin over the first
 // table.dims features, the rest passed through (GPT-NeoX's partial rotary).
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
