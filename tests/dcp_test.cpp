@@ -337,4 +337,20 @@ TEST_CASE("safetensors and memory sources read boxes into any dtype; renamed vie
   REQUIRE(renamed->entries().size() == 1);
   CHECK(at::equal(renamed->read("renamed_y"), b));
   CHECK(renamed->find("x") == nullptr);
+  // Slices: expert 1 of a fused [E, 2F, C] tensor as its gate rows and its up rows, and boxes
+  // read from those.
+  const at::Tensor fused = at::arange(3 * 4 * 5, at::kDouble).reshape({3, 4, 5});
+  const SharedTensorSource experts = sliced_tensor_source(
+      memory_tensor_source({{"gate_up", fused}}, "memory"),
+      {{"e1.gate", "gate_up", {1, 0, 0}, {2, 5}}, {"e1.up", "gate_up", {1, 2, 0}, {2, 5}}});
+  CHECK(at::equal(experts->read("e1.gate"), fused[1].narrow(0, 0, 2)));
+  CHECK(at::equal(experts->read("e1.up"), fused[1].narrow(0, 2, 2)));
+  at::Tensor corner = at::empty({1, 3}, at::kFloat);
+  experts->read_into("e1.up", {1, 2}, corner);
+  CHECK(at::equal(corner, fused[1].narrow(0, 3, 1).narrow(1, 2, 3).to(at::kFloat)));
+  CURV_CHECK_THROWS(experts->read_into("e1.up", {1, 0}, at::empty({2, 5}, at::kDouble)),
+                    InvalidArgument, Contains("does not lie inside it"));
+  CURV_CHECK_THROWS(sliced_tensor_source(experts, {{"e3", "e1.up", {0, 3}, {2, 3}}}),
+                    InvalidArgument,
+                    Contains("the slice 'e3' at [0, 3] of shape [2, 3] does not lie inside it"));
 }

@@ -542,46 +542,82 @@ TEST_CASE("a config.json far larger than its weights is refused before the model
   }
 }
 
-TEST_CASE("a config's parameter count by arithmetic equals its model's", "[hf_models][models]") {
-  auto count = [](const ModelConfig& config) {
-    auto model = make_model(config, ModelInit{0, at::kFloat});
-    int64_t n = 0;
-    for (const auto& p : model->parameters()) n += p.numel();
-    return static_cast<double>(n);
+TEST_CASE("a published model's parameter count from its config.json, with nothing allocated",
+          "[hf_models][models]") {
+  // The counts transformers' own models give for these configs (built on the meta device), which
+  // are the published sizes: GPT-2 small, Llama 2 7B, Llama 3.2 1B, Pythia-70M, Mixtral 8x7B,
+  // OLMoE-1B-7B, OLMo 2 1B, Gemma 2 2B, Phi-3 mini and Qwen3-30B-A3B.
+  const std::pair<const char*, double> published[] = {
+      {R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+           "n_layer": 12, "n_head": 12})",
+       124439808.0},
+      {R"({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+           "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "max_position_embeddings": 4096,
+           "tie_word_embeddings": false})",
+       6738415616.0},
+      {R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+           "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+           "rope_theta": 500000.0, "tie_word_embeddings": true})",
+       1235814400.0},
+      {R"({"model_type": "gpt_neox", "vocab_size": 50304, "hidden_size": 512,
+           "intermediate_size": 2048, "num_hidden_layers": 6, "num_attention_heads": 8,
+           "rotary_pct": 0.25, "max_position_embeddings": 2048, "use_parallel_residual": true,
+           "tie_word_embeddings": false})",
+       70426624.0},
+      {R"({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "max_position_embeddings": 32768, "rope_theta": 1000000.0})",
+       46702792704.0},
+      {R"({"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+           "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+           "max_position_embeddings": 4096})",
+       6919161856.0},
+      {R"({"model_type": "olmo2", "vocab_size": 100352, "hidden_size": 2048,
+           "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "max_position_embeddings": 4096, "rope_theta": 500000.0,
+           "tie_word_embeddings": false})",
+       1484916736.0},
+      {R"({"model_type": "gemma2", "vocab_size": 256000, "hidden_size": 2304,
+           "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 8192,
+           "tie_word_embeddings": true})",
+       2614341888.0},
+      {R"({"model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072,
+           "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "max_position_embeddings": 4096,
+           "original_max_position_embeddings": 4096, "tie_word_embeddings": false})",
+       3821079552.0},
+      {R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+           "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+           "num_experts": 128, "num_experts_per_tok": 8, "max_position_embeddings": 40960,
+           "tie_word_embeddings": false})",
+       30532122624.0},
   };
-  for (const bool bias : {true, false}) {
-    for (const bool tied : {true, false}) {
-      GptConfig c;
-      c.vocab_size = 11;
-      c.block_size = 7;
-      c.n_layer = 3;
-      c.n_head = 2;
-      c.n_embd = 8;
-      c.n_inner = bias ? 0 : 20;
-      c.bias = bias;
-      c.tied = tied;
-      const ModelConfig config("gpt", c);
-      INFO(config.describe());
-      CHECK(config.parameter_count() == count(config));
-    }
-  }
-  for (int variant = 0; variant < 4; ++variant) {
-    LlamaConfig c;
-    c.vocab_size = 13;
-    c.hidden_size = 12;
-    c.intermediate_size = 20;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 3;
-    c.num_key_value_heads = variant % 2 == 0 ? 1 : 3;
-    c.head_dim = variant == 3 ? 6 : 0;
-    c.tie_word_embeddings = variant == 1;
-    c.qkv_bias = variant == 1;
-    c.attention_bias = variant == 2;
-    c.mlp_bias = variant == 2;
-    c.qk_norm = variant == 3;
-    const ModelConfig config("llama", c);
+  for (const auto& [json, count] : published) {
+    const ModelConfig config = ModelConfig::from_json(json, "config.json");
     INFO(config.describe());
-    CHECK(config.parameter_count() == count(config));
+    CHECK(config.parameter_count() == count);
+  }
+  INFO("counting stops once it passes a limit: a config of 10^8 layers is not built through");
+  const ModelConfig deep = ModelConfig::from_json(
+      R"({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+          "intermediate_size": 11008, "num_hidden_layers": 100000000, "num_attention_heads": 32})",
+      "config.json");
+  const double past = deep.parameter_count(1e9);
+  CHECK(past > 1e9);
+  CHECK(past < 2e9);
+  INFO("every built-in language model counts as it builds");
+  for (const char* arch : {"gpt", "llama", "modded", "gpt_neox", "olmo2", "phi3", "gemma2",
+                           "gemma3", "mixtral", "olmoe", "qwen3_moe"}) {
+    INFO(arch);
+    const ModelConfig config = ModelConfig::defaults(arch);
+    auto model = make_model(config, ModelInit{0, at::kFloat});
+    CHECK(config.parameter_count() == static_cast<double>(model->space().numel()));
   }
 }
 

@@ -1,4 +1,4 @@
-// Tensor sources: the interface's helpers, tensors in memory, and renamed views.
+// Tensor sources: the interface's helpers, tensors in memory, and renamed or sliced views.
 #include "curv/core/tensor_source.h"
 
 #include <ATen/ATen.h>
@@ -129,43 +129,80 @@ class MemorySource : public TensorSource {
   std::map<std::string, size_t> index_;
 };
 
-class RenamedSource : public TensorSource {
+// Parts of a base source's tensors under names of their own: renamed whole tensors, and boxes of
+// them with their leading dimensions selected (one expert of a fused expert tensor).
+class SlicedSource : public TensorSource {
  public:
-  RenamedSource(SharedTensorSource base, std::vector<std::pair<std::string, std::string>> names)
-      : base_(std::move(base)) {
-    for (auto& [name, in_base] : names) {
-      const TensorEntry* e = base_->find(in_base);
+  SlicedSource(SharedTensorSource base, std::vector<TensorSlice> slices) : base_(std::move(base)) {
+    for (auto& s : slices) {
+      const TensorEntry* e = base_->find(s.in_base);
       if (e == nullptr) {
-        throw InvalidArgument(fmt::format("{}: no tensor '{}'", base_->origin(), in_base));
+        throw InvalidArgument(fmt::format("{}: no tensor '{}'", base_->origin(), s.in_base));
       }
-      if (!base_name_.emplace(name, in_base).second) {
-        throw InvalidArgument(fmt::format("{}: tensor '{}' is given twice", base_->origin(), name));
+      if (s.offsets.empty() && s.shape.empty()) {
+        s.offsets.assign(e->shape.size(), 0);
+        s.shape = e->shape;
       }
-      entries_.push_back({name, e->shape, e->dtype});
+      if (!fits(s, *e)) {
+        throw InvalidArgument(fmt::format(
+            "{}: tensor '{}' of shape {}: the slice '{}' at {} of shape {} does not lie inside it",
+            base_->origin(), s.in_base, shape_string(e->shape), s.name, shape_string(s.offsets),
+            shape_string(s.shape)));
+      }
+      if (!index_.emplace(s.name, slices_.size()).second) {
+        throw InvalidArgument(
+            fmt::format("{}: tensor '{}' is given twice", base_->origin(), s.name));
+      }
+      entries_.push_back({s.name, s.shape, e->dtype});
+      slices_.push_back(std::move(s));
     }
   }
   const std::vector<TensorEntry>& entries() const override { return entries_; }
   std::string origin() const override { return base_->origin(); }
   void read_into(const std::string& name, const std::vector<int64_t>& offsets,
                  at::Tensor dest) const override {
-    const auto it = base_name_.find(name);
-    if (it == base_name_.end()) {
-      throw InvalidArgument(fmt::format("{}: no tensor '{}'", origin(), name));
-    }
-    base_->read_into(it->second, offsets, dest);
+    const auto it = index_.find(name);
+    check_read_box(*this, it == index_.end() ? nullptr : &entries_[it->second], name, offsets,
+                   dest);
+    const TensorSlice& s = slices_[it->second];
+    const size_t dropped = s.offsets.size() - s.shape.size();
+    std::vector<int64_t> at = s.offsets;
+    for (size_t d = 0; d < s.shape.size() && !offsets.empty(); ++d) at[dropped + d] += offsets[d];
+    for (size_t d = 0; d < dropped; ++d) dest = dest.unsqueeze(0);
+    base_->read_into(s.in_base, at, dest);
   }
 
  private:
+  // One offset per base dimension; the dropped leading ones select a single index.
+  static bool fits(const TensorSlice& s, const TensorEntry& e) {
+    if (s.offsets.size() != e.shape.size() || s.shape.size() > e.shape.size()) return false;
+    const size_t dropped = e.shape.size() - s.shape.size();
+    for (size_t d = 0; d < e.shape.size(); ++d) {
+      const int64_t size = d < dropped ? 1 : s.shape[d - dropped];
+      if (s.offsets[d] < 0 || size < 0 || s.offsets[d] + size > e.shape[d]) return false;
+    }
+    return true;
+  }
+
   SharedTensorSource base_;
   std::vector<TensorEntry> entries_;
-  std::map<std::string, std::string> base_name_;
+  std::vector<TensorSlice> slices_;
+  std::map<std::string, size_t> index_;
 };
 
 }  // namespace
 
 SharedTensorSource renamed_tensor_source(SharedTensorSource base,
                                          std::vector<std::pair<std::string, std::string>> names) {
-  return std::make_shared<RenamedSource>(std::move(base), std::move(names));
+  std::vector<TensorSlice> slices;
+  slices.reserve(names.size());
+  for (auto& [name, in_base] : names)
+    slices.push_back({std::move(name), std::move(in_base), {}, {}});
+  return sliced_tensor_source(std::move(base), std::move(slices));
+}
+
+SharedTensorSource sliced_tensor_source(SharedTensorSource base, std::vector<TensorSlice> slices) {
+  return std::make_shared<SlicedSource>(std::move(base), std::move(slices));
 }
 
 SharedTensorSource memory_tensor_source(std::vector<std::pair<std::string, at::Tensor>> tensors,

@@ -3,15 +3,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <stdexcept>
 
 #include "core/strings.h"
 #include "curv/core/error.h"
 #include "curv/io/checkpoint.h"
+#include "io/fused_experts.h"
 #include "io/param_order_rules.h"
 
 namespace curv {
@@ -345,26 +348,60 @@ ParamMapping choose_mapping(const OrderInput& in, const ParamOrderSpec& spec) {
 }
 
 // Names the state tensors and records the groups, the rule and Muon's partition in the meta.
-void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& chosen) {
+// `fused`: `in.space` is the training program's parameters with fused experts, whose state is
+// split into the model's parameters (elementwise state only).
+void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& chosen,
+                   const ParamSpace& model, const FusedExpertSpace* fused) {
   const auto& ix = in.ix;
   const auto& space = in.space;
   NamedTensors named;
-  std::vector<std::pair<std::string, std::string>> stored;  // "<param>.<key>" → name in ix.source
+  std::vector<TensorSlice> stored;  // "<param>.<key>" → its box in ix.source
   std::map<int64_t, size_t> param_of;
   for (size_t k = 0; k < in.indices.size(); ++k) param_of[in.indices[k]] = chosen.of_index[k];
+  auto parts_of = [&](size_t p) {
+    return fused ? fused->parts[p] : std::vector<RuntimePart>{{p, -1, 0}};
+  };
+  // Split fused state is read through slices, of the files where the state was left there (a
+  // sharded save) or else of the tensors read, held under "<index>.<key>".
+  std::vector<std::pair<std::string, at::Tensor>> held;
   for (const auto& [index, tensors] : ix.state) {
-    const std::string& name = space[param_of.at(index)].name;
+    const size_t p = param_of.at(index);
     for (const auto& [key, t] : tensors) {
       const auto where = ix.stored_as.find({index, key});
+      if (!fused) {
+        if (where != ix.stored_as.end()) {
+          stored.push_back({space[p].name + "." + key, where->second, {}, {}});
+        } else {
+          named.emplace_back(space[p].name + "." + key, t);
+        }
+        continue;
+      }
+      std::string in_base = fmt::format("{}.{}", index, key);
       if (where != ix.stored_as.end()) {
-        stored.emplace_back(name + "." + key, where->second);
+        in_base = where->second;
       } else {
-        named.emplace_back(name + "." + key, t);
+        held.emplace_back(in_base, t);
+      }
+      for (const RuntimePart& part : parts_of(p)) {
+        const ParamInfo& param = model[part.param];
+        const std::string name = param.name + "." + key;
+        if (part.expert < 0 || t.dim() == 0) {  // whole, or a scalar each expert shares
+          stored.push_back({name, in_base, {}, {}});
+          continue;
+        }
+        if (t.sizes().vec() != space[p].shape) {
+          throw InvalidArgument(fmt::format(
+              "{}: state[{}].{} of the fused '{}' has shape {}, not the tensor's {}: it does not "
+              "split into the experts' parameters",
+              ix.origin, index, key, space[p].name, shape_string(t.sizes().vec()),
+              shape_string(space[p].shape)));
+        }
+        stored.push_back({name, in_base, {part.expert, part.row_offset, 0}, param.shape});
       }
     }
   }
-  if (!stored.empty() && !named.empty()) {
-    // A reader leaves all of a state's tensors in its files or none (optimizer_dict, DCP).
+  // A reader leaves all of a state's tensors in its files or none (optimizer_dict, DCP).
+  if ((!held.empty() && !ix.stored_as.empty()) || (!stored.empty() && !named.empty())) {
     throw std::logic_error(ix.origin + ": optimizer state partly read and partly left in files");
   }
   if (!ckpt.meta.optimizer) ckpt.meta.optimizer.emplace();
@@ -378,9 +415,11 @@ void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& c
     for (const auto& [key, value] : g.hyper.items())
       group.hyper.emplace_back(key, value.get<double>());
     for (size_t i = 0; i < g.params.size(); ++i, ++k) {
-      const std::string& name = space[chosen.of_index[k]].name;
-      group.params.push_back(name);
-      if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(name));
+      for (const RuntimePart& part : parts_of(chosen.of_index[k])) {
+        const std::string& name = model[part.param].name;
+        group.params.push_back(name);
+        if (g.use_muon.value_or(false)) orthogonalised.push_back(regex_escaped(name));
+      }
     }
     record.param_groups.push_back(std::move(group));
   }
@@ -392,8 +431,23 @@ void apply_mapping(Checkpoint& ckpt, const OrderInput& in, const ParamMapping& c
   }
   ckpt.optimizer = std::move(named);
   ckpt.optimizer_source =
-      stored.empty() ? nullptr : renamed_tensor_source(ix.source, std::move(stored));
+      stored.empty()
+          ? nullptr
+          : sliced_tensor_source(
+                held.empty() ? ix.source : memory_tensor_source(std::move(held), ix.origin),
+                std::move(stored));
   ckpt.indexed_optimizer.reset();
+}
+
+// A rule whose step on a fused expert tensor is not its experts' steps side by side is refused.
+void check_splits_into_experts(const Checkpoint& ckpt) {
+  const std::string rule = ckpt.meta.optimizer ? ckpt.meta.optimizer->name : "";
+  if (rule.empty() || splits_into_experts(rule)) return;
+  throw InvalidArgument(fmt::format(
+      "{}: the state is over each layer's experts fused into two tensors (transformers 5's "
+      "experts.gate_up_proj and experts.down_proj), and {}'s step on a fused tensor is not "
+      "elementwise, so it does not split into the experts' parameters",
+      ckpt.indexed_optimizer->origin, rule));
 }
 
 }  // namespace
@@ -450,11 +504,34 @@ void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,
   if (!ckpt.indexed_optimizer->problem.empty()) {
     throw InvalidArgument(ckpt.indexed_optimizer->problem);
   }
-  OrderInput in{*ckpt.indexed_optimizer, space, {}, structure};
-  for (const auto& g : in.ix.groups) {
-    in.indices.insert(in.indices.end(), g.params.begin(), g.params.end());
+  std::vector<int64_t> indices;
+  for (const auto& g : ckpt.indexed_optimizer->groups) {
+    indices.insert(indices.end(), g.params.begin(), g.params.end());
   }
-  apply_mapping(ckpt, in, choose_mapping(in, param_order));
+  if (structure && indices.size() != space.size()) {
+    // A state over experts fused as transformers 5 holds them: named after the fused tensors, its
+    // router before or after them, then split into the model's per-expert parameters.
+    std::exception_ptr first_error;
+    for (const RouterPlacement router :
+         {RouterPlacement::kBeforeExperts, RouterPlacement::kAfterExperts}) {
+      const auto fused = fused_expert_space(space, *structure, router);
+      if (!fused || fused->space.size() != indices.size()) break;
+      OrderInput in{*ckpt.indexed_optimizer, fused->space, indices, &fused->structure};
+      ParamMapping chosen;
+      try {
+        chosen = choose_mapping(in, param_order);
+      } catch (const std::exception&) {
+        if (!first_error) first_error = std::current_exception();
+        continue;
+      }
+      check_splits_into_experts(ckpt);
+      apply_mapping(ckpt, in, chosen, space, &*fused);
+      return;
+    }
+    if (first_error) std::rethrow_exception(first_error);
+  }
+  OrderInput in{*ckpt.indexed_optimizer, space, std::move(indices), structure};
+  apply_mapping(ckpt, in, choose_mapping(in, param_order), space, nullptr);
 }
 
 void resolve_optimizer_state(Checkpoint& ckpt, const ParamSpace& space,

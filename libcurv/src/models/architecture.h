@@ -7,7 +7,6 @@
 
 #include <any>
 #include <initializer_list>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -42,13 +41,6 @@ class TypedArchitecture : public Architecture {
     return build(typed(config), init);
   }
   ModelData data(const std::any& config) const override { return data_of(typed(config)); }
-  double parameter_count(const std::any& config) const override {
-    return count_parameters(typed(config));
-  }
-  virtual double count_parameters(const Config&) const {
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-
   virtual Config from_json(const nlohmann::json& j, const std::string& origin) const = 0;
   virtual nlohmann::json to_json_object(const Config& config) const = 0;
   virtual void validate_config(const Config& config) const = 0;
@@ -89,6 +81,25 @@ class JsonConfigArchitecture : public TypedArchitecture<Config> {
   nlohmann::json to_json_object(const Config& c) const override { return c; }
 };
 
+// The numbers a model's parameters hold, tallied while it is built (on the meta device) on this
+// thread: FunctionalModel::add adds each parameter's and throws Exceeded once the tally passes
+// `limit`, so that a config far larger than its weights (10⁸ layers) is not built through.
+class ParameterTally {
+ public:
+  struct Exceeded {};
+  explicit ParameterTally(double limit);
+  ~ParameterTally();
+  ParameterTally(const ParameterTally&) = delete;
+  ParameterTally& operator=(const ParameterTally&) = delete;
+  double count() const { return count_; }
+
+ private:
+  friend class FunctionalModel;
+  double limit_;
+  double count_ = 0;
+  ParameterTally* previous_;
+};
+
 // Built-in models: parameters live in one ordered list; forward passes are plain ATen calls on
 // them, so everything is twice differentiable and nothing depends on torch::nn.
 class FunctionalModel : public Objective {
@@ -119,6 +130,12 @@ at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& target
 
 // InvalidArgument "model config: FIELD = VALUE must be > 0" unless value > 0.
 void require_positive(const char* field, double value);
+// Attention heads as HF's configs give them: num_key_value_heads (0: num_attention_heads) divides
+// num_attention_heads, and a head has head_dim features, or hidden_size / num_attention_heads when
+// head_dim is 0 (which must then divide); with `rotary` that size is even (rotary embeddings
+// rotate pairs). InvalidArgument naming the fields and values.
+void check_attention_heads(int64_t heads, int64_t kv_heads, int64_t hidden, int64_t head_dim,
+                           bool rotary);
 
 // Reading Hugging Face config.json files (hf_config.cpp): every key of the file must be taken by
 // the architecture or listed as one that does not change the forward pass in eval mode.

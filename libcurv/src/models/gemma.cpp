@@ -13,6 +13,7 @@
 
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -56,12 +57,6 @@ struct GemmaConfig {
     return (layer + 1) % (generation == 2 ? 2 : 6) != 0;
   }
 };
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
-    GemmaConfig, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-    num_key_value_heads, head_dim, max_position_embeddings, rms_norm_eps, query_pre_attn_scalar,
-    layer_types, sliding_window, rope_theta, rope_factor, rope_local_theta, attn_logit_softcapping,
-    final_logit_softcapping, qk_norm, gelu_tanh, attention_bias, tie_word_embeddings, pad_token_id)
 
 class Gemma : public CausalLanguageModel {
  public:
@@ -175,42 +170,43 @@ class Gemma : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class GemmaArchitecture : public JsonConfigArchitecture<GemmaConfig> {
+class GemmaArchitecture : public DeclaredConfigArchitecture<GemmaConfig> {
  public:
   explicit GemmaArchitecture(int generation) : generation_(generation) {}
 
   std::string name() const override { return generation_ == 2 ? "gemma2" : "gemma3"; }
   // Gemma 2 soft-caps, Gemma 3 normalises queries and keys: the defaults of absent keys.
   std::any defaults() const override { return generation_defaults(); }
-  void validate_config(const GemmaConfig& c) const override {
-    for (const auto& [field, value] :
-         {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},
-          std::pair{"hidden_size", static_cast<double>(c.hidden_size)},
-          std::pair{"intermediate_size", static_cast<double>(c.intermediate_size)},
-          std::pair{"num_hidden_layers", static_cast<double>(c.num_hidden_layers)},
-          std::pair{"num_attention_heads", static_cast<double>(c.num_attention_heads)},
-          std::pair{"head_dim", static_cast<double>(c.head_dim)},
-          std::pair{"max_position_embeddings", static_cast<double>(c.max_position_embeddings)},
-          std::pair{"sliding_window", static_cast<double>(c.sliding_window)},
-          std::pair{"rms_norm_eps", c.rms_norm_eps},
-          std::pair{"query_pre_attn_scalar", c.query_pre_attn_scalar},
-          std::pair{"rope_theta", c.rope_theta}, std::pair{"rope_factor", c.rope_factor},
-          std::pair{"rope_local_theta", c.rope_local_theta}}) {
-      require_positive(field, value);
-    }
-    if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
-        c.head_dim % 2 != 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {} must divide num_attention_heads = {}, and "
-          "head_dim = {} must be even",
-          c.num_key_value_heads, c.num_attention_heads, c.head_dim));
-    }
-    if (c.attn_logit_softcapping < 0 || c.final_logit_softcapping < 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: attn_logit_softcapping = {} and final_logit_softcapping = {} must be "
-          ">= 0 (0: none)",
-          c.attn_logit_softcapping, c.final_logit_softcapping));
-    }
+  const ConfigFields<GemmaConfig>& fields() const override {
+    using C = GemmaConfig;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+        {"head_dim", &C::head_dim, FieldBound::kPositive},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+        {"query_pre_attn_scalar", &C::query_pre_attn_scalar, FieldBound::kPositive},
+        {"layer_types", &C::layer_types},
+        {"sliding_window", &C::sliding_window, FieldBound::kPositive},
+        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+        {"rope_factor", &C::rope_factor, FieldBound::kPositive},
+        {"rope_local_theta", &C::rope_local_theta, FieldBound::kPositive},
+        {"attn_logit_softcapping", &C::attn_logit_softcapping, FieldBound::kNonNegative},
+        {"final_logit_softcapping", &C::final_logit_softcapping, FieldBound::kNonNegative},
+        {"qk_norm", &C::qk_norm},
+        {"gelu_tanh", &C::gelu_tanh},
+        {"attention_bias", &C::attention_bias},
+        {"tie_word_embeddings", &C::tie_word_embeddings},
+        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    return fields;
+  }
+  void check_relations(const GemmaConfig& c) const override {
+    check_attention_heads(c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim,
+                          true);
     if (!c.layer_types.empty() &&
         static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers) {
       throw InvalidArgument(
@@ -223,11 +219,6 @@ class GemmaArchitecture : public JsonConfigArchitecture<GemmaConfig> {
             fmt::format("model config: layer_types holds \"{}\"; each must be \"{}\" or \"{}\"",
                         kind, kSliding, kFull));
       }
-    }
-    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
-      throw InvalidArgument(fmt::format(
-          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
-          c.pad_token_id, c.vocab_size));
     }
   }
   std::string describe_config(const GemmaConfig& c) const override {
@@ -254,17 +245,6 @@ class GemmaArchitecture : public JsonConfigArchitecture<GemmaConfig> {
     d.vocab_size = c.vocab_size;
     d.context = c.max_position_embeddings;
     return d;
-  }
-  double count_parameters(const GemmaConfig& c) const override {
-    const double C = static_cast<double>(c.hidden_size);
-    const double F = static_cast<double>(c.intermediate_size);
-    const double D = static_cast<double>(c.head_dim);
-    const double Q = static_cast<double>(c.num_attention_heads) * D;
-    const double K = static_cast<double>(c.kv_heads()) * D;
-    const double layer = 2 * Q * C + 2 * K * C + (c.attention_bias ? Q + 2 * K + C : 0.0) +
-                         (c.qk_norm ? 2 * D : 0.0) + 3 * F * C + 4 * C;
-    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
-           static_cast<double>(c.num_hidden_layers) * layer + C;
   }
 
   std::vector<std::string> hf_model_types() const override {

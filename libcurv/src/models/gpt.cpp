@@ -10,6 +10,7 @@
 #include "core/fmt_torch.h"
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -126,71 +127,42 @@ class Gpt : public CausalLanguageModel {
   size_t head_ = 0;
 };
 
-class GptArchitecture : public TypedArchitecture<GptConfig> {
+class GptArchitecture : public DeclaredConfigArchitecture<GptConfig> {
  public:
   std::string name() const override { return "gpt"; }
-  double count_parameters(const GptConfig& c) const override {
-    // The constructor's tensors: embeddings, per layer two norms, the fused projection, the
-    // attention output and the MLP (biases with `bias`), the final norm and an untied head.
-    const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_width());
-    const double b = c.bias ? 1.0 : 0.0;
-    const double layer = 2 * (1 + b) * C + (3 * C * C + b * 3 * C) + (C * C + b * C) +
-                         (F * C + b * F) + (C * F + b * C);
-    return static_cast<double>(c.vocab_size + c.block_size) * C +
-           static_cast<double>(c.n_layer) * layer + (1 + b) * C +
-           (c.tied ? 0.0 : static_cast<double>(c.vocab_size) * C);
+  const ConfigFields<GptConfig>& fields() const override {
+    using C = GptConfig;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"block_size", &C::block_size, FieldBound::kPositive},
+        {"n_layer", &C::n_layer, FieldBound::kPositive},
+        {"n_head", &C::n_head, FieldBound::kPositive},
+        {"n_embd", &C::n_embd, FieldBound::kPositive},
+        {"bias", &C::bias},
+        {"tied", &C::tied},
+        {"activation", &C::activation},
+        {"layer_norm_eps", &C::layer_norm_eps, FieldBound::kPositive},
+        {"n_inner", &C::n_inner, FieldBound::kNonNegative},
+        {"conv1d", &C::conv1d}};
+    return fields;
   }
+  // dropout is accepted (nanoGPT configs carry it) but must be 0; it is no field of the model.
   std::vector<std::string> keys() const override {
-    // dropout is accepted (nanoGPT configs carry it) but must be 0.
-    return {"vocab_size", "block_size", "n_layer",    "n_head",         "n_embd",  "bias",
-            "tied",       "dropout",    "activation", "layer_norm_eps", "n_inner", "conv1d"};
+    auto keys = DeclaredConfigArchitecture::keys();
+    keys.push_back("dropout");
+    return keys;
   }
   GptConfig from_json(const nlohmann::json& j, const std::string& origin) const override {
-    GptConfig c;
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.block_size = j.value("block_size", c.block_size);
-    c.n_layer = j.value("n_layer", c.n_layer);
-    c.n_head = j.value("n_head", c.n_head);
-    c.n_embd = j.value("n_embd", c.n_embd);
-    c.bias = j.value("bias", c.bias);
-    c.tied = j.value("tied", c.tied);
-    c.activation = j.value("activation", c.activation);
-    c.layer_norm_eps = j.value("layer_norm_eps", c.layer_norm_eps);
-    c.n_inner = j.value("n_inner", c.n_inner);
-    c.conv1d = j.value("conv1d", c.conv1d);
     if (j.value("dropout", 0.0) != 0.0) {
       throw FormatError(
           fmt::format("{}: dropout must be 0: curvature is measured in eval mode", origin));
     }
-    return c;
+    return DeclaredConfigArchitecture::from_json(j, origin);
   }
-  nlohmann::json to_json_object(const GptConfig& c) const override {
-    return {{"vocab_size", c.vocab_size},
-            {"block_size", c.block_size},
-            {"n_layer", c.n_layer},
-            {"n_head", c.n_head},
-            {"n_embd", c.n_embd},
-            {"bias", c.bias},
-            {"tied", c.tied},
-            {"activation", c.activation},
-            {"layer_norm_eps", c.layer_norm_eps},
-            {"n_inner", c.n_inner},
-            {"conv1d", c.conv1d}};
-  }
-  void validate_config(const GptConfig& c) const override {
-    require_positive("vocab_size", c.vocab_size);
-    require_positive("block_size", c.block_size);
-    require_positive("n_layer", c.n_layer);
-    require_positive("n_head", c.n_head);
-    require_positive("n_embd", c.n_embd);
+  void check_relations(const GptConfig& c) const override {
     if (c.activation != "gelu" && c.activation != "gelu_tanh") {
       throw InvalidArgument(
           fmt::format("model config: activation = '{}': expected gelu or gelu_tanh", c.activation));
-    }
-    if (!(c.layer_norm_eps > 0) || c.n_inner < 0) {
-      throw InvalidArgument(
-          fmt::format("model config: layer_norm_eps = {} must be > 0 and n_inner = {} >= 0",
-                      c.layer_norm_eps, c.n_inner));
     }
     if (c.n_embd % c.n_head != 0) {
       throw InvalidArgument(fmt::format("model config: n_embd = {} is not divisible by n_head = {}",

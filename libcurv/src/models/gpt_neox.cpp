@@ -11,6 +11,7 @@
 
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -35,12 +36,6 @@ struct GptNeoxConfig {
     return static_cast<int64_t>(static_cast<double>(head_size()) * rotary_pct);
   }
 };
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GptNeoxConfig, vocab_size, hidden_size,
-                                                intermediate_size, num_hidden_layers,
-                                                num_attention_heads, max_position_embeddings,
-                                                rotary_pct, rotary_emb_base, layer_norm_eps,
-                                                use_parallel_residual, attention_bias, gelu_tanh)
 
 class GptNeox : public CausalLanguageModel {
  public:
@@ -137,24 +132,29 @@ class GptNeox : public CausalLanguageModel {
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
 };
 
-class GptNeoxArchitecture : public JsonConfigArchitecture<GptNeoxConfig> {
+class GptNeoxArchitecture : public DeclaredConfigArchitecture<GptNeoxConfig> {
  public:
   std::string name() const override { return "gpt_neox"; }
-  void validate_config(const GptNeoxConfig& c) const override {
-    require_positive("vocab_size", c.vocab_size);
-    require_positive("hidden_size", c.hidden_size);
-    require_positive("intermediate_size", c.intermediate_size);
-    require_positive("num_hidden_layers", c.num_hidden_layers);
-    require_positive("num_attention_heads", c.num_attention_heads);
-    require_positive("max_position_embeddings", c.max_position_embeddings);
-    require_positive("rotary_emb_base", c.rotary_emb_base);
-    require_positive("layer_norm_eps", c.layer_norm_eps);
-    if (c.hidden_size % c.num_attention_heads != 0) {
-      throw InvalidArgument(
-          fmt::format("model config: hidden_size = {} is not divisible by num_attention_heads = {}",
-                      c.hidden_size, c.num_attention_heads));
-    }
-    if (!(c.rotary_pct > 0 && c.rotary_pct <= 1) || c.rotary_dims() % 2 != 0) {
+  const ConfigFields<GptNeoxConfig>& fields() const override {
+    using C = GptNeoxConfig;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"rotary_pct", &C::rotary_pct, FieldBound::kPositive},
+        {"rotary_emb_base", &C::rotary_emb_base, FieldBound::kPositive},
+        {"layer_norm_eps", &C::layer_norm_eps, FieldBound::kPositive},
+        {"use_parallel_residual", &C::use_parallel_residual},
+        {"attention_bias", &C::attention_bias},
+        {"gelu_tanh", &C::gelu_tanh}};
+    return fields;
+  }
+  void check_relations(const GptNeoxConfig& c) const override {
+    check_attention_heads(c.num_attention_heads, 0, c.hidden_size, 0, false);
+    if (c.rotary_pct > 1 || c.rotary_dims() % 2 != 0) {
       throw InvalidArgument(fmt::format(
           "model config: rotary_pct = {} must be in (0, 1] and rotate an even number of a head's "
           "{} features (it rotates {})",
@@ -178,13 +178,6 @@ class GptNeoxArchitecture : public JsonConfigArchitecture<GptNeoxConfig> {
     d.vocab_size = c.vocab_size;
     d.context = c.max_position_embeddings;
     return d;
-  }
-  double count_parameters(const GptNeoxConfig& c) const override {
-    const double C = static_cast<double>(c.hidden_size);
-    const double F = static_cast<double>(c.intermediate_size);
-    const double layer = 4 * C + 4 * C * C + (c.attention_bias ? 4 * C : 0.0) + 2 * F * C + F + C;
-    return 2 * static_cast<double>(c.vocab_size) * C +
-           static_cast<double>(c.num_hidden_layers) * layer + 2 * C;
   }
 
   std::vector<std::string> hf_model_types() const override { return {"gpt_neox"}; }

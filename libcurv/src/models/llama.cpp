@@ -11,6 +11,7 @@
 
 #include "core/fmt_torch.h"
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -149,139 +150,62 @@ class Llama : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
+class LlamaArchitecture : public DeclaredConfigArchitecture<LlamaConfig> {
  public:
   std::string name() const override { return "llama"; }
-  std::vector<std::string> keys() const override {
-    return {"vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-            "rms_norm_eps",
-            "rope_theta",
-            "tie_word_embeddings",
-            "attention_bias",
-            "qkv_bias",
-            "mlp_bias",
-            "sliding_window",
-            "qk_norm",
-            "rope_type",
-            "rope_factor",
-            "rope_low_freq_factor",
-            "rope_high_freq_factor",
-            "rope_original_context",
-            "pad_token_id"};
+  const ConfigFields<LlamaConfig>& fields() const override {
+    using C = LlamaConfig;
+    // qk_norm, the rotary scaling and pad_token_id are written only where they change the model,
+    // so that configs of plain LLaMA models read (and compare, as --resume does) as before these
+    // fields existed.
+    using Written = bool (*)(const C&);
+    const Written scaled = [](const C& c) { return c.rope_type != "default"; };
+    const Written llama3 = [](const C& c) { return c.rope_type == "llama3"; };
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+        {"head_dim", &C::head_dim, FieldBound::kNonNegative},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+        {"tie_word_embeddings", &C::tie_word_embeddings},
+        {"attention_bias", &C::attention_bias},
+        {"qkv_bias", &C::qkv_bias},
+        {"mlp_bias", &C::mlp_bias},
+        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+        {"qk_norm", &C::qk_norm, FieldBound::kAny, [](const C& c) { return c.qk_norm; }},
+        {"rope_type", &C::rope_type, FieldBound::kAny, scaled},
+        {"rope_factor", &C::rope_factor, FieldBound::kPositive, scaled},
+        {"rope_low_freq_factor", &C::rope_low_freq_factor, FieldBound::kPositive, llama3},
+        {"rope_high_freq_factor", &C::rope_high_freq_factor, FieldBound::kPositive, llama3},
+        {"rope_original_context", &C::rope_original_context, FieldBound::kPositive, llama3},
+        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId,
+         [](const C& c) { return c.pad_token_id >= 0; }}};
+    return fields;
   }
-  LlamaConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    LlamaConfig c;
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.hidden_size = j.value("hidden_size", c.hidden_size);
-    c.intermediate_size = j.value("intermediate_size", c.intermediate_size);
-    c.num_hidden_layers = j.value("num_hidden_layers", c.num_hidden_layers);
-    c.num_attention_heads = j.value("num_attention_heads", c.num_attention_heads);
-    c.num_key_value_heads = j.value("num_key_value_heads", c.num_key_value_heads);
-    c.head_dim = j.value("head_dim", c.head_dim);
-    c.max_position_embeddings = j.value("max_position_embeddings", c.max_position_embeddings);
-    c.rms_norm_eps = j.value("rms_norm_eps", c.rms_norm_eps);
-    c.rope_theta = j.value("rope_theta", c.rope_theta);
-    c.tie_word_embeddings = j.value("tie_word_embeddings", c.tie_word_embeddings);
-    c.attention_bias = j.value("attention_bias", c.attention_bias);
-    c.qkv_bias = j.value("qkv_bias", c.qkv_bias);
-    c.mlp_bias = j.value("mlp_bias", c.mlp_bias);
-    c.sliding_window = j.value("sliding_window", c.sliding_window);
-    c.qk_norm = j.value("qk_norm", c.qk_norm);
-    c.rope_type = j.value("rope_type", c.rope_type);
-    c.rope_factor = j.value("rope_factor", c.rope_factor);
-    c.rope_low_freq_factor = j.value("rope_low_freq_factor", c.rope_low_freq_factor);
-    c.rope_high_freq_factor = j.value("rope_high_freq_factor", c.rope_high_freq_factor);
-    c.rope_original_context = j.value("rope_original_context", c.rope_original_context);
-    c.pad_token_id = j.value("pad_token_id", c.pad_token_id);
+  // The written config states the head counts and sizes it derives.
+  LlamaConfig written(const LlamaConfig& config) const override {
+    LlamaConfig c = config;
+    c.num_key_value_heads = c.kv_heads();
+    c.head_dim = c.head_size();
     return c;
   }
-  nlohmann::json to_json_object(const LlamaConfig& c) const override {
-    nlohmann::json j = {{"vocab_size", c.vocab_size},
-                        {"hidden_size", c.hidden_size},
-                        {"intermediate_size", c.intermediate_size},
-                        {"num_hidden_layers", c.num_hidden_layers},
-                        {"num_attention_heads", c.num_attention_heads},
-                        {"num_key_value_heads", c.kv_heads()},
-                        {"head_dim", c.head_size()},
-                        {"max_position_embeddings", c.max_position_embeddings},
-                        {"rms_norm_eps", c.rms_norm_eps},
-                        {"rope_theta", c.rope_theta},
-                        {"tie_word_embeddings", c.tie_word_embeddings},
-                        {"attention_bias", c.attention_bias},
-                        {"qkv_bias", c.qkv_bias},
-                        {"mlp_bias", c.mlp_bias},
-                        {"sliding_window", c.sliding_window}};
-    // Written only when they change the model, so configs of plain LLaMA models read as before.
-    if (c.qk_norm) j["qk_norm"] = true;
-    if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
-    if (c.rope_type != "default") {
-      j["rope_type"] = c.rope_type;
-      j["rope_factor"] = c.rope_factor;
-      if (c.rope_type == "llama3") {
-        j["rope_low_freq_factor"] = c.rope_low_freq_factor;
-        j["rope_high_freq_factor"] = c.rope_high_freq_factor;
-        j["rope_original_context"] = c.rope_original_context;
-      }
-    }
-    return j;
-  }
-  void validate_config(const LlamaConfig& c) const override {
-    require_positive("vocab_size", c.vocab_size);
-    require_positive("hidden_size", c.hidden_size);
-    require_positive("intermediate_size", c.intermediate_size);
-    require_positive("num_hidden_layers", c.num_hidden_layers);
-    require_positive("num_attention_heads", c.num_attention_heads);
-    require_positive("max_position_embeddings", c.max_position_embeddings);
-    require_positive("rms_norm_eps", c.rms_norm_eps);
-    require_positive("rope_theta", c.rope_theta);
-    if (c.num_key_value_heads < 0 || c.head_dim < 0 || c.sliding_window < 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {}, head_dim = {} and sliding_window = {} must "
-          "be >= 0",
-          c.num_key_value_heads, c.head_dim, c.sliding_window));
-    }
-    if (c.num_attention_heads % c.kv_heads() != 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {} does not divide num_attention_heads = {}",
-          c.kv_heads(), c.num_attention_heads));
-    }
-    if (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0) {
-      throw InvalidArgument(
-          fmt::format("model config: hidden_size = {} is not divisible by num_attention_heads = {} "
-                      "(give head_dim)",
-                      c.hidden_size, c.num_attention_heads));
-    }
-    if (c.head_size() % 2 != 0) {
-      throw InvalidArgument(
-          fmt::format("model config: head_dim = {} must be even (rotary embeddings rotate pairs)",
-                      c.head_size()));
-    }
+  void check_relations(const LlamaConfig& c) const override {
+    check_attention_heads(c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim,
+                          true);
     if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3") {
       throw InvalidArgument(
           fmt::format("model config: rope_type = \"{}\" is not built in (default, linear, llama3)",
                       c.rope_type));
     }
-    require_positive("rope_factor", c.rope_factor);
-    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
+    if (c.rope_type == "llama3" && !(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
       throw InvalidArgument(fmt::format(
-          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
-          c.pad_token_id, c.vocab_size));
-    }
-    if (c.rope_type == "llama3") {
-      require_positive("rope_low_freq_factor", c.rope_low_freq_factor);
-      require_positive("rope_original_context", static_cast<double>(c.rope_original_context));
-      if (!(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
-        throw InvalidArgument(fmt::format(
-            "model config: rope_high_freq_factor = {} must exceed rope_low_freq_factor = {}",
-            c.rope_high_freq_factor, c.rope_low_freq_factor));
-      }
+          "model config: rope_high_freq_factor = {} must exceed rope_low_freq_factor = {}",
+          c.rope_high_freq_factor, c.rope_low_freq_factor));
     }
   }
   std::string describe_config(const LlamaConfig& c) const override {
@@ -306,20 +230,6 @@ class LlamaArchitecture : public TypedArchitecture<LlamaConfig> {
     d.context = c.sliding_window > 0 ? std::min(c.sliding_window, c.max_position_embeddings)
                                      : c.max_position_embeddings;
     return d;
-  }
-
-  double count_parameters(const LlamaConfig& c) const override {
-    const double C = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_size());
-    const double H = static_cast<double>(c.num_attention_heads);
-    const double KV = static_cast<double>(c.kv_heads()),
-                 F = static_cast<double>(c.intermediate_size);
-    const bool qkv_bias = c.attention_bias || c.qkv_bias;
-    const double layer = (H * D * C + KV * D * C * 2 + C * H * D) +
-                         (qkv_bias ? H * D + 2 * KV * D : 0.0) + (c.attention_bias ? C : 0.0) +
-                         (c.qk_norm ? 2 * D : 0.0) + 3 * F * C + (c.mlp_bias ? 2 * F + C : 0.0) +
-                         2 * C;
-    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
-           static_cast<double>(c.num_hidden_layers) * layer + C;
   }
 
   std::vector<std::string> hf_model_types() const override {

@@ -14,6 +14,7 @@
 #include "core/fmt_torch.h"
 #include "curv/models/fused_ops.h"
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -147,42 +148,23 @@ class Modded : public CausalLanguageModel {
   size_t embed_ = 0, head_ = 0, norm1_ = 0, norm2_ = 0;
 };
 
-class ModdedArchitecture : public TypedArchitecture<ModdedConfig> {
+class ModdedArchitecture : public DeclaredConfigArchitecture<ModdedConfig> {
  public:
   std::string name() const override { return "modded"; }
-  std::vector<std::string> keys() const override {
-    return {"vocab_size", "num_layers", "model_dim",  "head_dim",
-            "context",    "logit_cap",  "loss_scale", "attention_scale"};
+  const ConfigFields<ModdedConfig>& fields() const override {
+    using C = ModdedConfig;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"num_layers", &C::num_layers, FieldBound::kPositive},
+        {"model_dim", &C::model_dim, FieldBound::kPositive},
+        {"head_dim", &C::head_dim, FieldBound::kPositive},
+        {"context", &C::context, FieldBound::kPositive},
+        {"logit_cap", &C::logit_cap, FieldBound::kNonNegative},
+        {"loss_scale", &C::loss_scale, FieldBound::kPositive},
+        {"attention_scale", &C::attention_scale, FieldBound::kPositive}};
+    return fields;
   }
-  ModdedConfig from_json(const nlohmann::json& j, const std::string&) const override {
-    ModdedConfig c;
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.num_layers = j.value("num_layers", c.num_layers);
-    c.model_dim = j.value("model_dim", c.model_dim);
-    c.head_dim = j.value("head_dim", c.head_dim);
-    c.context = j.value("context", c.context);
-    c.logit_cap = j.value("logit_cap", c.logit_cap);
-    c.loss_scale = j.value("loss_scale", c.loss_scale);
-    c.attention_scale = j.value("attention_scale", c.attention_scale);
-    return c;
-  }
-  nlohmann::json to_json_object(const ModdedConfig& c) const override {
-    return {{"vocab_size", c.vocab_size}, {"num_layers", c.num_layers},
-            {"model_dim", c.model_dim},   {"head_dim", c.head_dim},
-            {"context", c.context},       {"logit_cap", c.logit_cap},
-            {"loss_scale", c.loss_scale}, {"attention_scale", c.attention_scale}};
-  }
-  void validate_config(const ModdedConfig& c) const override {
-    require_positive("vocab_size", c.vocab_size);
-    require_positive("num_layers", c.num_layers);
-    require_positive("model_dim", c.model_dim);
-    require_positive("head_dim", c.head_dim);
-    require_positive("context", c.context);
-    require_positive("loss_scale", c.loss_scale);
-    require_positive("attention_scale", c.attention_scale);
-    if (c.logit_cap < 0) {
-      throw InvalidArgument(fmt::format("model config: logit_cap = {} must be >= 0", c.logit_cap));
-    }
+  void check_relations(const ModdedConfig& c) const override {
     if (c.model_dim % c.head_dim != 0 || c.head_dim % 4 != 0) {
       throw InvalidArgument(fmt::format(
           "model config: head_dim = {} must divide model_dim = {} and be a multiple of 4",

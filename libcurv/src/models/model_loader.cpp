@@ -28,13 +28,13 @@ namespace {
 // beside a 97-row embedding) must fail here, not in the allocator.
 void check_config_fits(const ModelConfig& config, const std::string& origin,
                        const StoredWeights& weights) {
-  const double implied = config.parameter_count();
-  if (weights.elements < 0 || !std::isfinite(implied)) return;
+  if (weights.elements < 0) return;
   const double stored = static_cast<double>(weights.elements);
-  if (implied <= 4.0 * stored) return;
+  const double implied = config.parameter_count(4.0 * stored);  // a lower bound above that
+  if (!std::isfinite(implied) || implied <= 4.0 * stored) return;
   throw FormatError(fmt::format(
-      "{}: the config describes {} with {:.4g} parameters, but the weights ({}) hold {}: the "
-      "config does not belong to these weights",
+      "{}: the config describes {} with at least {:.4g} parameters, but the weights ({}) hold {}: "
+      "the config does not belong to these weights",
       origin, config.describe(), implied, weights.origin, weights.elements));
 }
 

@@ -34,8 +34,8 @@ void ModelConfig::throw_wrong_type(const char* requested) const {
 
 ModelData ModelConfig::data() const { return find_architecture(arch_).data(config_); }
 
-double ModelConfig::parameter_count() const {
-  return find_architecture(arch_).parameter_count(config_);
+double ModelConfig::parameter_count(double stop_above) const {
+  return find_architecture(arch_).parameter_count(config_, stop_above);
 }
 
 void ModelConfig::validate() const { find_architecture(arch_).validate(config_); }
@@ -150,7 +150,21 @@ std::string ModelConfig::describe() const { return find_architecture(arch_).desc
 // ---------------------------------------------------------------------------------------------
 // Shared by the built-in models
 
+namespace {
+thread_local ParameterTally* active_tally = nullptr;
+}  // namespace
+
+ParameterTally::ParameterTally(double limit) : limit_(limit), previous_(active_tally) {
+  active_tally = this;
+}
+
+ParameterTally::~ParameterTally() { active_tally = previous_; }
+
 at::Tensor& FunctionalModel::add(const std::string& name, at::Tensor value) {
+  if (active_tally != nullptr) {
+    active_tally->count_ += static_cast<double>(value.numel());
+    if (active_tally->count_ > active_tally->limit_) throw ParameterTally::Exceeded{};
+  }
   names_.push_back(name);
   params_.push_back(value.set_requires_grad(true));
   return params_.back();
@@ -195,6 +209,26 @@ std::unique_ptr<Objective> make_model(const ModelConfig& config, const ModelInit
 void require_positive(const char* field, double value) {
   if (!(value > 0)) {
     throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+  }
+}
+
+void check_attention_heads(int64_t heads, int64_t kv_heads, int64_t hidden, int64_t head_dim,
+                           bool rotary) {
+  const int64_t kv = kv_heads > 0 ? kv_heads : heads;
+  if (heads % kv != 0) {
+    throw InvalidArgument(fmt::format(
+        "model config: num_key_value_heads = {} does not divide num_attention_heads = {}", kv,
+        heads));
+  }
+  if (head_dim == 0 && hidden % heads != 0) {
+    throw InvalidArgument(
+        fmt::format("model config: hidden_size = {} is not divisible by num_attention_heads = {}",
+                    hidden, heads));
+  }
+  const int64_t size = head_dim > 0 ? head_dim : hidden / heads;
+  if (rotary && size % 2 != 0) {
+    throw InvalidArgument(fmt::format(
+        "model config: a head's {} features must be even (rotary embeddings rotate pairs)", size));
   }
 }
 

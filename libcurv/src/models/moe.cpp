@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -55,12 +56,6 @@ struct MoeConfig {
     return std::find(dense_layers.begin(), dense_layers.end(), layer) != dense_layers.end();
   }
 };
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
-    MoeConfig, vocab_size, hidden_size, intermediate_size, expert_intermediate_size,
-    num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
-    num_experts, num_experts_per_tok, norm_topk_prob, dense_layers, rms_norm_eps, rope_theta,
-    sliding_window, attention_bias, tie_word_embeddings, pad_token_id)
 
 const char* family_name(MoeFamily f) {
   switch (f) {
@@ -248,7 +243,7 @@ class MixtureOfExperts : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
+class MoeArchitecture : public DeclaredConfigArchitecture<MoeConfig> {
  public:
   explicit MoeArchitecture(MoeFamily family) : family_(family) {}
 
@@ -256,30 +251,33 @@ class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
   // Mixtral renormalises the chosen probabilities, OLMoE and Qwen3-MoE do not by default: the
   // defaults of absent keys.
   std::any defaults() const override { return family_defaults(); }
-  void validate_config(const MoeConfig& c) const override {
-    for (const auto& [field, value] :
-         {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},
-          std::pair{"hidden_size", static_cast<double>(c.hidden_size)},
-          std::pair{"intermediate_size", static_cast<double>(c.intermediate_size)},
-          std::pair{"expert_intermediate_size", static_cast<double>(c.expert_intermediate_size)},
-          std::pair{"num_hidden_layers", static_cast<double>(c.num_hidden_layers)},
-          std::pair{"num_attention_heads", static_cast<double>(c.num_attention_heads)},
-          std::pair{"max_position_embeddings", static_cast<double>(c.max_position_embeddings)},
-          std::pair{"num_experts", static_cast<double>(c.num_experts)},
-          std::pair{"num_experts_per_tok", static_cast<double>(c.num_experts_per_tok)},
-          std::pair{"rms_norm_eps", c.rms_norm_eps}, std::pair{"rope_theta", c.rope_theta}}) {
-      require_positive(field, value);
-    }
-    if (c.num_key_value_heads < 0 || c.head_dim < 0 || c.sliding_window < 0 ||
-        c.num_attention_heads % c.kv_heads() != 0 || c.head_size() % 2 != 0 ||
-        (c.head_dim == 0 && c.hidden_size % c.num_attention_heads != 0)) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {} must divide num_attention_heads = {} into heads "
-          "of an even head_dim = {} (0: hidden_size / num_attention_heads, hidden_size = {}); "
-          "sliding_window = {} must be >= 0",
-          c.num_key_value_heads, c.num_attention_heads, c.head_dim, c.hidden_size,
-          c.sliding_window));
-    }
+  const ConfigFields<MoeConfig>& fields() const override {
+    using C = MoeConfig;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"expert_intermediate_size", &C::expert_intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+        {"head_dim", &C::head_dim, FieldBound::kNonNegative},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"num_experts", &C::num_experts, FieldBound::kPositive},
+        {"num_experts_per_tok", &C::num_experts_per_tok, FieldBound::kPositive},
+        {"norm_topk_prob", &C::norm_topk_prob},
+        {"dense_layers", &C::dense_layers},
+        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+        {"attention_bias", &C::attention_bias},
+        {"tie_word_embeddings", &C::tie_word_embeddings},
+        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    return fields;
+  }
+  void check_relations(const MoeConfig& c) const override {
+    check_attention_heads(c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.head_dim,
+                          true);
     if (c.num_experts_per_tok > c.num_experts) {
       throw InvalidArgument(
           fmt::format("model config: num_experts_per_tok = {} exceeds num_experts = {}",
@@ -291,11 +289,6 @@ class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
             "model config: dense_layers holds {}, not a layer of num_hidden_layers = {}", l,
             c.num_hidden_layers));
       }
-    }
-    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
-      throw InvalidArgument(fmt::format(
-          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
-          c.pad_token_id, c.vocab_size));
     }
   }
   std::string describe_config(const MoeConfig& c) const override {
@@ -319,26 +312,6 @@ class MoeArchitecture : public JsonConfigArchitecture<MoeConfig> {
     d.vocab_size = c.vocab_size;
     d.context = c.max_position_embeddings;
     return d;
-  }
-  double count_parameters(const MoeConfig& c) const override {
-    const double C = static_cast<double>(c.hidden_size);
-    const double D = static_cast<double>(c.head_size());
-    const double Q = static_cast<double>(c.num_attention_heads) * D;
-    const double K = static_cast<double>(c.kv_heads()) * D;
-    const double qk_norm = family_ == MoeFamily::kOlmoe      ? Q + K
-                           : family_ == MoeFamily::kQwen3Moe ? 2 * D
-                                                             : 0.0;
-    const double attention =
-        2 * Q * C + 2 * K * C + (c.attention_bias ? Q + 2 * K + C : 0.0) + qk_norm + 2 * C;
-    const double experts = static_cast<double>(c.num_experts) *
-                               (3 * static_cast<double>(c.expert_intermediate_size) * C) +
-                           static_cast<double>(c.num_experts) * C;
-    const double dense = 3 * static_cast<double>(c.intermediate_size) * C;
-    double total = static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) + C;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      total += attention + (c.dense(l) ? dense : experts);
-    }
-    return total;
   }
 
   std::vector<std::string> hf_model_types() const override { return {family_name(family_)}; }

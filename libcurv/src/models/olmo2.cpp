@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -32,12 +33,6 @@ struct Olmo2Config {
   }
   int64_t head_size() const { return hidden_size / num_attention_heads; }
 };
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Olmo2Config, vocab_size, hidden_size,
-                                                intermediate_size, num_hidden_layers,
-                                                num_attention_heads, num_key_value_heads,
-                                                max_position_embeddings, rms_norm_eps, rope_theta,
-                                                attention_bias, tie_word_embeddings, pad_token_id)
 
 class Olmo2 : public CausalLanguageModel {
  public:
@@ -117,32 +112,28 @@ class Olmo2 : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class Olmo2Architecture : public JsonConfigArchitecture<Olmo2Config> {
+class Olmo2Architecture : public DeclaredConfigArchitecture<Olmo2Config> {
  public:
   std::string name() const override { return "olmo2"; }
-  void validate_config(const Olmo2Config& c) const override {
-    for (const auto& [field, value] :
-         {std::pair{"vocab_size", static_cast<double>(c.vocab_size)},
-          std::pair{"hidden_size", static_cast<double>(c.hidden_size)},
-          std::pair{"intermediate_size", static_cast<double>(c.intermediate_size)},
-          std::pair{"num_hidden_layers", static_cast<double>(c.num_hidden_layers)},
-          std::pair{"num_attention_heads", static_cast<double>(c.num_attention_heads)},
-          std::pair{"max_position_embeddings", static_cast<double>(c.max_position_embeddings)},
-          std::pair{"rms_norm_eps", c.rms_norm_eps}, std::pair{"rope_theta", c.rope_theta}}) {
-      require_positive(field, value);
-    }
-    if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
-        c.hidden_size % c.num_attention_heads != 0 || c.head_size() % 2 != 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {} must divide num_attention_heads = {}, which "
-          "must divide hidden_size = {} into heads of an even size",
-          c.num_key_value_heads, c.num_attention_heads, c.hidden_size));
-    }
-    if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
-      throw InvalidArgument(fmt::format(
-          "model config: pad_token_id = {} must be a token id below vocab_size = {} (or -1: none)",
-          c.pad_token_id, c.vocab_size));
-    }
+  const ConfigFields<Olmo2Config>& fields() const override {
+    using C = Olmo2Config;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+        {"attention_bias", &C::attention_bias},
+        {"tie_word_embeddings", &C::tie_word_embeddings},
+        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    return fields;
+  }
+  void check_relations(const Olmo2Config& c) const override {
+    check_attention_heads(c.num_attention_heads, c.num_key_value_heads, c.hidden_size, 0, true);
   }
   std::string describe_config(const Olmo2Config& c) const override {
     return fmt::format(
@@ -161,16 +152,6 @@ class Olmo2Architecture : public JsonConfigArchitecture<Olmo2Config> {
     d.vocab_size = c.vocab_size;
     d.context = c.max_position_embeddings;
     return d;
-  }
-  double count_parameters(const Olmo2Config& c) const override {
-    const double C = static_cast<double>(c.hidden_size),
-                 F = static_cast<double>(c.intermediate_size);
-    const double Q = static_cast<double>(c.num_attention_heads * c.head_size());
-    const double K = static_cast<double>(c.kv_heads() * c.head_size());
-    const double layer = 2 * Q * C + 2 * K * C + (c.attention_bias ? Q + 2 * K + C : 0.0) + Q + K +
-                         3 * F * C + 2 * C;
-    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
-           static_cast<double>(c.num_hidden_layers) * layer + C;
   }
 
   std::vector<std::string> hf_model_types() const override { return {"olmo2"}; }

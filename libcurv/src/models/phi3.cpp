@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "models/architecture.h"
+#include "models/config_schema.h"
 #include "models/transformer_parts.h"
 
 namespace curv {
@@ -38,13 +39,6 @@ struct Phi3Config {
     return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
   }
 };
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Phi3Config, vocab_size, hidden_size,
-                                                intermediate_size, num_hidden_layers,
-                                                num_attention_heads, num_key_value_heads,
-                                                max_position_embeddings, rms_norm_eps, rope_theta,
-                                                partial_rotary_factor, sliding_window,
-                                                tie_word_embeddings, pad_token_id)
 
 class Phi3 : public CausalLanguageModel {
  public:
@@ -128,37 +122,34 @@ class Phi3 : public CausalLanguageModel {
   size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
-class Phi3Architecture : public JsonConfigArchitecture<Phi3Config> {
+class Phi3Architecture : public DeclaredConfigArchitecture<Phi3Config> {
  public:
   std::string name() const override { return "phi3"; }
-  void validate_config(const Phi3Config& c) const override {
-    require_positive("vocab_size", static_cast<double>(c.vocab_size));
-    require_positive("hidden_size", static_cast<double>(c.hidden_size));
-    require_positive("intermediate_size", static_cast<double>(c.intermediate_size));
-    require_positive("num_hidden_layers", static_cast<double>(c.num_hidden_layers));
-    require_positive("num_attention_heads", static_cast<double>(c.num_attention_heads));
-    require_positive("max_position_embeddings", static_cast<double>(c.max_position_embeddings));
-    require_positive("rms_norm_eps", c.rms_norm_eps);
-    require_positive("rope_theta", c.rope_theta);
-    if (c.num_key_value_heads < 0 || c.num_attention_heads % c.kv_heads() != 0 ||
-        c.hidden_size % c.num_attention_heads != 0) {
-      throw InvalidArgument(fmt::format(
-          "model config: num_key_value_heads = {} must divide num_attention_heads = {}, which "
-          "must divide hidden_size = {}",
-          c.num_key_value_heads, c.num_attention_heads, c.hidden_size));
-    }
-    if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) ||
-        c.rotary_dims() % 2 != 0) {
+  const ConfigFields<Phi3Config>& fields() const override {
+    using C = Phi3Config;
+    static const ConfigFields<C> fields = {
+        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
+        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+        {"partial_rotary_factor", &C::partial_rotary_factor, FieldBound::kPositive},
+        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+        {"tie_word_embeddings", &C::tie_word_embeddings},
+        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    return fields;
+  }
+  void check_relations(const Phi3Config& c) const override {
+    check_attention_heads(c.num_attention_heads, c.num_key_value_heads, c.hidden_size, 0, false);
+    if (c.partial_rotary_factor > 1 || c.rotary_dims() % 2 != 0) {
       throw InvalidArgument(fmt::format(
           "model config: partial_rotary_factor = {} must be in (0, 1] and rotate an even number "
           "of a head's {} features (it rotates {})",
           c.partial_rotary_factor, c.head_size(), c.rotary_dims()));
-    }
-    if (c.sliding_window < 0 || c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size) {
-      throw InvalidArgument(fmt::format(
-          "model config: sliding_window = {} must be >= 0 and pad_token_id = {} a token id below "
-          "vocab_size = {} (or -1: none)",
-          c.sliding_window, c.pad_token_id, c.vocab_size));
     }
   }
   std::string describe_config(const Phi3Config& c) const override {
@@ -179,16 +170,6 @@ class Phi3Architecture : public JsonConfigArchitecture<Phi3Config> {
     d.context = c.sliding_window > 0 ? std::min(c.sliding_window, c.max_position_embeddings)
                                      : c.max_position_embeddings;
     return d;
-  }
-  double count_parameters(const Phi3Config& c) const override {
-    const double C = static_cast<double>(c.hidden_size);
-    const double F = static_cast<double>(c.intermediate_size);
-    const double D = static_cast<double>(c.head_size());
-    const double H = static_cast<double>(c.num_attention_heads);
-    const double KV = static_cast<double>(c.kv_heads());
-    const double layer = (H + 2 * KV) * D * C + C * H * D + 3 * F * C + 2 * C;
-    return static_cast<double>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
-           static_cast<double>(c.num_hidden_layers) * layer + C;
   }
 
   std::vector<std::string> hf_model_types() const override { return {"phi3"}; }

@@ -35,7 +35,7 @@ Registry& registry() {
 
 }  // namespace
 
-double Architecture::parameter_count(const std::any&) const {
+double Architecture::parameter_count(const std::any&, double) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 

@@ -72,6 +72,20 @@ SharedTensorSource memory_tensor_source(std::vector<std::pair<std::string, at::T
 // `base` does not list.
 SharedTensorSource renamed_tensor_source(SharedTensorSource base,
                                          std::vector<std::pair<std::string, std::string>> names);
+// A part of one of a base source's tensors under a name of its own: the box of `shape` at
+// `offsets` (one per dimension of `in_base`) in tensor `in_base`, whose leading
+// offsets.size() − shape.size() dimensions are dropped, each selecting the one index its offset
+// gives (expert e of a fused [E, rows, cols] tensor: offsets {e, row, 0}, shape {rows, cols}).
+// Empty offsets and shape: the whole tensor.
+struct TensorSlice {
+  std::string name;
+  std::string in_base;
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> shape;
+};
+// A view of `base` holding the slices, in that order. InvalidArgument naming the base tensor when
+// it is not listed or a slice does not lie inside it, and for a name given twice.
+SharedTensorSource sliced_tensor_source(SharedTensorSource base, std::vector<TensorSlice> slices);
 // Every tensor of `source`, in entries() order (the whole-checkpoint convenience).
 std::vector<std::pair<std::string, at::Tensor>> read_all(const TensorSource& source);
 

@@ -6,6 +6,7 @@
 
 #include <any>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <typeinfo>
@@ -158,8 +159,9 @@ class ModelConfig {
   }
   // What data the model reads (ModelData in registry.h): tools choose their data by it.
   ModelData data() const;
-  // Architecture::parameter_count: the numbers the parameters hold (NaN: not known).
-  double parameter_count() const;
+  // Architecture::parameter_count: the numbers the parameters hold (NaN: not known; above
+  // `stop_above`, a lower bound).
+  double parameter_count(double stop_above = std::numeric_limits<double>::infinity()) const;
 
   void validate() const;  // throws InvalidArgument naming the field and value
   // JSON: {"arch": "gpt", "vocab_size": 512, "n_layer": 4, ...} or

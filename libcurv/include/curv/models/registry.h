@@ -7,6 +7,7 @@
 
 #include <any>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,10 +54,13 @@ class Architecture {
   // The model, drawn from init.seed; its Objective::structure() is the architecture's exact one.
   virtual std::unique_ptr<Objective> make(const std::any& config, const ModelInit& init) const = 0;
   virtual ModelData data(const std::any& config) const = 0;
-  // How many numbers the model's parameters hold, by arithmetic on the config alone (nothing is
-  // built), so that a config can be checked against the weights before anything is allocated;
-  // NaN where the architecture does not say.
-  virtual double parameter_count(const std::any& config) const;
+  // How many numbers the model's parameters hold, from the config alone and before anything is
+  // allocated (the built-in language models are built on the meta device: shapes, no storage),
+  // so that a config can be checked against the weights; NaN where the architecture does not
+  // say. Counting may stop once it passes `stop_above` (a config of 10⁸ layers is not built
+  // through): a result above it is a lower bound. Call on a validated config.
+  virtual double parameter_count(const std::any& config,
+                                 double stop_above = std::numeric_limits<double>::infinity()) const;
   // The Hugging Face model_type values (config.json) this architecture reads; empty: none.
   virtual std::vector<std::string> hf_model_types() const { return {}; }
   // The config from a Hugging Face config.json's text; FormatError naming `origin` and the field
