@@ -292,7 +292,65 @@ TEST_CASE("a Lanczos basis kept on the host gives the same numbers as one on the
   density.basis = KrylovBasis::kHost;
   CHECK(spectral_density(op, density).nodes == d_device.nodes);
   CHECK(parse_krylov_basis("host") == KrylovBasis::kHost);
-  CHECK_THROWS_WITH(parse_krylov_basis("disk"), Catch::Matchers::Contains("device or host"));
+  CHECK(parse_krylov_basis("none") == KrylovBasis::kNone);
+  CHECK_THROWS_WITH(parse_krylov_basis("disk"), Catch::Matchers::Contains("device, host or none"));
+}
+
+TEST_CASE("Lanczos without a basis finds the extreme eigenpairs of a known spectrum",
+          "[spectrum]") {
+  // 600 eigenvalues: a bulk in [−1, 2], the top 8 and 7.5, the bottom −1.05 just below the bulk:
+  // 8 converges long before −1.05 does, and the plain recurrence loses orthogonality meanwhile.
+  Eigen::VectorXd values = Eigen::VectorXd::LinSpaced(600, -1.0, 2.0);
+  values[0] = -1.05;
+  values[598] = 7.5;
+  values[599] = 8.0;
+  DenseOperator op = rotated(values, 5);
+  EigenOptions eig;
+  eig.top = 1;
+  eig.bottom = 1;
+  eig.tol = 1e-10;
+  eig.bound = ErrorBound::kResidual;
+  eig.max_hvps = 400;
+  eig.basis = KrylovBasis::kNone;
+  const EigenResult none = extreme_eigenpairs(op, eig);
+  INFO(none.brief());
+  REQUIRE(none.converged());
+  CHECK(none.iterations > 60);
+  CHECK(none.largest[0].value == Approx(8.0).epsilon(1e-10));
+  CHECK(none.smallest[0].value == Approx(-1.05).epsilon(1e-10));
+  INFO("the Ritz vectors come from the recurrence run again: measured residuals are small");
+  CHECK(none.residuals_measured);
+  CHECK(none.largest[0].residual < 1e-6);
+  CHECK(none.smallest[0].residual < 1e-6);
+  CHECK(none.hvps == 2 * none.iterations - 1);
+  const at::Tensor v = none.largest[0].vector;
+  REQUIRE(v.defined());
+  const at::Tensor hv = op.apply(v / v.norm());
+  CHECK(hv.dot(v / v.norm()).item<double>() == Approx(8.0).epsilon(1e-9));
+  INFO("with a basis, the same values");
+  eig.basis = KrylovBasis::kDevice;
+  const EigenResult kept = extreme_eigenpairs(op, eig);
+  CHECK(kept.largest[0].value == Approx(none.largest[0].value).epsilon(1e-11));
+  CHECK(kept.smallest[0].value == Approx(none.smallest[0].value).epsilon(1e-11));
+  INFO("more than one eigenvalue per end needs a basis");
+  eig.basis = KrylovBasis::kNone;
+  eig.top = 2;
+  CHECK_THROWS_WITH(extreme_eigenpairs(op, eig), Catch::Matchers::Contains("one per end"));
+  INFO("a density's moments need no basis: the low ones equal those with a basis");
+  DensityOptions density;
+  density.runs = 2;
+  density.steps = 80;
+  const DensityResult with_basis = spectral_density(op, density);
+  density.basis = KrylovBasis::kNone;
+  const DensityResult d = spectral_density(op, density);
+  CHECK(d.hvps == with_basis.hvps);
+  for (int k = 0; k <= 4; ++k) {
+    CHECK(d.moment(k) == Approx(with_basis.moment(k)).epsilon(1e-10));
+  }
+  TraceOptions trace;
+  trace.method = TraceMethod::kHutchPlusPlus;
+  trace.basis = KrylovBasis::kNone;
+  CHECK_THROWS_WITH(estimate_trace(op, trace), Catch::Matchers::Contains("Hutch++"));
 }
 
 TEST_CASE("an operator refuses a vector of another length, dtype or device", "[spectrum]") {

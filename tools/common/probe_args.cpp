@@ -267,11 +267,12 @@ void SpectrumArgs::add_to(CLI::App& app) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
   app.add_option("--krylov-basis", krylov_basis,
                  "Where the Lanczos basis of --spectrum and --density and Hutch++'s sketch of "
-                 "--trace live: device (the model's; no transfer per HVP) or host (pinned host "
+                 "--trace live: device (the model's; no transfer per HVP), host (pinned host "
                  "memory on a GPU: device memory for a few vectors only, the vectors copied in "
-                 "as they are used)")
+                 "as they are used) or none (three vectors, no reorthogonalisation: one "
+                 "eigenvalue per end, Ritz vectors by running again; not for hutchpp)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"device", "host"}));
+      ->check(CLI::IsMember({"device", "host", "none"}));
   app.add_flag("--spectrum-blocks", spectrum_blocks,
                "Also eigenvalues and traces of each block's H_ll (blocks as --blocks)");
   app.add_option("--trace", trace, "Trace of H per checkpoint: none, hutchinson, hutchpp")
@@ -341,6 +342,7 @@ const FlagNames& SpectrumArgs::flags() {
       {"EigenOptions", "--eig-top/--eig-bottom"},  {"TraceOptions.matvecs", "--trace-hvps"},
       {"DensityOptions.runs", "--slq-runs"},       {"DensityOptions.steps", "--slq-steps"},
       {"DensityOptions.sigma", "--density-sigma"}, {"DensityOptions.grid", "--density-grid"},
+      {"EigenOptions.basis", "--krylov-basis"},    {"TraceOptions.basis", "--krylov-basis"},
   };
   return map;
 }

@@ -116,7 +116,7 @@ struct Krylov {
 
 inline at::TensorOptions basis_options(const LinearOperator& op, KrylovBasis where) {
   at::TensorOptions o = vector_options(op);
-  if (where == KrylovBasis::kDevice) return o;
+  if (where != KrylovBasis::kHost) return o;
   return o.device(c10::kCPU).pinned_memory(op.device().is_cuda());
 }
 
@@ -132,6 +132,7 @@ template <class Stop>
 void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, KrylovBasis where,
              Krylov& k, Stop stop) {
   const int64_t n = op.rows();
+  const bool kept = where != KrylovBasis::kNone;
   const at::TensorOptions basis = basis_options(op, where), device = vector_options(op);
   max_steps = std::min(max_steps, n);
   const double start_norm = norm_value(start);
@@ -140,14 +141,14 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
   // q_j and q_{j−1} on the device: the recurrence's own terms, never staged.
   at::Tensor current = moved(start / start_norm, device), previous;
   at::Tensor staging = spilled ? at::empty({n}, device) : at::Tensor();
-  k.q.push_back(moved(current, basis));
+  if (kept) k.q.push_back(moved(current, basis));
   double scale = 0.0;  // largest |α| or β seen: what "negligibly small β" is relative to
   for (int64_t j = 0; j < max_steps; ++j) {
     at::Tensor w = apply(op, current);
     const double a = dot_value(current, w);
     w.sub_(current, a);
     if (j > 0) w.sub_(previous, k.beta[j - 1]);
-    for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = 0; pass < (kept ? 2 : 0); ++pass) {
       for (size_t i = 0; i < k.q.size(); ++i) {
         const auto ii = static_cast<int64_t>(i);
         const at::Tensor& q = !spilled      ? k.q[i]
@@ -168,9 +169,33 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
     if (j + 1 < max_steps) {
       previous = current;
       current = w.div_(b);
-      k.q.push_back(spilled ? moved(current, basis) : current);
+      if (kept) k.q.push_back(spilled ? moved(current, basis) : current);
     }
   }
+}
+
+// The Ritz vectors Σ_l c(l) q_l, one per column of coefficients c, of a Lanczos run `k` that kept
+// no basis (KrylovBasis::kNone): the recurrence run again from `start` with k's own α and β, each
+// q_l added into the vectors as it is formed; m − 1 HVPs for m steps, three vectors besides the
+// results.
+inline std::vector<at::Tensor> rerun_ritz_vectors(
+    LinearOperator& op, const at::Tensor& start, const Krylov& k,
+    const std::vector<Eigen::VectorXd>& coefficients) {
+  const int64_t m = static_cast<int64_t>(k.alpha.size());
+  const at::TensorOptions device = vector_options(op);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < coefficients.size(); ++i) out.push_back(at::zeros({op.rows()}, device));
+  at::Tensor current = moved(start / norm_value(start), device), previous;
+  for (int64_t l = 0; l < m; ++l) {
+    for (size_t i = 0; i < coefficients.size(); ++i) out[i].add_(current, coefficients[i][l]);
+    if (l + 1 == m) break;
+    at::Tensor w = apply(op, current);
+    w.sub_(current, k.alpha[l]);
+    if (l > 0) w.sub_(previous, k.beta[l - 1]);
+    previous = current;
+    current = w.div_(k.beta[l]);
+  }
+  return out;
 }
 
 // Eigen-decomposition of the current tridiagonal T_m (ascending eigenvalues).

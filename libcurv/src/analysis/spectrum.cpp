@@ -62,7 +62,8 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
   Random rng(o.seed);
   Krylov k;
   bool converged = false;
-  lanczos(op, rng.gaussian(n, vector_options(op)), o.max_hvps, o.basis, k, [&](const Krylov& kr) {
+  const at::Tensor start = rng.gaussian(n, vector_options(op));
+  lanczos(op, start, o.max_hvps, o.basis, k, [&](const Krylov& kr) {
     const int64_t m = static_cast<int64_t>(kr.alpha.size());
     auto eig = tridiagonal_eigen(kr, true);
     const Eigen::VectorXd& theta = eig.eigenvalues();
@@ -112,15 +113,29 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
     p.value = theta[i];
     p.residual = lanczos_residual(k, s, i);
     p.error_bound = error_bound(theta, i, p.residual, o.bound);
-    if (o.keep_vectors || o.check_residuals) {
+    if ((o.keep_vectors || o.check_residuals) && !k.q.empty()) {
       at::Tensor v = at::zeros({n}, k.q[0].options());
       for (int64_t l = 0; l < m; ++l) v.add_(k.q[l], s(l, i));
       p.vector = moved(v, vector_options(op));
     }
     return p;
   };
+  std::vector<int64_t> wanted;
+  for (int64_t i = 0; i < std::min(top, m); ++i) wanted.push_back(m - 1 - i);
+  for (int64_t i = 0; i < std::min(bottom, m); ++i) wanted.push_back(i);
   for (int64_t i = 0; i < std::min(top, m); ++i) result.largest.push_back(pair(m - 1 - i));
   for (int64_t i = 0; i < std::min(bottom, m); ++i) result.smallest.push_back(pair(i));
+  if (k.q.empty() && (o.keep_vectors || o.check_residuals)) {
+    // No basis was kept: the vectors from the same recurrence again.
+    std::vector<Eigen::VectorXd> coefficients;
+    for (int64_t i : wanted) coefficients.push_back(s.col(i));
+    std::vector<at::Tensor> vectors = rerun_ritz_vectors(op, start, k, coefficients);
+    result.hvps += m - 1;
+    size_t next = 0;
+    for (auto* pairs : {&result.largest, &result.smallest}) {
+      for (auto& p : *pairs) p.vector = std::move(vectors[next++]);
+    }
+  }
   return result;
 }
 
@@ -239,11 +254,19 @@ EigenResult solve_power(LinearOperator& op, const EigenOptions& o) {
 KrylovBasis parse_krylov_basis(const std::string& text) {
   if (text == "device") return KrylovBasis::kDevice;
   if (text == "host") return KrylovBasis::kHost;
-  throw InvalidArgument(fmt::format("Krylov basis '{}': expected device or host", text));
+  if (text == "none") return KrylovBasis::kNone;
+  throw InvalidArgument(fmt::format("Krylov basis '{}': expected device, host or none", text));
 }
 
 std::string to_string(KrylovBasis basis) {
-  return basis == KrylovBasis::kDevice ? "device" : "host";
+  switch (basis) {
+    case KrylovBasis::kDevice:
+      return "device";
+    case KrylovBasis::kHost:
+      return "host";
+    default:
+      return "none";
+  }
 }
 
 EigenMethod parse_eigen_method(const std::string& text) {
@@ -289,6 +312,12 @@ void EigenOptions::validate() const {
                         {{"EigenOptions.max_hvps", fmt::format("{}", max_hvps)}});
   if (ncv < 0)
     throw InvalidOption("{0} must be >= 0", {{"EigenOptions.ncv", fmt::format("{}", ncv)}});
+  if (method == EigenMethod::kLanczos && basis == KrylovBasis::kNone && (top > 1 || bottom > 1)) {
+    throw InvalidOption(
+        "{0}: Lanczos without a basis repeats converged eigenvalues, so it finds one per end "
+        "(top, bottom <= 1); keep a basis (device or host) for more",
+        {{"EigenOptions.basis", "none"}});
+  }
   if (method == EigenMethod::kPower && bottom > 0) {
     throw InvalidOption(
         "{0}: power iteration finds the largest |λ| only; use the lanczos or spectra method",

@@ -24,6 +24,10 @@ std::string to_string(TraceMethod method) {
 }
 
 void TraceOptions::validate() const {
+  if (method == TraceMethod::kHutchPlusPlus && basis == KrylovBasis::kNone) {
+    throw InvalidOption("{0}: Hutch++ keeps its sketch and basis; give device or host",
+                        {{"TraceOptions.basis", "none"}});
+  }
   const int64_t least = method == TraceMethod::kHutchinson ? 2 : 6;
   if (matvecs < least) {
     throw InvalidOption(fmt::format("{{0}} must be >= {} for {}", least, to_string(method)),

@@ -51,8 +51,16 @@ enum class KrylovBasis {
   // reorthogonalisation still run on the device, which holds four vectors; each Gram–Schmidt
   // pass copies the spilled vectors in one at a time, and each step's new vector goes out.
   kHost,
+  // No basis: the three-term recurrence alone, without reorthogonalisation, so the device holds
+  // three vectors at any step count (a λ_max of a model whose float64 copies do not fit by the
+  // dozen). Rounding makes converged Ritz values reappear as copies (Paige), so the eigen-solver
+  // gives one eigenvalue per end (top, bottom <= 1); its Ritz vectors, when wanted (residual
+  // checks, kept vectors), come from running the same recurrence again from the same start (as
+  // many HVPs once more). Each spectral density run needs only T's entries; its moments keep
+  // their accuracy without reorthogonalisation, its nodes may repeat. Not for Hutch++'s sketch.
+  kNone,
 };
-KrylovBasis parse_krylov_basis(const std::string& text);  // "device" | "host"
+KrylovBasis parse_krylov_basis(const std::string& text);  // "device" | "host" | "none"
 std::string to_string(KrylovBasis basis);
 
 struct EigenOptions {
