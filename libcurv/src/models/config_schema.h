@@ -10,6 +10,7 @@
 
 #include <any>
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
@@ -43,6 +44,21 @@ struct ConfigField {
 
 template <typename Config>
 using ConfigFields = std::vector<ConfigField<Config>>;
+
+// The fields every Hugging Face decoder's config has, for a struct with these members, followed
+// by `own`: the architecture's other fields.
+template <typename C>
+ConfigFields<C> decoder_fields(std::initializer_list<ConfigField<C>> own) {
+  ConfigFields<C> fields = {
+      {"vocab_size", &C::vocab_size, FieldBound::kPositive},
+      {"hidden_size", &C::hidden_size, FieldBound::kPositive},
+      {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
+      {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
+      {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
+      {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive}};
+  fields.insert(fields.end(), own);
+  return fields;
+}
 
 // A TypedArchitecture whose config is declared by fields(); check_relations() checks what one
 // field's bound cannot say (a head count dividing another, a list's length), after the bounds.

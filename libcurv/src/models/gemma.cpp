@@ -179,29 +179,23 @@ class GemmaArchitecture : public DeclaredConfigArchitecture<GemmaConfig> {
   std::any defaults() const override { return generation_defaults(); }
   const ConfigFields<GemmaConfig>& fields() const override {
     using C = GemmaConfig;
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
-        {"head_dim", &C::head_dim, FieldBound::kPositive},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
-        {"query_pre_attn_scalar", &C::query_pre_attn_scalar, FieldBound::kPositive},
-        {"layer_types", &C::layer_types},
-        {"sliding_window", &C::sliding_window, FieldBound::kPositive},
-        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
-        {"rope_factor", &C::rope_factor, FieldBound::kPositive},
-        {"rope_local_theta", &C::rope_local_theta, FieldBound::kPositive},
-        {"attn_logit_softcapping", &C::attn_logit_softcapping, FieldBound::kNonNegative},
-        {"final_logit_softcapping", &C::final_logit_softcapping, FieldBound::kNonNegative},
-        {"qk_norm", &C::qk_norm},
-        {"gelu_tanh", &C::gelu_tanh},
-        {"attention_bias", &C::attention_bias},
-        {"tie_word_embeddings", &C::tie_word_embeddings},
-        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    static const ConfigFields<C> fields = decoder_fields<C>(
+        {{"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+         {"head_dim", &C::head_dim, FieldBound::kPositive},
+         {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+         {"query_pre_attn_scalar", &C::query_pre_attn_scalar, FieldBound::kPositive},
+         {"layer_types", &C::layer_types},
+         {"sliding_window", &C::sliding_window, FieldBound::kPositive},
+         {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+         {"rope_factor", &C::rope_factor, FieldBound::kPositive},
+         {"rope_local_theta", &C::rope_local_theta, FieldBound::kPositive},
+         {"attn_logit_softcapping", &C::attn_logit_softcapping, FieldBound::kNonNegative},
+         {"final_logit_softcapping", &C::final_logit_softcapping, FieldBound::kNonNegative},
+         {"qk_norm", &C::qk_norm},
+         {"gelu_tanh", &C::gelu_tanh},
+         {"attention_bias", &C::attention_bias},
+         {"tie_word_embeddings", &C::tie_word_embeddings},
+         {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}});
     return fields;
   }
   void check_relations(const GemmaConfig& c) const override {

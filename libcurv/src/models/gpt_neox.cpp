@@ -137,19 +137,13 @@ class GptNeoxArchitecture : public DeclaredConfigArchitecture<GptNeoxConfig> {
   std::string name() const override { return "gpt_neox"; }
   const ConfigFields<GptNeoxConfig>& fields() const override {
     using C = GptNeoxConfig;
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"rotary_pct", &C::rotary_pct, FieldBound::kPositive},
-        {"rotary_emb_base", &C::rotary_emb_base, FieldBound::kPositive},
-        {"layer_norm_eps", &C::layer_norm_eps, FieldBound::kPositive},
-        {"use_parallel_residual", &C::use_parallel_residual},
-        {"attention_bias", &C::attention_bias},
-        {"gelu_tanh", &C::gelu_tanh}};
+    static const ConfigFields<C> fields =
+        decoder_fields<C>({{"rotary_pct", &C::rotary_pct, FieldBound::kPositive},
+                           {"rotary_emb_base", &C::rotary_emb_base, FieldBound::kPositive},
+                           {"layer_norm_eps", &C::layer_norm_eps, FieldBound::kPositive},
+                           {"use_parallel_residual", &C::use_parallel_residual},
+                           {"attention_bias", &C::attention_bias},
+                           {"gelu_tanh", &C::gelu_tanh}});
     return fields;
   }
   void check_relations(const GptNeoxConfig& c) const override {

@@ -161,30 +161,24 @@ class LlamaArchitecture : public DeclaredConfigArchitecture<LlamaConfig> {
     using Written = bool (*)(const C&);
     const Written scaled = [](const C& c) { return c.rope_type != "default"; };
     const Written llama3 = [](const C& c) { return c.rope_type == "llama3"; };
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
-        {"head_dim", &C::head_dim, FieldBound::kNonNegative},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
-        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
-        {"tie_word_embeddings", &C::tie_word_embeddings},
-        {"attention_bias", &C::attention_bias},
-        {"qkv_bias", &C::qkv_bias},
-        {"mlp_bias", &C::mlp_bias},
-        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
-        {"qk_norm", &C::qk_norm, FieldBound::kAny, [](const C& c) { return c.qk_norm; }},
-        {"rope_type", &C::rope_type, FieldBound::kAny, scaled},
-        {"rope_factor", &C::rope_factor, FieldBound::kPositive, scaled},
-        {"rope_low_freq_factor", &C::rope_low_freq_factor, FieldBound::kPositive, llama3},
-        {"rope_high_freq_factor", &C::rope_high_freq_factor, FieldBound::kPositive, llama3},
-        {"rope_original_context", &C::rope_original_context, FieldBound::kPositive, llama3},
-        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId,
-         [](const C& c) { return c.pad_token_id >= 0; }}};
+    static const ConfigFields<C> fields = decoder_fields<C>(
+        {{"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+         {"head_dim", &C::head_dim, FieldBound::kNonNegative},
+         {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+         {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+         {"tie_word_embeddings", &C::tie_word_embeddings},
+         {"attention_bias", &C::attention_bias},
+         {"qkv_bias", &C::qkv_bias},
+         {"mlp_bias", &C::mlp_bias},
+         {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+         {"qk_norm", &C::qk_norm, FieldBound::kAny, [](const C& c) { return c.qk_norm; }},
+         {"rope_type", &C::rope_type, FieldBound::kAny, scaled},
+         {"rope_factor", &C::rope_factor, FieldBound::kPositive, scaled},
+         {"rope_low_freq_factor", &C::rope_low_freq_factor, FieldBound::kPositive, llama3},
+         {"rope_high_freq_factor", &C::rope_high_freq_factor, FieldBound::kPositive, llama3},
+         {"rope_original_context", &C::rope_original_context, FieldBound::kPositive, llama3},
+         {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId,
+          [](const C& c) { return c.pad_token_id >= 0; }}});
     return fields;
   }
   // The written config states the head counts and sizes it derives.

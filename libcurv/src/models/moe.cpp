@@ -253,26 +253,20 @@ class MoeArchitecture : public DeclaredConfigArchitecture<MoeConfig> {
   std::any defaults() const override { return family_defaults(); }
   const ConfigFields<MoeConfig>& fields() const override {
     using C = MoeConfig;
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"expert_intermediate_size", &C::expert_intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
-        {"head_dim", &C::head_dim, FieldBound::kNonNegative},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"num_experts", &C::num_experts, FieldBound::kPositive},
-        {"num_experts_per_tok", &C::num_experts_per_tok, FieldBound::kPositive},
-        {"norm_topk_prob", &C::norm_topk_prob},
-        {"dense_layers", &C::dense_layers},
-        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
-        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
-        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
-        {"attention_bias", &C::attention_bias},
-        {"tie_word_embeddings", &C::tie_word_embeddings},
-        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    static const ConfigFields<C> fields = decoder_fields<C>(
+        {{"expert_intermediate_size", &C::expert_intermediate_size, FieldBound::kPositive},
+         {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+         {"head_dim", &C::head_dim, FieldBound::kNonNegative},
+         {"num_experts", &C::num_experts, FieldBound::kPositive},
+         {"num_experts_per_tok", &C::num_experts_per_tok, FieldBound::kPositive},
+         {"norm_topk_prob", &C::norm_topk_prob},
+         {"dense_layers", &C::dense_layers},
+         {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+         {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+         {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+         {"attention_bias", &C::attention_bias},
+         {"tie_word_embeddings", &C::tie_word_embeddings},
+         {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}});
     return fields;
   }
   void check_relations(const MoeConfig& c) const override {

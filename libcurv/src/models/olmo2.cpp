@@ -117,19 +117,13 @@ class Olmo2Architecture : public DeclaredConfigArchitecture<Olmo2Config> {
   std::string name() const override { return "olmo2"; }
   const ConfigFields<Olmo2Config>& fields() const override {
     using C = Olmo2Config;
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
-        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
-        {"attention_bias", &C::attention_bias},
-        {"tie_word_embeddings", &C::tie_word_embeddings},
-        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    static const ConfigFields<C> fields = decoder_fields<C>(
+        {{"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+         {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+         {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+         {"attention_bias", &C::attention_bias},
+         {"tie_word_embeddings", &C::tie_word_embeddings},
+         {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}});
     return fields;
   }
   void check_relations(const Olmo2Config& c) const override {

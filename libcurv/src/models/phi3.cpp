@@ -127,20 +127,14 @@ class Phi3Architecture : public DeclaredConfigArchitecture<Phi3Config> {
   std::string name() const override { return "phi3"; }
   const ConfigFields<Phi3Config>& fields() const override {
     using C = Phi3Config;
-    static const ConfigFields<C> fields = {
-        {"vocab_size", &C::vocab_size, FieldBound::kPositive},
-        {"hidden_size", &C::hidden_size, FieldBound::kPositive},
-        {"intermediate_size", &C::intermediate_size, FieldBound::kPositive},
-        {"num_hidden_layers", &C::num_hidden_layers, FieldBound::kPositive},
-        {"num_attention_heads", &C::num_attention_heads, FieldBound::kPositive},
-        {"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
-        {"max_position_embeddings", &C::max_position_embeddings, FieldBound::kPositive},
-        {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
-        {"rope_theta", &C::rope_theta, FieldBound::kPositive},
-        {"partial_rotary_factor", &C::partial_rotary_factor, FieldBound::kPositive},
-        {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
-        {"tie_word_embeddings", &C::tie_word_embeddings},
-        {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}};
+    static const ConfigFields<C> fields = decoder_fields<C>(
+        {{"num_key_value_heads", &C::num_key_value_heads, FieldBound::kNonNegative},
+         {"rms_norm_eps", &C::rms_norm_eps, FieldBound::kPositive},
+         {"rope_theta", &C::rope_theta, FieldBound::kPositive},
+         {"partial_rotary_factor", &C::partial_rotary_factor, FieldBound::kPositive},
+         {"sliding_window", &C::sliding_window, FieldBound::kNonNegative},
+         {"tie_word_embeddings", &C::tie_word_embeddings},
+         {"pad_token_id", &C::pad_token_id, FieldBound::kTokenId}});
     return fields;
   }
   void check_relations(const Phi3Config& c) const override {
