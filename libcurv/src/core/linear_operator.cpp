@@ -65,25 +65,27 @@ c10::Device HessianOperator::device() const { return engine_.device(); }
 
 at::Tensor HessianOperator::product(const at::Tensor& x) {
   const auto& space = engine_.space();
-  const ParamVector& like = engine_.gradient();
   // A sub-matrix's vector is left undefined off S and its product formed on S alone: the second
   // backward starts from S's gradients and differentiates toward S only, so autograd skips every
   // product that cannot reach H_SS x (hvp(v, support, targets)).
   const bool whole = params_.size() == space.size();
-  ParamVector v(like.size());
+  // Views of x, not copies: the engine reads them (converting to the parameters' dtype where that
+  // differs) and writes nothing into them.
+  ParamVector v(space.size());
   int64_t offset = 0;
   for (size_t i : params_) {
-    // A copy in the parameters' dtype, on the device x is on already.
-    v[i] = x.narrow(0, offset, space[i].numel)
-               .view(space[i].shape)
-               .to(like[i].scalar_type(), false, /*copy=*/true);
+    v[i] = x.narrow(0, offset, space[i].numel).reshape(space[i].shape);
     offset += space[i].numel;
   }
   const ParamVector hv = whole ? engine_.hvp(v) : engine_.hvp(v, params_, params_);
-  std::vector<at::Tensor> parts;
-  parts.reserve(params_.size());
-  for (size_t i : params_) parts.push_back(hv[i].detach().reshape(-1).to(at::kDouble));
-  return at::cat(parts);
+  // Each product written once into the flat float64 result, converted as it is copied.
+  at::Tensor out = at::empty({rows_}, x.options());
+  offset = 0;
+  for (size_t i : params_) {
+    out.narrow(0, offset, space[i].numel).view(hv[i].sizes()).copy_(hv[i].detach());
+    offset += space[i].numel;
+  }
+  return out;
 }
 
 DenseOperator::DenseOperator(Eigen::MatrixXd matrix) : matrix_(std::move(matrix)) {
