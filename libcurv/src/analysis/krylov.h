@@ -148,7 +148,7 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
     const double a = dot_value(current, w);
     w.sub_(current, a);
     if (j > 0) w.sub_(previous, k.beta[j - 1]);
-    for (int pass = 0; pass < (kept ? 2 : 0); ++pass) {
+    for (int pass = 0; pass < 2; ++pass) {  // over no vectors when no basis is kept
       for (size_t i = 0; i < k.q.size(); ++i) {
         const auto ii = static_cast<int64_t>(i);
         const at::Tensor& q = !spilled      ? k.q[i]

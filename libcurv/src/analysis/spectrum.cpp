@@ -120,20 +120,23 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
     }
     return p;
   };
+  // The wanted Ritz values' indices in theta: the largest first, then the smallest.
   std::vector<int64_t> wanted;
   for (int64_t i = 0; i < std::min(top, m); ++i) wanted.push_back(m - 1 - i);
   for (int64_t i = 0; i < std::min(bottom, m); ++i) wanted.push_back(i);
-  for (int64_t i = 0; i < std::min(top, m); ++i) result.largest.push_back(pair(m - 1 - i));
-  for (int64_t i = 0; i < std::min(bottom, m); ++i) result.smallest.push_back(pair(i));
+  const size_t largest = static_cast<size_t>(std::min(top, m));
+  for (size_t j = 0; j < wanted.size(); ++j) {
+    (j < largest ? result.largest : result.smallest).push_back(pair(wanted[j]));
+  }
   if (k.q.empty() && (o.keep_vectors || o.check_residuals)) {
     // No basis was kept: the vectors from the same recurrence again.
     std::vector<Eigen::VectorXd> coefficients;
     for (int64_t i : wanted) coefficients.push_back(s.col(i));
     std::vector<at::Tensor> vectors = rerun_ritz_vectors(op, start, k, coefficients);
     result.hvps += m - 1;
-    size_t next = 0;
-    for (auto* pairs : {&result.largest, &result.smallest}) {
-      for (auto& p : *pairs) p.vector = std::move(vectors[next++]);
+    for (size_t j = 0; j < wanted.size(); ++j) {
+      RitzPair& p = j < largest ? result.largest[j] : result.smallest[j - largest];
+      p.vector = std::move(vectors[j]);
     }
   }
   return result;
