@@ -184,6 +184,48 @@ TEST_CASE("ndsprobe resumes: finished units are kept, not recomputed", "[ndsprob
   CHECK(read_file(out) == before);
 }
 
+TEST_CASE("ndsprobe in bfloat16: every unit records its precision; --resume at another is refused",
+          "[ndsprobe][low_precision]") {
+  Fixture f;
+  const std::string out = f.dir.file("bf16.h5");
+  const std::string base =
+      f.run + " --data " + f.data + " --steps 0:10 --directions delta,adamw.whatif";
+  int rc = 0;
+  const std::string log = f.ndsprobe(base + " --dtype bfloat16 -o " + out, &rc);
+  INFO(log);
+  REQUIRE(rc == 0);
+  {
+    H5Reader r(out);
+    CHECK(r.attribute_string("/", "dtype") == "bfloat16");
+    CHECK(r.attribute_string("/", "vector_dtype") == "float32");
+    for (const std::string unit :
+         {"/runs/run_a/step_0/delta", "/runs/run_a/step_10/adamw.whatif"}) {
+      INFO(unit);
+      CHECK(r.attribute_string(unit, "dtype") == "bfloat16");
+      CHECK(r.attribute_string(unit, "vector_dtype") == "float32");
+      CHECK(r.attribute_string(unit, "hvp_method") == "exact");
+      CHECK(std::isfinite(r.attribute_double(unit, "nds")));
+    }
+  }
+  const std::string before = read_file(out);
+  auto refused = [&](const std::string& args, const std::string& message) {
+    int status = 0;
+    const std::string text = f.ndsprobe(base + args + " --resume -o " + out, &status);
+    INFO("args: " << args << "\noutput: " << text);
+    CHECK(status != 0);
+    CHECK_THAT(text, Catch::Matchers::Contains(message));
+    CHECK(read_file(out) == before);
+  };
+  refused(" --dtype float32", "its dtype is 'bfloat16', this run's is 'float32'");
+  refused(" --dtype bfloat16 --vector-dtype float64",
+          "its vector_dtype is 'float32', this run's is 'float64'");
+  refused(" --dtype bfloat16 --hvp fd", "its hvp_method is 'exact', this run's is 'fd'");
+  // At the same precision it resumes.
+  rc = -1;
+  f.ndsprobe(base + " --dtype bfloat16 --vector-dtype float32 --resume -o " + out, &rc);
+  CHECK(rc == 0);
+}
+
 TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",
           "[ndsprobe][spectrum]") {
   Fixture f;

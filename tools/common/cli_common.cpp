@@ -17,9 +17,18 @@ void RuntimeArgs::add_to(CLI::App& app) {
   app.add_option("--threads", threads, "ATen threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--dtype", dtype, "Floating dtype of the model and all curvature numbers")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"float32", "float64"}));
+  if (sixteen_bit) {
+    app.add_option("--dtype", dtype,
+                   "Floating dtype of the model's parameters and activations: float64, float32, "
+                   "bfloat16 or float16 (as a checkpoint stores them; float16 on the CPU needs "
+                   "LibTorch 2)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
+  } else {
+    app.add_option("--dtype", dtype, "Floating dtype of the model and all curvature numbers")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"float32", "float64"}));
+  }
   app.add_option("--device", device, "Device: cpu, or cuda / cuda:N with a CUDA LibTorch")
       ->capture_default_str();
   app.add_option("--seed", seed, "Seed of every random choice (directions, estimators)")
@@ -85,7 +94,8 @@ const FlagNames& ModelArgs::flags() {
 }
 
 const FlagNames& RuntimeArgs::flags() {
-  static const FlagNames map = {{"DistributedOptions.timeout_seconds", "--dist-timeout"}};
+  static const FlagNames map = {{"DistributedOptions.timeout_seconds", "--dist-timeout"},
+                                {"ModelInit.dtype", "--dtype"}};
   return map;
 }
 

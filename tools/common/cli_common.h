@@ -30,6 +30,8 @@ struct RuntimeArgs {
   uint64_t seed = 0;
   bool quiet = false;
   int64_t dist_timeout = DistributedOptions{}.timeout_seconds;
+  // Whether --dtype takes bfloat16 and float16 (probing does; training keeps float32 or float64).
+  bool sixteen_bit = true;
 
   void add_to(CLI::App& app);
   ModelInit model_init() const;  // seed, dtype, device

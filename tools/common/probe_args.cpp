@@ -351,6 +351,17 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_option("--hvp", hvp, "HVP method: exact (double backward) or fd (central differences)")
       ->capture_default_str()
       ->check(CLI::IsMember({"exact", "fd"}));
+  app.add_option("--vector-dtype", vector_dtype,
+                 "Dtype of directions, gradients and HVPs: auto (the model's, float32 for a "
+                 "16-bit model), float64, float32, bfloat16 or float16; dot products and norms "
+                 "accumulate in float64 whatever it is")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "float64", "float32", "bfloat16", "float16"}));
+  app.add_option("--fd-step", fd_step,
+                 "With --hvp fd: the norm of the perturbation h·v; 0 picks one by the model's "
+                 "dtype (docs/concepts.md)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-kept-graphs", max_kept_graphs,
                  "Keep at most N gradient graphs between HVPs, one per probe batch or, with "
                  "--micro-batch, per slice (0 = all)")
@@ -419,6 +430,8 @@ const FlagNames& DirectionArgs::flags() {
 const FlagNames& EngineArgs::flags() {
   static const FlagNames map = {
       {"EngineOptions.hvp_method", "--hvp"},
+      {"EngineOptions.vector_dtype", "--vector-dtype"},
+      {"EngineOptions.fd_step", "--fd-step"},
       {"EngineOptions.max_kept_graphs", "--max-kept-graphs"},
       {"EngineOptions.max_memory", "--max-memory"},
       {"EngineOptions.micro_batch", "--micro-batch"},
@@ -440,6 +453,10 @@ FlagNames probe_flag_names() {
 EngineOptions EngineArgs::to_options() const {
   EngineOptions options;
   options.hvp_method = parse_hvp_method(hvp);
+  if (vector_dtype != "auto") {
+    options.vector_dtype = parse_vector_dtype(vector_dtype, at::kDouble, "--vector-dtype");
+  }
+  options.fd_step = fd_step;
   options.max_kept_graphs = max_kept_graphs;
   options.max_memory = parse_bytes(max_memory, "--max-memory");
   options.micro_batch = micro_batch;

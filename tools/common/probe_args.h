@@ -121,6 +121,8 @@ int64_t parse_bytes(const std::string& text, const std::string& flag);
 // --hvp, --max-kept-graphs, --max-memory.
 struct EngineArgs {
   std::string hvp = "exact";
+  std::string vector_dtype = "auto";  // EngineOptions::vector_dtype ("auto": Undefined)
+  double fd_step = 0.0;
   int64_t max_kept_graphs = 0;
   std::string max_memory = "0";   // bytes, or with a K, M, G or T suffix (powers of 1024)
   int64_t micro_batch = 0;        // examples per slice of a probe batch; 0 = whole batches

@@ -187,6 +187,7 @@ int run(int argc, char** argv) {
   train.add_to(app);
   data.add_to(app);
   probe.add_to(app);
+  runtime.sixteen_bit = false;
   runtime.add_to(app);
   try {
     app.parse(argc, argv);

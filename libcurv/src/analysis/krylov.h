@@ -17,6 +17,7 @@
 
 #include "curv/analysis/spectrum.h"
 #include "curv/core/error.h"
+#include "curv/core/param_space.h"
 
 namespace curv::krylov {
 
@@ -85,10 +86,18 @@ class Random {
   uint64_t state_;
 };
 
-inline double dot_value(const at::Tensor& a, const at::Tensor& b) {
-  return at::dot(a, b).item<double>();
+// a·b as a 0-dim tensor on the vectors' device: BLAS's in float64, accumulated in float64 for
+// vectors of a narrower dtype.
+inline at::Tensor dot_tensor(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kDouble ? at::dot(a, b) : float64_dot(a, b);
 }
-inline double norm_value(const at::Tensor& a) { return a.norm().item<double>(); }
+inline double dot_value(const at::Tensor& a, const at::Tensor& b) {
+  return dot_tensor(a, b).item<double>();
+}
+inline double norm_value(const at::Tensor& a) {
+  return a.scalar_type() == at::kDouble ? a.norm().item<double>()
+                                        : std::sqrt(float64_dot(a, a).item<double>());
+}
 
 inline at::Tensor apply(LinearOperator& op, const at::Tensor& x) {
   at::Tensor y = op.apply(x);
@@ -156,7 +165,7 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
                               : ii == j - 1 ? previous
                                             : staging.copy_(k.q[i], /*non_blocking=*/true);
         // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
-        w.addcmul_(q, at::dot(q, w), -1);
+        w.addcmul_(q, dot_tensor(q, w), -1);
       }
     }
     const double b = norm_value(w);

@@ -31,7 +31,7 @@ ScaledOperator::ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d) 
                                       d.size(), inner_.rows()));
   }
   d_ = at::from_blob(const_cast<double*>(d.data()), {d.size()}, at::kDouble)
-           .to(inner_.device(), false, /*copy=*/true);
+           .to(inner_.device(), inner_.dtype(), false, /*copy=*/true);
 }
 
 at::Tensor ScaledOperator::product(const at::Tensor& x) { return inner_.apply(x * d_).mul_(d_); }

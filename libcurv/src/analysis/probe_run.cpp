@@ -466,7 +466,8 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
       context.partition.clear();
       context.optimizer_rule.clear();
       context.optimizer_recognition.clear();
-      ParamVector u = d.compute(context);
+      // In the engine's vector dtype whatever the direction was built in.
+      ParamVector u = converted(d.compute(context), engine.vector_dtype());
       if (k == state.last_state_reader) state.release_state();
       UnitContext unit{engine, pass.blocks, report, run.name, info.step, direction, u};
       unit.landing = d.landing(context);
@@ -477,6 +478,10 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
       }
       if (unit.taylor && !unit.nonzero()) ++pass.summary.zero_directions;
       const ReportGroup group = report.unit_group(run.name, info.step, direction);
+      // The precision the unit's numbers were measured at.
+      group.attribute("dtype", dtype_name(engine.parameter_dtype()));
+      group.attribute("vector_dtype", dtype_name(engine.vector_dtype()));
+      group.attribute("hvp_method", hvp_method_name(engine.options().hvp_method));
       if (!context.note.empty()) group.attribute("note", context.note);
       // Which rule each parameter got (aligned with the root attribute param_names).
       if (!context.partition.empty()) group.attribute("partition", context.partition);
@@ -545,6 +550,7 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
   provenance.probe_hash = probe.hash();
   provenance.blocks = job.blocks.describe();
   provenance.hvp_method = job.engine.hvp_method;
+  provenance.vector_dtype = dtype_name(engine.vector_dtype());
   provenance.extra["matmul_precision"] = to_string(job.run.matmul_precision);
   provenance.extra["probe_data"] = job.data.path;
   provenance.extra["param_names"] = fmt::format("{}", fmt::join(objective.space().names(), ","));

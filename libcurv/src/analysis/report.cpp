@@ -188,6 +188,7 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume,
   w.attribute("/", "command_line", p.command_line);
   w.attribute("/", "model", p.model);
   w.attribute("/", "dtype", p.dtype);
+  w.attribute("/", "vector_dtype", p.vector_dtype.empty() ? p.dtype : p.vector_dtype);
   // Written as text so resume compares it exactly, whatever its size.
   w.attribute("/", "seed", std::to_string(p.seed));
   w.attribute("/", "probe_examples", p.probe_examples);
@@ -206,9 +207,12 @@ ProbeReport::ProbeReport(std::string path, Provenance p, bool resume,
 void ProbeReport::load_for_resume(const std::string& source, const Provenance& p) {
   writer_ = std::make_unique<H5Writer>(H5Writer::load(source));
   H5Reader reader(source);
-  auto check = [&](const char* key, const std::string& ours) {
-    const std::string theirs =
-        reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
+  // `written_before`: what a file from before the attribute existed held.
+  auto check = [&](const char* key, const std::string& ours, const char* written_before = nullptr) {
+    std::string theirs = reader.has_attribute("/", key) ? reader.attribute_string("/", key) : "";
+    if (theirs.empty() && written_before && reader.has_attribute("/", written_before)) {
+      theirs = reader.attribute_string("/", written_before);
+    }
     if (theirs != ours) {
       throw InvalidArgument(
           Error::literal(fmt::format("cannot resume '{}': its {} is '{}', this run's is '{}' "
@@ -220,7 +224,11 @@ void ProbeReport::load_for_resume(const std::string& source, const Provenance& p
   };
   check("schema", kSchema);
   check("model", p.model);
+  // Numbers of another precision would sit beside these as if comparable.
   check("dtype", p.dtype);
+  // Files from before vector dtypes kept their vectors in the model's dtype.
+  check("vector_dtype", p.vector_dtype.empty() ? p.dtype : p.vector_dtype, "dtype");
+  check("hvp_method", hvp_method_name(p.hvp_method));
   check("probe_hash", p.probe_hash);
   check("blocks", p.blocks);
   check("seed", std::to_string(p.seed));

@@ -86,10 +86,6 @@ TrainingData language_data(const TrainingDataOptions& o, const ModelData& lm) {
   return d;
 }
 
-std::string dtype_name(at::ScalarType dtype) {
-  return dtype == at::kDouble ? "float64" : dtype == at::kFloat ? "float32" : "other";
-}
-
 // Keeps the rows of OUT/log.csv up to `step`: rows logged after the checkpoint a run resumes
 // from are redone by it.
 void truncate_log(const std::string& path, int64_t step) {
@@ -191,6 +187,14 @@ void TrainingRunOptions::validate() const {
   model.validate();
   optimizer.validate();
   schedule.validate();
+  if (is_16_bit(init.dtype)) {
+    // Training in 16 bits needs float32 master weights and state, which these runs do not keep;
+    // their float32 checkpoints can be probed in 16 bits.
+    throw InvalidOption(fmt::format("{{0}} {}: training runs are float32 or float64 (their "
+                                    "checkpoints can be probed in 16 bits)",
+                                    dtype_name(init.dtype)),
+                        {{"ModelInit.dtype", ""}});
+  }
   if (out.empty())
     throw InvalidOption("{0}: no checkpoint directory", {{"TrainingRunOptions.out", ""}});
   if (save_every < 1 || eval_every < 1) {

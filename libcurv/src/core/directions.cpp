@@ -19,7 +19,11 @@ class DeltaDirection : public Direction {
   std::string unavailable(const DirectionContext& c) const override {
     return c.theta_next.empty() ? "no next checkpoint to take a delta to" : "";
   }
-  ParamVector compute(DirectionContext& c) override { return sub(c.theta_next, c.theta); }
+  ParamVector compute(DirectionContext& c) override {
+    // In the engine's vector dtype: the difference of two 16-bit checkpoints is not 16-bit.
+    return c.engine ? sub(c.theta_next, c.theta, c.engine->vector_dtype())
+                    : sub(c.theta_next, c.theta);
+  }
   const ParamVector* landing(const DirectionContext& c) const override { return &c.theta_next; }
 };
 
@@ -37,8 +41,9 @@ class RandomDirection : public Direction {
   std::string name() const override { return "random"; }
   bool reads_saved_state() const override { return false; }
   ParamVector compute(DirectionContext& c) override {
-    const ParamVector reference =
-        c.theta_next.empty() ? scaled(c.engine->gradient(), -1.0) : sub(c.theta_next, c.theta);
+    const ParamVector reference = c.theta_next.empty()
+                                      ? scaled(c.engine->gradient(), -1.0)
+                                      : sub(c.theta_next, c.theta, c.engine->vector_dtype());
     // One stream per (seed, step): reruns and resumed runs draw the same direction.
     auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed * 1000003ULL +
                                                         static_cast<uint64_t>(c.step));

@@ -21,45 +21,6 @@
 
 namespace curv {
 
-HvpMethod parse_hvp_method(const std::string& text) {
-  if (text == "exact") return HvpMethod::kExact;
-  if (text == "fd") return HvpMethod::kFiniteDifference;
-  throw InvalidOption("{0}: expected exact or fd",
-                      {{"EngineOptions.hvp_method", InvalidOption::literal(text)}});
-}
-
-std::string hvp_method_name(HvpMethod method) {
-  return method == HvpMethod::kExact ? "exact" : "fd";
-}
-
-void EngineOptions::validate() const {
-  if (max_kept_graphs < 0) {
-    throw InvalidOption("{0} must be >= 0",
-                        {{"EngineOptions.max_kept_graphs", fmt::format("{}", max_kept_graphs)}});
-  }
-  if (micro_batch < 0) {
-    throw InvalidOption("{0} must be >= 0 (0 = whole batches)",
-                        {{"EngineOptions.micro_batch", fmt::format("{}", micro_batch)}});
-  }
-  if (max_memory < 0) {
-    throw InvalidOption("{0} must be >= 0 (0 = no bound)",
-                        {{"EngineOptions.max_memory", fmt::format("{}", max_memory)}});
-  }
-  if (!(fd_step >= 0.0) || !std::isfinite(fd_step)) {
-    throw InvalidOption("{0} must be finite and >= 0",
-                        {{"EngineOptions.fd_step", fmt::format("{}", fd_step)}});
-  }
-}
-
-std::string EngineCounters::brief() const {
-  return fmt::format(
-      "{} forwards, {} backwards, {} second backwards, {} gradients, {} HVPs, {:.3f} s{}", forwards,
-      backwards, second_backwards, gradients, hvps, seconds,
-      graphs_over_budget > 0
-          ? fmt::format(", {} graphs not kept (memory budget)", graphs_over_budget)
-          : std::string());
-}
-
 namespace engine_detail {
 
 const char* const kTwiceDifferentiableHint =
@@ -73,7 +34,8 @@ ParamVector fill_undefined(ParamVector grads, const ParamVector& params) {
   return grads;
 }
 
-void accumulate(at::Tensor& acc, at::Tensor t, double w) {
+void accumulate(at::Tensor& acc, at::Tensor t, double w, at::ScalarType dtype) {
+  if (t.scalar_type() != dtype) t = t.to(dtype);
   if (acc.defined()) {
     acc.add_(t, w);
   } else if (t.use_count() == 1 && t.storage().use_count() == 1) {
@@ -83,9 +45,12 @@ void accumulate(at::Tensor& acc, at::Tensor t, double w) {
   }
 }
 
-void fill_zeros(ParamVector& acc, const ParamVector& params) {
+void fill_zeros(ParamVector& acc, const ParamVector& params, at::ScalarType dtype) {
   for (size_t i = 0; i < acc.size(); ++i) {
-    if (!acc[i].defined()) acc[i] = at::zeros_like(params[i], at::MemoryFormat::Contiguous);
+    if (!acc[i].defined()) {
+      acc[i] =
+          at::zeros_like(params[i], params[i].options().dtype(dtype), at::MemoryFormat::Contiguous);
+    }
   }
 }
 
@@ -95,8 +60,12 @@ double machine_epsilon(at::ScalarType dtype) {
       return std::numeric_limits<double>::epsilon();
     case at::kFloat:
       return std::numeric_limits<float>::epsilon();
+    case at::kBFloat16:
+      return 0.0078125;  // 2^-7: 8 significant bits
+    case at::kHalf:
+      return 0.0009765625;  // 2^-10: 11 significant bits
     default:
-      return 1e-3;  // half precision types
+      throw InvalidArgument(fmt::format("no machine epsilon for dtype {}", dtype_name(dtype)));
   }
 }
 
@@ -139,7 +108,15 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
         fmt::format("CurvatureEngine: {} has no parameters", objective_.describe()));
   }
   device_ = state_->params.front().device();
-  probe_ = probe_.to(state_->params.front().scalar_type(), device_);
+  const at::ScalarType params_dtype = state_->params.front().scalar_type();
+  vector_dtype_ = options_.vector_dtype == at::ScalarType::Undefined
+                      ? default_vector_dtype(params_dtype)
+                      : options_.vector_dtype;
+  if (!at::isFloatingType(vector_dtype_)) {
+    throw InvalidOption(fmt::format("{{0}} {} is not a floating dtype", dtype_name(vector_dtype_)),
+                        {{"EngineOptions.vector_dtype", ""}});
+  }
+  probe_ = probe_.to(params_dtype, device_);
   if (options_.max_memory > 0 && !options_.memory_probe && device_memory(device_).in_use < 0) {
     throw InvalidOption(fmt::format("{{0}}: the memory of {} is not known to this LibTorch (device "
                                     "statistics need LibTorch 2.9 or later)",
@@ -162,6 +139,10 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
 CurvatureEngine::~CurvatureEngine() = default;
 
 const ParamSpace& CurvatureEngine::space() const { return objective_.space(); }
+
+at::ScalarType CurvatureEngine::parameter_dtype() const {
+  return state_->params.front().scalar_type();
+}
 
 ParamVector CurvatureEngine::parameters() const { return clone(state_->params); }
 
@@ -218,11 +199,13 @@ void CurvatureEngine::check(const ParamVector& x, const char* what) const {
   if (!options_.check_finite || all_finite(x)) return;
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i].is_floating_point() && !at::isfinite(x[i]).all().item<bool>()) {
+      const bool half = parameter_dtype() == at::kHalf || vector_dtype_ == at::kHalf;
       throw NumericalError(fmt::format(
           "{} holds NaN or Inf in parameter '{}' of {} (hint: check the checkpoint for NaN "
-          "weights, lower the probe dtype's risk by using float64, or check that the loss is "
+          "weights, lower the probe dtype's risk by using float64{}, or check that the loss is "
           "finite on every probe batch)",
-          what, space()[i].name, objective_.describe()));
+          what, space()[i].name, objective_.describe(),
+          half ? " (float16 overflows past 65504: bfloat16 has float32's range)" : ""));
     }
   }
 }
@@ -337,9 +320,8 @@ void CurvatureEngine::reduce(ParamVector& x, std::vector<double>& scalars) {
     const int64_t n = params[i].numel();
     // In float64 a view into the buffer; otherwise a converted copy. Never written in place: a
     // kept graph's gradient may share x[i]'s storage.
-    x[i] = buffer.narrow(0, offset, n)
-               .view(params[i].sizes())
-               .to(params[i].device(), params[i].scalar_type());
+    x[i] =
+        buffer.narrow(0, offset, n).view(params[i].sizes()).to(params[i].device(), vector_dtype_);
     offset += n;
   }
 }
@@ -390,9 +372,11 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
         // is the whole sum (one batch of one slice, w = 1).
         for (size_t i = 0; i < g.size(); ++i) {
           if (!keep) {
-            accumulate(grad[i], std::move(g[i]), w);
+            accumulate(grad[i], std::move(g[i]), w, vector_dtype_);
           } else if (grad[i].defined()) {
             grad[i].add_(g[i].detach(), w);
+          } else if (g[i].scalar_type() != vector_dtype_) {
+            grad[i] = g[i].detach().to(vector_dtype_).mul_(w);
           } else {
             grad[i] = w == 1.0 ? g[i].detach() : g[i].detach() * w;
           }
@@ -410,7 +394,7 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
   reduce(grad, scalars);
   loss = scalars[0];
   std::copy(scalars.begin() + 1, scalars.end(), batch_losses.begin());
-  fill_zeros(grad, s.params);
+  fill_zeros(grad, s.params, vector_dtype_);
   check(grad, "the gradient");
   s.loss = loss;
   s.batch_losses = std::move(batch_losses);
@@ -572,10 +556,12 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       }
       const double share = slices[k].share;
       for (size_t i = 0; i < hv.size(); ++i) {
-        if (hv[i].defined()) accumulate(hv_b[i], std::move(hv[i]), share);
+        if (hv[i].defined()) accumulate(hv_b[i], std::move(hv[i]), share, vector_dtype_);
       }
       if (observer) {
-        for (size_t i = 0; i < g.size(); ++i) accumulate(g_b[i], g[i].detach(), share);
+        for (size_t i = 0; i < g.size(); ++i) {
+          accumulate(g_b[i], g[i].detach(), share, vector_dtype_);
+        }
       }
       fresh.clear();
       release_graphs_over_budget();
@@ -583,12 +569,12 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     c10::NoGradGuard no_grad;
     if (observer) observer(BatchTerms{b, w_b, &g_b, &hv_b});
     for (size_t i = 0; i < hv_b.size(); ++i) {
-      if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b);
+      if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b, vector_dtype_);
     }
   });
   std::vector<double> none;
   reduce(result, none);
-  fill_zeros(result, s.params);
+  fill_zeros(result, s.params, vector_dtype_);
   ++counters_.hvps;
   check(result, "the Hessian-vector product");
   return result;

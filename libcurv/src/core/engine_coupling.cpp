@@ -20,7 +20,6 @@
 
 #include "core/engine_internal.h"
 #include "core/fmt_torch.h"
-#include "core/tensor_dot.h"
 #include "curv/core/error.h"
 
 namespace curv {
@@ -86,10 +85,13 @@ using namespace engine_detail;
 
 namespace {
 
-// a·b as a 0-dim tensor: on the CPU in one pass accumulated in float64 (a product tensor the size
-// of an activation would cost as much again); elsewhere ATen's sum in the tensors' dtype.
+// a·b as a 0-dim tensor accumulated in float64: on the CPU in one pass (a product tensor the size
+// of an activation would cost as much again); elsewhere ATen's sum into float64 of the products,
+// formed in float32 for 16-bit operands (where they are exact).
 at::Tensor dot_of(const at::Tensor& a, const at::Tensor& b) {
-  return a.device().is_cpu() ? float64_dot(a, b) : at::sum(a * b);
+  if (a.device().is_cpu()) return float64_dot(a, b);
+  const at::Tensor wide = is_16_bit(a.scalar_type()) ? a.to(at::kFloat) : a;
+  return at::sum(wide * b, at::kDouble);
 }
 
 // The second backward of `outputs` along `grad_outputs` toward the graph positions `targets`, as

@@ -30,13 +30,14 @@ extern const char* const kTwiceDifferentiableHint;
 
 // Undefined gradients (parameters the loss does not depend on) become zeros.
 ParamVector fill_undefined(ParamVector grads, const ParamVector& params);
-// Adds w·t to the accumulator `acc`, where t is a fresh result that the caller may give away.
+// Adds w·t to the accumulator `acc` in `dtype` (t converted first when it is in another), where t
+// is a fresh result that the caller may give away.
 // The first term becomes the accumulator itself (scaled in place when nothing else holds t), so a
 // sum over batches holds one parameter-sized buffer beside the current term, and a single batch
 // none; 0 + w·t rounds as w·t, so the sum is the same to the bit.
-void accumulate(at::Tensor& acc, at::Tensor t, double w);
-// Parameters no batch's term reached get zeros.
-void fill_zeros(ParamVector& acc, const ParamVector& params);
+void accumulate(at::Tensor& acc, at::Tensor t, double w, at::ScalarType dtype);
+// Parameters no batch's term reached get zeros in `dtype`.
+void fill_zeros(ParamVector& acc, const ParamVector& params, at::ScalarType dtype);
 double machine_epsilon(at::ScalarType dtype);
 
 // A run of consecutive examples of a probe batch and its share of the batch's loss.

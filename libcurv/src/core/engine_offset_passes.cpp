@@ -16,6 +16,32 @@
 
 namespace curv {
 
+namespace {
+// The finite-difference step of 16-bit parameters in spacings of θ per coordinate: measured on
+// the built-in GPT and LLaMA in bfloat16 (bench/precision_bench --fd-scan, docs/performance.md),
+// 0.5 gave 1-3% error in uᵀHu where 2 or more gave up to 10% (truncation) on the larger models
+// and 0.125 up to 10% (rounding) too.
+constexpr double kSixteenBitSteps = 0.5;
+}  // namespace
+
+double fd_step_for(const ParamVector& theta) {
+  int64_t n = 0;
+  for (const auto& t : theta) n += t.numel();
+  if (n == 0) return 0.0;
+  const at::ScalarType dtype = theta.front().scalar_type();
+  const double eps = engine_detail::machine_epsilon(dtype);
+  // Scale by the parameters' RMS, not their norm: the norm grows with the parameter count while
+  // the curvature scale per coordinate does not, and an oversized step turns truncation error
+  // into the dominant term (measured: 1e-2 relative error on a tiny float32 GPT).
+  const double rms = norm(theta) / std::sqrt(static_cast<double>(n));
+  if (!is_16_bit(dtype)) return std::cbrt(eps) * std::max(1.0, rms);
+  // 16-bit parameters: θ ± hv is rounded to the parameters' dtype, so a step far below θ's
+  // spacing would mostly vanish and one far above it is dominated by truncation. Each coordinate
+  // moves by kSixteenBitSteps · ε · RMS(θ) on average (about that many of its spacings), a norm
+  // of that times sqrt(n).
+  return kSixteenBitSteps * eps * std::max(rms, 1e-3) * std::sqrt(static_cast<double>(n));
+}
+
 using namespace engine_detail;
 
 Eigen::MatrixXd CurvatureEngine::gauss_newton(
@@ -39,8 +65,8 @@ Eigen::MatrixXd CurvatureEngine::gauss_newton(
 }
 
 double CurvatureEngine::loss_at(const ParamVector& u, std::vector<double>* batch_losses) {
-  return loss_away([&](size_t i, at::Tensor& data) { data.add_(u.at(i).to(data.scalar_type())); },
-                   batch_losses, [&] { return fmt::format("θ + u (‖u‖ = {:.4g})", norm(u)); });
+  return loss_away([&](size_t i, at::Tensor& data) { data.add_(u.at(i)); }, batch_losses,
+                   [&] { return fmt::format("θ + u (‖u‖ = {:.4g})", norm(u)); });
 }
 
 double CurvatureEngine::loss_at_point(const ParamVector& point, std::vector<double>* batch_losses) {
@@ -99,8 +125,7 @@ double CurvatureEngine::loss_away(const std::function<void(size_t, at::Tensor&)>
 }
 
 double CurvatureEngine::routing_change(const ParamVector& u) {
-  return routing_away(
-      [&](size_t i, at::Tensor& data) { data.add_(u.at(i).to(data.scalar_type())); });
+  return routing_away([&](size_t i, at::Tensor& data) { data.add_(u.at(i)); });
 }
 
 double CurvatureEngine::routing_change_to_point(const ParamVector& point) {
@@ -190,7 +215,8 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
     for (size_t i = 0; i < s.params.size(); ++i) {
       auto data = s.params[i].variable_data();
       data.copy_(saved[i]);
-      if (offset) data.add_((*offset)[i].to(s.params[i].scalar_type()));
+      // Added in the offset's dtype and rounded once to the parameters'.
+      if (offset) data.add_((*offset)[i]);
     }
   }
   ParamVector g(s.params.size());
@@ -201,7 +227,9 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
         fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true), s.params);
     ++counters_.backwards;
     c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < g.size(); ++i) accumulate(g[i], std::move(g_s[i]), slice.share);
+    for (size_t i = 0; i < g.size(); ++i) {
+      accumulate(g[i], std::move(g_s[i]), slice.share, vector_dtype_);
+    }
   }
   return g;
 }
@@ -211,16 +239,9 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
   const double v_norm = norm(v);
-  if (v_norm == 0.0 && !observer) return zeros_like(s.params);
+  if (v_norm == 0.0 && !observer) return converted(zeros_like(s.params), vector_dtype_);
   if (step <= 0.0) step = options_.fd_step;
-  if (step <= 0.0) {
-    const double eps = machine_epsilon(s.params.front().scalar_type());
-    // Scale by the parameters' RMS, not their norm: the norm grows with the parameter count while
-    // the curvature scale per coordinate does not, and an oversized step turns truncation error
-    // into the dominant term (measured: 1e-2 relative error on a tiny float32 GPT).
-    const double rms = norm(s.params) / std::sqrt(static_cast<double>(space().numel()));
-    step = std::cbrt(eps) * std::max(1.0, rms);
-  }
+  if (step <= 0.0) step = fd_step_for(s.params);
   const double h = v_norm > 0.0 ? step / v_norm : 0.0;
   const ParamVector plus = scaled(v, h), minus = scaled(v, -h);
   // Per batch, so that each batch's H_b v exists for an observer; θ is written back exactly from
@@ -240,13 +261,14 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
         c10::NoGradGuard no_grad;
         for (size_t i = 0; i < hv.size(); ++i) hv[i].sub_(g_minus[i]).div_(2.0 * h);
       } else {
-        hv = zeros_like(s.params);
+        hv = converted(zeros_like(s.params), vector_dtype_);
       }
       if (observer) {
         ParamVector g_b = batch_gradient_at(b, saved, nullptr);
         observer(BatchTerms{b, w, &g_b, &hv});
       }
-      for (size_t i = 0; i < hv.size(); ++i) accumulate(result[i], std::move(hv[i]), w);
+      for (size_t i = 0; i < hv.size(); ++i)
+        accumulate(result[i], std::move(hv[i]), w, vector_dtype_);
     });
     std::vector<double> none;
     reduce(result, none);
@@ -255,7 +277,7 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
     throw;
   }
   restore();
-  fill_zeros(result, s.params);
+  fill_zeros(result, s.params, vector_dtype_);
   ++counters_.hvps;
   check(result, "the finite-difference Hessian-vector product");
   return result;

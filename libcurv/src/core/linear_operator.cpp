@@ -14,13 +14,12 @@
 namespace curv {
 
 at::Tensor LinearOperator::apply(const at::Tensor& x) {
-  if (x.dim() != 1 || x.size(0) != rows() || x.scalar_type() != at::kDouble ||
-      x.device() != device()) {
+  if (x.dim() != 1 || x.size(0) != rows() || x.scalar_type() != dtype() || x.device() != device()) {
     throw InvalidArgument(fmt::format(
         "LinearOperator::apply: x is a {} tensor of shape [{}] on {}; the operator takes a "
-        "float64 vector of {} entries on {}",
-        c10::toString(x.scalar_type()), fmt::join(x.sizes(), ", "), x.device().str(), rows(),
-        device().str()));
+        "{} vector of {} entries on {}",
+        c10::toString(x.scalar_type()), fmt::join(x.sizes(), ", "), x.device().str(),
+        dtype_name(dtype()), rows(), device().str()));
   }
   at::Tensor y = product(x);
   ++applies_;
@@ -29,18 +28,27 @@ at::Tensor LinearOperator::apply(const at::Tensor& x) {
 
 void LinearOperator::apply_host(const double* x, double* y) {
   const int64_t n = rows();
-  const at::Tensor in =
-      at::from_blob(const_cast<double*>(x), {n}, at::kDouble).to(device(), false, /*copy=*/true);
-  const at::Tensor out = apply(in).to(at::kCPU).contiguous();
+  const at::Tensor in = at::from_blob(const_cast<double*>(x), {n}, at::kDouble)
+                            .to(device(), dtype(), false,
+                                /*copy=*/true);
+  const at::Tensor out = apply(in).to(at::kCPU, at::kDouble).contiguous();
   std::copy_n(out.data_ptr<double>(), n, y);
 }
 
 at::TensorOptions vector_options(const LinearOperator& op) {
-  return at::TensorOptions().dtype(at::kDouble).device(op.device());
+  return at::TensorOptions().dtype(op.dtype()).device(op.device());
 }
 
-HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> params)
-    : engine_(engine), params_(std::move(params)) {
+at::ScalarType krylov_dtype(const CurvatureEngine& engine) {
+  if (engine.options().vector_dtype != at::ScalarType::Undefined) return engine.vector_dtype();
+  return is_16_bit(engine.parameter_dtype()) ? at::kFloat : at::kDouble;
+}
+
+HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> params,
+                                 at::ScalarType dtype)
+    : engine_(engine),
+      params_(std::move(params)),
+      dtype_(dtype == at::ScalarType::Undefined ? krylov_dtype(engine) : dtype) {
   const auto& space = engine_.space();
   if (params_.empty()) {
     params_.resize(space.size());
@@ -70,8 +78,8 @@ at::Tensor HessianOperator::product(const at::Tensor& x) {
   // product that cannot reach H_SS x (hvp(v, support, targets)).
   const bool whole = params_.size() == space.size();
   const ParamVector& like = engine_.gradient();
-  // In the parameters' dtype: views of x where that is float64 (the engine writes nothing into
-  // them), converted copies otherwise.
+  // In the engine's vector dtype: views of x where that is x's own (the engine writes nothing
+  // into them), converted copies otherwise.
   ParamVector v(like.size());
   int64_t offset = 0;
   for (size_t i : params_) {
@@ -79,7 +87,7 @@ at::Tensor HessianOperator::product(const at::Tensor& x) {
     offset += space[i].numel;
   }
   const ParamVector hv = whole ? engine_.hvp(v) : engine_.hvp(v, params_, params_);
-  // Each product written once into the flat float64 result, converted as it is copied.
+  // Each product written once into the flat result, converted as it is copied.
   at::Tensor out = at::empty({rows_}, x.options());
   offset = 0;
   for (size_t i : params_) {

@@ -11,7 +11,6 @@
 
 #include "core/fmt_torch.h"
 #include "core/strings.h"
-#include "core/tensor_dot.h"
 #include "curv/core/error.h"
 
 namespace curv {
@@ -116,8 +115,18 @@ at::Tensor float64_dot(const at::Tensor& a, const at::Tensor& b) {
   if (!a.device().is_cpu() || !b.device().is_cpu() || a.sizes() != b.sizes() ||
       !float_or_double(a) || !float_or_double(b)) {
     // The products are exact (a float32 or bfloat16 product fits a double); b is promoted inside
-    // the multiplication, without a float64 copy of its own.
-    return at::sum(a.to(at::kDouble) * b);
+    // the multiplication, without a float64 copy of its own. Chunks bound the float64 scratch;
+    // their sums are added on the device, with no synchronisation.
+    const at::Tensor af = a.reshape({-1}), bf = b.reshape({-1});
+    const int64_t n = af.numel();
+    constexpr int64_t kChunk = int64_t{1} << 24;
+    if (n <= kChunk || a.sizes() != b.sizes()) return at::sum(a.to(at::kDouble) * b);
+    at::Tensor total = at::zeros({}, af.options().dtype(at::kDouble));
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t count = std::min(kChunk, n - begin);
+      total.add_(at::sum(af.narrow(0, begin, count).to(at::kDouble) * bf.narrow(0, begin, count)));
+    }
+    return total;
   }
   const at::Tensor ac = a.contiguous(), bc = b.contiguous();
   const double value = a.scalar_type() == at::kFloat ? chunked_dot_with(ac.data_ptr<float>(), bc)
@@ -202,6 +211,53 @@ ParamVector sub(const ParamVector& a, const ParamVector& b) {
   check_aligned(a, b, "sub");
   ParamVector out;
   for (size_t i = 0; i < a.size(); ++i) out.push_back(a[i].detach() - b[i].detach());
+  return out;
+}
+
+ParamVector sub(const ParamVector& a, const ParamVector& b, at::ScalarType dtype) {
+  check_aligned(a, b, "sub");
+  ParamVector out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    out.push_back(a[i].detach().to(dtype) - b[i].detach().to(dtype));
+  }
+  return out;
+}
+
+std::string dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble:
+      return "float64";
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+bool is_16_bit(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+at::ScalarType default_vector_dtype(at::ScalarType params) {
+  return is_16_bit(params) ? at::kFloat : params;
+}
+
+at::ScalarType parse_vector_dtype(const std::string& text, at::ScalarType params,
+                                  const std::string& option) {
+  if (text == "auto") return default_vector_dtype(params);
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (text == dtype_name(dtype)) return dtype;
+  }
+  throw InvalidArgument(
+      fmt::format("{} '{}': expected auto, float64, float32, bfloat16 or float16", option, text));
+}
+
+ParamVector converted(const ParamVector& x, at::ScalarType dtype) {
+  ParamVector out;
+  out.reserve(x.size());
+  for (const auto& t : x) out.push_back(t.defined() ? t.detach().to(dtype) : t);
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 
+#include "curv/core/param_space.h"
 #include "curv/models/models.h"
 #include "models/architecture.h"
 #include "models/fused_dispatch.h"
@@ -113,7 +114,10 @@ bool fused_cross_entropy() { return fused_enabled; }
 
 at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t classes = logits.size(-1);
-  const at::Tensor z = logits.reshape({-1, classes});
+  // A 16-bit model's loss in float32, as its trainers compute it: its own rounding of the
+  // log-sum-exp would dominate every loss difference.
+  const at::Tensor z =
+      (is_16_bit(logits.scalar_type()) ? logits.to(at::kFloat) : logits).reshape({-1, classes});
   const at::Tensor t = targets.reshape({-1});
   // Targets outside [0, C) (nll_loss's ignore_index, or an error) take ATen's path, which
   // handles and reports them.

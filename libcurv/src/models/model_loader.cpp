@@ -17,9 +17,11 @@ ScriptMode parse_script_mode(const std::string& text) {
 }
 
 at::ScalarType parse_dtype(const std::string& text) {
-  if (text == "float32") return at::kFloat;
-  if (text == "float64") return at::kDouble;
-  throw InvalidArgument(fmt::format("dtype '{}': expected float32 or float64", text));
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (text == dtype_name(dtype)) return dtype;
+  }
+  throw InvalidArgument(
+      fmt::format("dtype '{}': expected float64, float32, bfloat16 or float16", text));
 }
 
 namespace {

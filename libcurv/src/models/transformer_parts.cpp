@@ -8,6 +8,7 @@
 
 #include "core/fmt_torch.h"
 #include "curv/core/error.h"
+#include "curv/core/param_space.h"
 #include "curv/models/fused_ops.h"
 
 namespace curv {
@@ -120,12 +121,19 @@ ModelStructure CausalLanguageModel::heads_structure(int64_t n_head, int64_t n_kv
 
 at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t classes = logits.size(-1);
-  return at::nll_loss(at::log_softmax(logits.reshape({-1, classes}), -1), targets.reshape({-1}), {},
+  const at::Tensor z = is_16_bit(logits.scalar_type()) ? logits.to(at::kFloat) : logits;
+  return at::nll_loss(at::log_softmax(z.reshape({-1, classes}), -1), targets.reshape({-1}), {},
                       at::Reduction::None)
       .reshape(targets.sizes());
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps) {
+  if (is_16_bit(x.scalar_type())) {
+    // As transformers runs a 16-bit model: normalised in float32, rounded, then scaled.
+    const at::Tensor normed =
+        fused_rms_norm(x.to(at::kFloat), at::Tensor(), eps).to(x.scalar_type());
+    return gain.defined() ? gain * normed : normed;
+  }
   return fused_rms_norm(x, gain, eps);
 }
 
@@ -174,7 +182,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const auto too_old = positions.unsqueeze(1) - positions.unsqueeze(0) >= scores.window;
     s = s.masked_fill(too_old, -std::numeric_limits<double>::infinity());
   }
-  auto att = causal_softmax(s, scale);
+  // A 16-bit model's attention probabilities in float32, rounded after (as transformers does).
+  auto att = is_16_bit(s.scalar_type())
+                 ? causal_softmax(s.to(at::kFloat), scale).to(s.scalar_type())
+                 : causal_softmax(s, scale);
   return batched_matmul(att, repeat(v)).transpose(1, 2).reshape({B, T, H * D});
 }
 

@@ -13,6 +13,13 @@ namespace curv {
 
 namespace {
 
+// θ in the engine's vector dtype, which the rebuilt step is computed and kept in: a 16-bit
+// model's step from its (float32) saved state without a 16-bit rounding of θ, the state or the
+// step. The same tensors where θ already is in that dtype.
+ParamVector in_vector_dtype(const DirectionContext& c) {
+  return converted(c.theta, c.engine->vector_dtype());
+}
+
 // The optimizer configured as the record says (one parameter group's hyper-parameters on top
 // when given), then `overrides`. Stored hyper-parameters hold every field (checkpoints record
 // them all), so they are applied whether this optimizer reads them or not; only the overrides
@@ -176,8 +183,8 @@ class OptimizerDirection : public Direction {
   // Step 3: the rebuilt optimizer's next step, per parameter group (rebuild_saved_step).
   ParamVector rebuilt_step(DirectionContext& c, const Optimizer& optimizer) const {
     const SavedOptimizer& saved = *c.saved;
-    RebuiltStep step =
-        rebuild_saved_step(saved, c.engine->space(), c.theta, c.engine->gradient(), overrides_);
+    RebuiltStep step = rebuild_saved_step(saved, c.engine->space(), in_vector_dtype(c),
+                                          c.engine->gradient(), overrides_);
     c.note = step.note;
     c.optimizer_rule = family_;
     c.optimizer_recognition = saved.record.recognition.empty() ? "recorded in " + saved.meta_file
@@ -194,12 +201,12 @@ class OptimizerDirection : public Direction {
     for (const auto& [k, v] : overrides_) config.set(k, v);
     auto optimizer = make_optimizer(config, c.engine->space());
     c.partition = optimizer->partition();
-    return optimizer->step(c.theta, c.engine->gradient());
+    return optimizer->step(in_vector_dtype(c), c.engine->gradient());
   }
 
   // Step 4 of match=1: rescales u to the norm of the delta to the next checkpoint.
   static void match_delta_norm(DirectionContext& c, ParamVector& u) {
-    const double want = norm(sub(c.theta_next, c.theta)), have = norm(u);
+    const double want = norm(sub(c.theta_next, c.theta, c.engine->vector_dtype())), have = norm(u);
     if (have > 0) u = scaled(u, want / have);
     c.note += fmt::format(", rescaled to the delta's norm {:.6g}", want);
   }

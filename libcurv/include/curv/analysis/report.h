@@ -68,8 +68,9 @@ struct Provenance {
   std::string tool;     // "ndsprobe", "curvtrain", or the embedding program
   std::string version;  // libcurv version
   std::string command_line;
-  std::string model;  // model description
-  std::string dtype;  // "float32" | "float64"
+  std::string model;         // model description
+  std::string dtype;         // the model's: "float64" | "float32" | "bfloat16" | "float16"
+  std::string vector_dtype;  // of directions, gradients and HVPs (EngineOptions::vector_dtype)
   int64_t seed = 0;
   int64_t probe_examples = 0;
   int64_t probe_batches = 0;

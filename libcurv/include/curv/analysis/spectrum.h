@@ -196,6 +196,7 @@ class ScaledOperator : public LinearOperator {
   ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d);
   int64_t rows() const override { return inner_.rows(); }
   c10::Device device() const override { return inner_.device(); }
+  at::ScalarType dtype() const override { return inner_.dtype(); }
 
  protected:
   at::Tensor product(const at::Tensor& x) override;

@@ -53,8 +53,17 @@ struct EngineOptions {
   // the unit of the per-batch tables and standard errors.
   int64_t micro_batch = 0;
   HvpMethod hvp_method = HvpMethod::kExact;
+  // The dtype of the vectors the engine returns (gradients, HVPs) and sums batches and slices
+  // in; Undefined: default_vector_dtype of the parameters' (theirs, float32 for 16-bit
+  // parameters). Vectors handed in may have any floating dtype: each pass converts them to the
+  // parameters' dtype where they enter the model (a 16-bit HVP is taken along the 16-bit
+  // rounding of v), and every dot product, norm and per-block sum accumulates in float64.
+  at::ScalarType vector_dtype = at::ScalarType::Undefined;
   // Finite-difference step as the norm of the parameter perturbation ‖h v‖; 0 picks
-  // cbrt(machine epsilon) * max(1, RMS(θ)), which balances truncation against rounding error.
+  // fd_step_for(θ): for float32 and float64 parameters cbrt(machine epsilon) · max(1, RMS(θ)),
+  // which balances truncation against rounding error; 16-bit parameters a norm that moves each
+  // coordinate by half of θ's spacing on average, 0.5 · ε · RMS(θ) · sqrt(n) (measured best on
+  // the built-in models: docs/performance.md).
   double fd_step = 0.0;
   // Stop with NumericalError when a loss, gradient or HVP holds NaN or Inf.
   bool check_finite = true;
@@ -98,6 +107,9 @@ struct CouplingTerms {
 };
 using CouplingObserver = std::function<void(const CouplingTerms&)>;
 
+// The finite-difference step ‖h v‖ EngineOptions::fd_step = 0 picks for parameters θ.
+double fd_step_for(const ParamVector& theta);
+
 class CurvatureEngine {
  public:
   CurvatureEngine(Objective& objective, ProbeSet probe, EngineOptions options = {});
@@ -111,6 +123,10 @@ class CurvatureEngine {
   const EngineOptions& options() const { return options_; }
   // The device the model's parameters live on, where every pass runs.
   const c10::Device& device() const { return device_; }
+  // The parameters' dtype, and the dtype of the vectors the engine returns
+  // (EngineOptions::vector_dtype, resolved).
+  at::ScalarType parameter_dtype() const;
+  at::ScalarType vector_dtype() const { return vector_dtype_; }
 
   // Detached copy of the current parameters θ.
   ParamVector parameters() const;
@@ -264,6 +280,7 @@ class CurvatureEngine {
   ProbeSet probe_;
   EngineOptions options_;
   c10::Device device_ = c10::Device(c10::kCPU);
+  at::ScalarType vector_dtype_ = at::kFloat;
   std::shared_ptr<Communicator> communicator_;
   size_t first_batch_ = 0, last_batch_ = 0;  // this rank's batches
   EngineCounters counters_;

@@ -1,6 +1,8 @@
-// LinearOperator: a symmetric matrix known only through y = A x. Vectors are 1-D float64 tensors
-// on the operator's device (the parameters' device for the Hessian), so the eigen-solvers and
-// trace estimators, which take nothing else, move no vector between host and device per product.
+// LinearOperator: a symmetric matrix known only through y = A x. Vectors are 1-D tensors of the
+// operator's dtype (float64 unless it declares another: the Hessian of a 16-bit model takes
+// float32) on the operator's device (the parameters' device for the Hessian), so the
+// eigen-solvers and trace estimators, which take nothing else, move no vector between host and
+// device per product; their dot products and norms accumulate in float64 whatever the dtype.
 // Dense test matrices share the interface on the CPU.
 #pragma once
 
@@ -19,9 +21,10 @@ class LinearOperator {
  public:
   virtual ~LinearOperator() = default;
   virtual int64_t rows() const = 0;
-  // Where the vectors of apply() live.
+  // Where the vectors of apply() live, and their dtype.
   virtual c10::Device device() const { return c10::Device(c10::kCPU); }
-  // y = A x for a 1-D float64 tensor x of rows() entries on device(); y is a new tensor alike.
+  virtual at::ScalarType dtype() const { return at::kDouble; }
+  // y = A x for a 1-D tensor x of rows() entries of dtype() on device(); y is a new tensor alike.
   // An x of another shape, dtype or device is an InvalidArgument.
   at::Tensor apply(const at::Tensor& x);
   // The same on host buffers of rows() doubles that do not alias: one copy of x to device() and
@@ -37,18 +40,21 @@ class LinearOperator {
   int64_t applies_ = 0;
 };
 
-// Options of a vector of `op`: float64 on op.device().
+// Options of a vector of `op`: op.dtype() on op.device().
 at::TensorOptions vector_options(const LinearOperator& op);
 
 // The Hessian of the engine's objective at its current parameters. With `params` given, the
 // operator is the principal sub-matrix H_SS for those parameters (coordinates concatenated in
 // the order given): x is zero outside S and y is read on S only. Vectors live on the engine's
-// device; each product converts x to the parameters' dtype there.
+// device in `dtype` (Undefined: krylov_dtype(engine)); each product converts x to the
+// parameters' dtype there.
 class HessianOperator : public LinearOperator {
  public:
-  explicit HessianOperator(CurvatureEngine& engine, std::vector<size_t> params = {});
+  explicit HessianOperator(CurvatureEngine& engine, std::vector<size_t> params = {},
+                           at::ScalarType dtype = at::ScalarType::Undefined);
   int64_t rows() const override { return rows_; }
   c10::Device device() const override;
+  at::ScalarType dtype() const override { return dtype_; }
   const std::vector<size_t>& params() const { return params_; }
 
  protected:
@@ -58,7 +64,14 @@ class HessianOperator : public LinearOperator {
   CurvatureEngine& engine_;
   std::vector<size_t> params_;
   int64_t rows_ = 0;
+  at::ScalarType dtype_ = at::kDouble;
 };
+
+// The dtype of the Hessian's solver vectors (Lanczos bases, Hutch++ sketches, probes) for an
+// engine: the vector dtype a program declared (EngineOptions::vector_dtype), else float64, and
+// float32 for a 16-bit model, whose float64 vectors would take four times its parameters' memory
+// each.
+at::ScalarType krylov_dtype(const CurvatureEngine& engine);
 
 // A dense symmetric matrix on the CPU (tests, small reference problems).
 class DenseOperator : public LinearOperator {

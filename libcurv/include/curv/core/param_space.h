@@ -43,6 +43,30 @@ class ParamSpace {
 // A vector in parameter space: tensors aligned with a ParamSpace, in its order.
 using ParamVector = std::vector<at::Tensor>;
 
+// "float64", "float32", "bfloat16", "float16" (the names torch and the command lines use).
+std::string dtype_name(at::ScalarType dtype);
+// Whether `dtype` is a 16-bit floating type (bfloat16, float16).
+bool is_16_bit(at::ScalarType dtype);
+// The dtype parameter-space vectors (directions, gradients, HVPs) are kept in for parameters of
+// dtype `params` unless a program declares another: the parameters' own, and float32 for 16-bit
+// parameters, whose 8- or 11-bit mantissas would round a direction, or a sum over batches, far
+// more than the model's own arithmetic does.
+at::ScalarType default_vector_dtype(at::ScalarType params);
+// `text` as a vector dtype: "auto" (default_vector_dtype(params)), "float64", "float32",
+// "bfloat16" or "float16"; `option` names the setting in the error for anything else.
+at::ScalarType parse_vector_dtype(const std::string& text, at::ScalarType params,
+                                  const std::string& option);
+// x with every defined tensor in `dtype`, detached: the tensors themselves where they already are.
+ParamVector converted(const ParamVector& x, at::ScalarType dtype);
+
+// a·b for tensors of one shape, accumulated in float64, as a 0-dim float64 tensor on their
+// device; undefined when either is. On the CPU, for float32/float64 operands, one pass over both
+// without temporaries, in fixed chunks of eight running sums each (the value does not depend on
+// the thread count); elsewhere ATen's sums of chunks of 2^24 products converted to float64, so
+// the scratch memory is bounded whatever the size (a 7B-entry vector's float64 copy would be
+// 56 GB).
+at::Tensor float64_dot(const at::Tensor& a, const at::Tensor& b);
+
 // Elementwise helpers. Reductions accumulate in float64 whatever the tensors' dtype; in dot(), an
 // undefined tensor counts as zero.
 double dot(const ParamVector& a, const ParamVector& b);
@@ -61,6 +85,9 @@ void axpy(double alpha, const ParamVector& x, ParamVector& y);  // y += alpha * 
 ParamVector scaled(const ParamVector& x, double alpha);         // alpha * x (new tensors)
 ParamVector add(const ParamVector& a, const ParamVector& b);    // a + b (new tensors)
 ParamVector sub(const ParamVector& a, const ParamVector& b);    // a - b (new tensors)
+// a − b computed and kept in `dtype`: the difference of two 16-bit checkpoints without a 16-bit
+// rounding of its own.
+ParamVector sub(const ParamVector& a, const ParamVector& b, at::ScalarType dtype);
 ParamVector zeros_like(const ParamVector& x);
 ParamVector clone(const ParamVector& x);  // detached copies
 ParamVector detached(const ParamVector& x);

@@ -22,7 +22,8 @@ struct ModelSource {
   ModelInit init;  // seed, dtype and device
 };
 ScriptMode parse_script_mode(const std::string& text);  // "auto" | "loss" | "logits"
-at::ScalarType parse_dtype(const std::string& text);    // "float32" | "float64"
+// "float64" | "float32" | "bfloat16" | "float16"
+at::ScalarType parse_dtype(const std::string& text);
 
 struct LoadedModel {
   std::unique_ptr<Objective> objective;
