@@ -226,6 +226,41 @@ TEST_CASE("ndsprobe in bfloat16: every unit records its precision; --resume at a
   CHECK(rc == 0);
 }
 
+TEST_CASE(
+    "ndsprobe --plan counts what the run holds; --memory-budget refuses naming the largest part",
+    "[ndsprobe][memory_plan]") {
+  Fixture f;
+  const std::string out = f.dir.file("plan.h5");
+  const std::string base = f.run + " --data " + f.data + " --steps 0:10 --directions delta";
+  int rc = -1;
+  const std::string plan = f.ndsprobe(base + " --dtype bfloat16 --plan -o " + out, &rc);
+  INFO(plan);
+  CHECK(rc == 0);
+  CHECK_FALSE(fs::exists(out));
+  // The parameters in bfloat16, the gradient and u in float32 (the tiny GPT's 308 numbers).
+  int64_t n = 0;
+  for (const auto& t : f.thetas.front()) n += t.numel();
+  CHECK_THAT(plan, Catch::Matchers::Contains(fmt::format("{} B  {} × 2 B (bfloat16)", 2 * n, n)));
+  CHECK_THAT(plan, Catch::Matchers::Contains(fmt::format(
+                       "gradient                      1.2 KiB  {} × 4 B (float32)", n)));
+  CHECK_THAT(plan, Catch::Matchers::Contains("kept graphs"));
+  CHECK_THAT(plan, Catch::Matchers::Contains("total"));
+  // Over a budget: --plan and the run itself stop, naming the largest part; no file is written.
+  const std::string refused = f.ndsprobe(base + " --plan --memory-budget 1K -o " + out, &rc);
+  CHECK(rc == 1);
+  CHECK_THAT(refused, Catch::Matchers::Contains("over its budget of --memory-budget 1 KiB"));
+  CHECK_THAT(refused, Catch::Matchers::Contains("the largest part is 'kept graphs'"));
+  CHECK_THAT(refused, Catch::Matchers::Contains("--micro-batch"));
+  const std::string stopped = f.ndsprobe(base + " --memory-budget 1K -o " + out, &rc);
+  CHECK(rc == 1);
+  CHECK_THAT(stopped, Catch::Matchers::Contains("the largest part is 'kept graphs'"));
+  CHECK_FALSE(fs::exists(out));
+  // Within the budget the run goes ahead.
+  f.ndsprobe(base + " --memory-budget 1G -o " + out, &rc);
+  CHECK(rc == 0);
+  CHECK(fs::exists(out));
+}
+
 TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",
           "[ndsprobe][spectrum]") {
   Fixture f;

@@ -11,7 +11,10 @@ SwiGLU, grouped-query heads; the built-in `gpt` and `llama` of libcurv are the s
 the checkpoints' meta.json says, read from their model.safetensors.
 
 With --coupling none (ndsprobe's --coupling none) each batch takes one second backward along the
-whole u, and only uᵀHu is computed. --device runs it on a GPU (explicit softmax attention: torch's
+whole u, and only uᵀHu is computed. --dtype bfloat16 runs the model as transformers runs a
+bfloat16 one (RMSNorm's normalisation, the attention softmax and the loss in float32, u and the
+sums of the products in float32: ndsprobe's rule for 16-bit models). --recompute keeps no graph:
+each batch's graph is rebuilt for every product (ndsprobe's --recompute-graphs). --device runs it on a GPU (explicit softmax attention: torch's
 fused attention kernels have no double backward).
 
 Writes a JSON file: per checkpoint the loss, g·u, uᵀHu, the block curvatures and the realized
@@ -86,6 +89,9 @@ def llama_loss(p, cfg, x, y):
     eps = cfg.get("rms_norm_eps", 1e-6)
 
     def norm(h, name):
+        if h.dtype in (torch.bfloat16, torch.float16):
+            w = h.float()
+            return p[name] * (w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
         return p[name] * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
 
     inv = 1.0 / cfg.get("rope_theta", 10000.0) ** (
@@ -107,7 +113,8 @@ def llama_loss(p, cfg, x, y):
         v = F.linear(a, p[pre + "self_attn.v_proj.weight"]).view(B, T, KV, D).transpose(1, 2)
         q, k = rotary(q), rotary(k)
         k, v = (t.repeat_interleave(H // KV, 1) for t in (k, v))
-        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, -1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+        att = torch.softmax(scores.float() + mask.float(), -1).to(scores.dtype)
         h = h + F.linear((att @ v).transpose(1, 2).reshape(B, T, H * D),
                          p[pre + "self_attn.o_proj.weight"])
         m = norm(h, pre + "post_attention_layernorm.weight")
@@ -115,7 +122,7 @@ def llama_loss(p, cfg, x, y):
                          F.linear(m, p[pre + "mlp.up_proj.weight"]), p[pre + "mlp.down_proj.weight"])
     h = norm(h, "model.norm.weight")
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
-    logits = F.linear(h, head)
+    logits = F.linear(h, head).float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
@@ -133,7 +140,10 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    ap.add_argument("--recompute", action="store_true",
+                    help="keep no graph: rebuild each batch's graph for every product")
+    ap.add_argument("--tf32", action="store_true", help="TF32 float32 matrix products")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--coupling", default="full", choices=["full", "none"])
     ap.add_argument("-o", "--out", required=True)
@@ -144,7 +154,11 @@ def main():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     torch.set_num_threads(a.threads)
-    dtype = torch.float32 if a.dtype == "float32" else torch.float64
+    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[a.dtype]
+    # Directions and HVP sums: float32 for a 16-bit model.
+    vdtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    if a.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     start = time.perf_counter()
 
     steps = sorted(int(d[5:]) for d in os.listdir(a.run) if re.fullmatch(r"step_\d+", d))
@@ -176,17 +190,17 @@ def main():
         names = list(theta.keys())
         params = [theta[n].clone().requires_grad_(True) for n in names]
         p = dict(zip(names, params))
-        u = [nxt[n] - theta[n] for n in names]
+        u = [nxt[n].to(vdtype) - theta[n].to(vdtype) for n in names]
         blocks = {}
         for i, n in enumerate(names):
             blocks.setdefault(layer_block(n), []).append(i)
         block_names = list(blocks)
 
-        loss, grad, kept = 0.0, [torch.zeros_like(t) for t in params], []
+        loss, grad, kept = 0.0, [torch.zeros_like(t, dtype=vdtype) for t in params], []
         for (x, y), w in zip(batches, weights):
             lb = model_loss(p, cfg, x, y)
-            g = torch.autograd.grad(lb, params, create_graph=True)
-            kept.append(g)
+            g = torch.autograd.grad(lb, params, create_graph=not a.recompute)
+            kept.append(None if a.recompute else g)
             loss += w * lb.item()
             for acc, gi in zip(grad, g):
                 acc.add_(gi.detach(), alpha=w)
@@ -196,11 +210,13 @@ def main():
         coupling = np.zeros((L, L))
         # --coupling none: one HVP along the whole u, its total put in the first entry.
         for m, bm in enumerate(block_names if a.coupling == "full" else [None]):
-            v = [u[i] if bm is None or i in blocks[bm] else torch.zeros_like(u[i])
+            v = [(u[i] if bm is None or i in blocks[bm] else torch.zeros_like(u[i])).to(dtype)
                  for i in range(len(u))]
-            hv = [torch.zeros_like(t) for t in params]
-            for g, w in zip(kept, weights):
-                parts = torch.autograd.grad(g, params, grad_outputs=v, retain_graph=True)
+            hv = [torch.zeros_like(t, dtype=vdtype) for t in params]
+            for g, w, (x, y) in zip(kept, weights, batches):
+                if g is None:
+                    g = torch.autograd.grad(model_loss(p, cfg, x, y), params, create_graph=True)
+                parts = torch.autograd.grad(g, params, grad_outputs=v, retain_graph=not a.recompute)
                 for acc, h in zip(hv, parts):
                     acc.add_(h, alpha=w)
             for l, bl in enumerate(block_names):
@@ -210,7 +226,7 @@ def main():
         del kept
 
         with torch.no_grad():
-            shifted = {n: theta[n] + ui for n, ui in zip(names, u)}
+            shifted = {n: nxt[n] for n in names}
             loss_after = sum(w * model_loss(shifted, cfg, x, y).item()
                              for (x, y), w in zip(batches, weights))
         sync()

@@ -440,7 +440,7 @@ const FlagNames& EngineArgs::flags() {
 }
 
 FlagNames probe_flag_names() {
-  FlagNames out = {{"ProbeJob.resume", "--resume"}};
+  FlagNames out = {{"ProbeJob.resume", "--resume"}, {"ProbeJob.memory_budget", "--memory-budget"}};
   for (const FlagNames* group :
        {&CheckpointArgs::flags(), &ProbeDataArgs::flags(), &DirectionArgs::flags(),
         &AuditArgs::flags(), &SpectrumArgs::flags(), &EngineArgs::flags(), &ModelArgs::flags(),

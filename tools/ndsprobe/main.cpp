@@ -6,6 +6,7 @@
 
 #include "cli_common.h"
 #include "curv/analysis/direction_registry.h"
+#include "curv/analysis/memory_plan.h"
 #include "curv/analysis/probe_run.h"
 #include "curv/analysis/summary.h"
 #include "curv/core/runtime.h"
@@ -27,6 +28,8 @@ struct Args {
   tools::RuntimeArgs runtime;
   std::string output = "ndsprobe.h5";
   bool resume = false;
+  bool plan = false;
+  std::string memory_budget = "0";  // ProbeJob::memory_budget, with a K, M, G or T suffix
 };
 
 ProbeJob to_job(const Args& a, int argc, char** argv) {
@@ -45,6 +48,7 @@ ProbeJob to_job(const Args& a, int argc, char** argv) {
   job.engine.communicator = a.runtime.communicator();
   job.output = a.output;
   job.resume = a.resume;
+  job.memory_budget = tools::parse_bytes(a.memory_budget, "--memory-budget");
   job.provenance = a.runtime.provenance("ndsprobe", argc, argv);
   return job;
 }
@@ -64,6 +68,14 @@ int run(int argc, char** argv) {
   app.add_flag("--resume", a.resume,
                "Keep the results already in --output and skip finished units");
   a.engine.add_to(app);
+  app.add_flag("--plan", a.plan,
+               "Print the memory the run would hold on its device, part by part, estimated "
+               "before anything is allocated, and exit (status 1 when it exceeds "
+               "--memory-budget)");
+  app.add_option("--memory-budget", a.memory_budget,
+                 "Refuse to start a run whose planned memory (--plan) exceeds this many bytes "
+                 "(suffix K, M, G, T: powers of 1024; 0 = no bound), naming its largest part")
+      ->capture_default_str();
   a.spectrum.add_to(app);
   a.runtime.add_to(app);
   try {
@@ -82,6 +94,12 @@ int run(int argc, char** argv) {
   // Checked before any checkpoint is read; run_tool names the options by their flags.
   job.run.validate();
   job.data.validate();
+  if (a.plan) {
+    const MemoryPlan plan = plan_probe_job(job);
+    std::fputs(plan.describe().c_str(), stdout);
+    check_memory_budget(plan, job.memory_budget);
+    return 0;
+  }
 
   // Under torchrun every rank runs this; rank 0 alone prints and writes.
   const bool prints = a.runtime.prints();

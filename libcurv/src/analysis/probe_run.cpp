@@ -12,6 +12,7 @@
 
 #include "analysis/checkpoint_reader.h"
 #include "curv/analysis/direction_registry.h"
+#include "curv/analysis/memory_plan.h"
 #include "curv/analysis/unit_analysis.h"
 #include "curv/core/directions.h"
 #include "curv/core/distributed.h"
@@ -503,6 +504,11 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
 ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progress) {
   job.data.validate();
   job.engine.validate();
+  if (job.memory_budget < 0) {
+    throw InvalidOption("{0} must be >= 0 (0 = no bound)",
+                        {{"ProbeJob.memory_budget", std::to_string(job.memory_budget)}});
+  }
+  if (job.memory_budget > 0) check_memory_budget(plan_probe_job(job), job.memory_budget);
   ProbeRunOptions run_options = job.run;
   ProbeRun run(std::move(run_options));  // lists and checks every run's checkpoints
   Communicator& comm = job.engine.communicator ? *job.engine.communicator : *single_process();

@@ -498,7 +498,9 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     for (size_t i = 0; i < v_in.size(); ++i) all.push_back(i);
     support = &all;
   }
-  for (size_t i : *support) v[i] = on_parameter(v_in, i, "hvp");
+  // Scaled for a float16 model (tangent_scale); the products are divided by it per batch.
+  const double scale = tangent_scale(v_in, *support);
+  for (size_t i : *support) v[i] = on_parameter(v_in, i, "hvp", scale);
   // The parameters the second backward differentiates toward.
   std::vector<at::Tensor> inputs;
   if (targets == nullptr) {
@@ -567,6 +569,11 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       release_graphs_over_budget();
     }
     c10::NoGradGuard no_grad;
+    if (scale != 1.0) {
+      for (auto& t : hv_b) {
+        if (t.defined()) t = t.to(vector_dtype_).div_(scale);
+      }
+    }
     if (observer) observer(BatchTerms{b, w_b, &g_b, &hv_b});
     for (size_t i = 0; i < hv_b.size(); ++i) {
       if (hv_b[i].defined()) accumulate(result[i], std::move(hv_b[i]), w_b, vector_dtype_);

@@ -251,6 +251,13 @@ BlockReader CurvatureEngine::read_blocks(const ParamVector& u,
   BlockReader r;
   r.block_of.assign(n, -1);
   r.v.resize(n);
+  std::vector<size_t> listed;  // the valid indices (the loop below names an invalid one)
+  for (const auto& block : blocks) {
+    for (size_t i : block) {
+      if (i < n) listed.push_back(i);
+    }
+  }
+  r.scale = tangent_scale(u, listed);
   for (size_t l = 0; l < L; ++l) {
     for (size_t i : blocks[l]) {
       if (i >= n) {
@@ -262,7 +269,7 @@ BlockReader CurvatureEngine::read_blocks(const ParamVector& u,
                                           space()[i].name, r.block_of[i], l));
       }
       r.block_of[i] = static_cast<int64_t>(l);
-      r.v[i] = on_parameter(u, i, what);
+      r.v[i] = on_parameter(u, i, what, r.scale);
       r.covered.push_back(i);
     }
   }
@@ -272,14 +279,30 @@ BlockReader CurvatureEngine::read_blocks(const ParamVector& u,
   return r;
 }
 
-at::Tensor CurvatureEngine::on_parameter(const ParamVector& x, size_t i, const char* what) const {
+double CurvatureEngine::tangent_scale(const ParamVector& x,
+                                      const std::vector<size_t>& indices) const {
+  if (parameter_dtype() != at::kHalf || options_.hvp_method != HvpMethod::kExact) return 1.0;
+  std::vector<at::Tensor> maxima;
+  for (size_t i : indices) {
+    if (x.at(i).defined() && x[i].numel() > 0)
+      maxima.push_back(x[i].detach().abs().max().to(at::kDouble));
+  }
+  if (maxima.empty()) return 1.0;
+  const double largest = at::stack(maxima).max().item<double>();
+  if (!(largest > 0) || !std::isfinite(largest)) return 1.0;
+  return std::ldexp(1.0, -static_cast<int>(std::ceil(std::log2(largest))));
+}
+
+at::Tensor CurvatureEngine::on_parameter(const ParamVector& x, size_t i, const char* what,
+                                         double scale) const {
   const at::Tensor& p = state_->params[i];
   if (!x[i].defined() || !x[i].sizes().equals(p.sizes())) {
     throw InvalidArgument(fmt::format(
         "{}: tensor for '{}' has shape {}, the parameter {}", what, space()[i].name,
         x[i].defined() ? fmt::format("{}", x[i].sizes()) : std::string("(undefined)"), p.sizes()));
   }
-  return x[i].detach().to(p.device(), p.scalar_type());
+  const at::Tensor t = x[i].detach();
+  return (scale == 1.0 ? t : t * scale).to(p.device(), p.scalar_type());
 }
 
 Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
@@ -325,6 +348,11 @@ Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
       fresh.clear();
       release_graphs_over_budget();
     }
+    // Back from the scaled directions (tangent_scale): exact, by powers of two.
+    for (Eigen::Index k = 0; k < K; ++k) {
+      m_b.col(k) /= reader.scale * products[static_cast<size_t>(k)].scale;
+    }
+    first_b /= reader.scale;
     if (symmetric) mirror_lower(m_b);
     if (options_.check_finite && !m_b.allFinite()) {
       throw NumericalError(
@@ -353,6 +381,7 @@ Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
     products[m].direction = &reader.v;
     if (reader.nonzero[m]) products[m].support = blocks[m];
     products[m].first_block = m;
+    products[m].scale = reader.scale;
   }
   return block_products(reader, blocks, products, /*symmetric=*/true, observer);
 }
@@ -362,9 +391,10 @@ Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
                                            const ParamVector& w, const CouplingObserver& observer) {
   const BlockReader reader = read_blocks(u, blocks, "block_row");
   ParamVector d(reader.v.size());
-  for (size_t i : reader.covered) d[i] = on_parameter(w, i, "block_row");
+  const double w_scale = tangent_scale(w, reader.covered);
+  for (size_t i : reader.covered) d[i] = on_parameter(w, i, "block_row", w_scale);
   if (options_.hvp_method == HvpMethod::kExact) {
-    const std::vector<BlockProduct> product{{&d, reader.covered, 0}};
+    const std::vector<BlockProduct> product{{&d, reader.covered, 0, w_scale}};
     return block_products(reader, blocks, product, /*symmetric=*/false, observer).col(0);
   }
   const auto L = static_cast<Eigen::Index>(blocks.size());

@@ -82,7 +82,8 @@ struct GradientGraph {
 // blocks), the parameters covered and whether each u_l is nonzero.
 struct BlockReader {
   std::vector<int64_t> block_of;
-  ParamVector v;
+  ParamVector v;       // u · scale
+  double scale = 1.0;  // CurvatureEngine::tangent_scale of u
   std::vector<size_t> covered;
   std::vector<bool> nonzero;
 };
@@ -93,6 +94,7 @@ struct BlockProduct {
   const ParamVector* direction = nullptr;
   std::vector<size_t> support;
   size_t first_block = 0;
+  double scale = 1.0;  // the direction is d · scale (tangent_scale)
 };
 
 // The first backward of `loss` toward `params`; with `with_graph`, with create_graph and toward

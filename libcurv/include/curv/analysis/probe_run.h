@@ -200,6 +200,9 @@ struct ProbeJob {
   EngineOptions engine;
   std::string output = "ndsprobe.h5";
   bool resume = false;  // keep results already in `output` and skip finished units
+  // Refuse to start when the memory plan (plan_probe_job, analysis/memory_plan.h) exceeds this
+  // many bytes of the device, naming its largest part (OutOfMemory); 0: no bound.
+  int64_t memory_budget = 0;
   // Tool, version, command line, dtype, seed and threads (make_provenance); run_probe_job adds
   // the model, the probe set and the blocks.
   Provenance provenance;

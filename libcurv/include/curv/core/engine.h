@@ -260,8 +260,14 @@ class CurvatureEngine {
   engine_detail::BlockReader read_blocks(const ParamVector& u,
                                          const std::vector<std::vector<size_t>>& blocks,
                                          const char* what) const;
-  // x[i] checked against parameter i's shape, on its device and dtype.
-  at::Tensor on_parameter(const ParamVector& x, size_t i, const char* what) const;
+  // x[i] checked against parameter i's shape, times `scale`, on its device and dtype.
+  at::Tensor on_parameter(const ParamVector& x, size_t i, const char* what,
+                          double scale = 1.0) const;
+  // The power of two a direction is multiplied by before an exact HVP of a float16 model, so
+  // that its largest entry on `indices` is in (1/2, 1] (the product is divided by it after):
+  // the second backward's tangents of a small direction would otherwise fall below float16's
+  // normal range (6.1e-5), as gradients without loss scaling do. 1 for other dtypes.
+  double tangent_scale(const ParamVector& x, const std::vector<size_t>& indices) const;
   // The exact block products batch by batch: M(l, k) = u_lᵀ (H d_k)_l over the probe set, with
   // the lower triangle mirrored when `symmetric` (coupling()).
   Eigen::MatrixXd block_products(const engine_detail::BlockReader& reader,

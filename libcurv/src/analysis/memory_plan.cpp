@@ -1,0 +1,313 @@
+#include "curv/analysis/memory_plan.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "curv/analysis/direction_registry.h"
+#include "curv/analysis/probe_run.h"
+#include "curv/core/directions.h"
+#include "curv/core/distributed.h"
+#include "curv/core/error.h"
+#include "curv/core/linear_operator.h"
+#include "curv/core/runtime.h"
+#include "curv/io/checkpoint.h"
+#include "curv/models/model_loader.h"
+#include "curv/models/models.h"
+
+namespace curv {
+
+namespace {
+
+// What one token of a kept graph holds, by the model's shapes: the inputs and outputs of its
+// linear maps (saved by the forward pass, and their gradients again by the create_graph backward),
+// its attention rows and its logits. The factors are a least-squares fit to the resident memory
+// of 16 runs on the CPU (the built-in GPT and LLaMA at contexts 64 to 512, float32 and bfloat16,
+// whole batches and micro-batches: docs/performance.md), which they match within 9%.
+constexpr double kLinearFactor = 3.15;    // × (in + out) features of every linear map
+constexpr double kAttentionFactor = 2.8;  // × heads × context per layer (scores, probabilities)
+constexpr double kLogitFactor = 3.7;      // × vocabulary (logits, their float32 softmax)
+// A 16-bit model's linear maps also keep float32 copies (RMSNorm's input, widened as transformers
+// widens it).
+constexpr double kSixteenBitFactor = 1.4;
+// The second backward's intermediates, freed layer by layer as it runs: a share of a graph's.
+constexpr double kSecondBackwardShare = 0.9;
+
+struct TokenShape {
+  double linear_features = 0;  // Σ over the linear maps of in + out features
+  int64_t layers = 0, heads = 0, context = 0, vocab = 0;
+};
+
+// The shapes a token passes through, from the model built on the meta device.
+TokenShape token_shape(const ModelConfig& config) {
+  ModelInit init;
+  init.device = "meta";
+  init.draw = false;
+  const auto model = make_model(config, init);
+  const ModelStructure s = model->structure();
+  const ParamSpace& space = model->space();
+  TokenShape t;
+  for (size_t i = 0; i < space.size(); ++i) {
+    const ParamRole role = s.params.at(i).role;
+    if (space[i].shape.size() != 2 || role == ParamRole::kTokenEmbedding ||
+        role == ParamRole::kPositionEmbedding) {
+      continue;
+    }
+    // The head's output is the logits, counted by the vocabulary.
+    t.linear_features +=
+        static_cast<double>(space[i].shape[role == ParamRole::kOutputHead ? 1 : 0]);
+    if (role != ParamRole::kOutputHead) t.linear_features += static_cast<double>(space[i].shape[1]);
+    t.layers = std::max(t.layers, s.params[i].layer + 1);
+  }
+  t.heads = s.n_head;
+  const ModelData data = config.data();
+  t.context = data.context;
+  t.vocab = data.vocab_size;
+  return t;
+}
+
+int64_t element_bytes(at::ScalarType dtype) {
+  return static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+std::string count_times(double count, at::ScalarType dtype) {
+  return fmt::format("{:.4g} × {} B ({})", count, element_bytes(dtype), dtype_name(dtype));
+}
+
+// The directions' needs: any reads the next checkpoint, any reads saved optimizer state.
+struct DirectionNeeds {
+  bool next = false, state = false;
+};
+DirectionNeeds direction_needs(const std::vector<std::string>& specs) {
+  DirectionNeeds needs;
+  for (const auto& spec : specs) {
+    const auto d = make_direction(spec);
+    needs.next = needs.next || d->reads_next_checkpoint();
+    needs.state = needs.state || d->reads_saved_state();
+  }
+  return needs;
+}
+
+// What a graph kept for a slice of `tokens` tokens holds besides its gradient, by kind.
+struct Activations {
+  double linear = 0, attention = 0, logits = 0;
+  double total() const { return linear + attention + logits; }
+  std::string describe() const {
+    return fmt::format(
+        "{} (linear maps {}, attention {}, logits {})", format_bytes(static_cast<int64_t>(total())),
+        format_bytes(static_cast<int64_t>(linear)), format_bytes(static_cast<int64_t>(attention)),
+        format_bytes(static_cast<int64_t>(logits)));
+  }
+};
+
+Activations activations(const TokenShape& t, double tokens, at::ScalarType dtype) {
+  const double p = static_cast<double>(element_bytes(dtype));
+  // A 16-bit model's attention probabilities and loss run in float32 (transformers' rule).
+  const double wide = is_16_bit(dtype) ? 4.0 : p;
+  Activations a;
+  a.linear =
+      tokens * kLinearFactor * t.linear_features * p * (is_16_bit(dtype) ? kSixteenBitFactor : 1.0);
+  a.attention =
+      tokens * kAttentionFactor * static_cast<double>(t.layers * t.heads * t.context) * wide;
+  a.logits = tokens * kLogitFactor * static_cast<double>(t.vocab) * wide;
+  return a;
+}
+
+void add_part(MemoryPlan& plan, std::string name, double bytes, std::string how,
+              std::string fix = "", MemoryPhase phase = MemoryPhase::kBoth) {
+  plan.parts.push_back({std::move(name), static_cast<int64_t>(std::ceil(bytes)), std::move(how),
+                        std::move(fix), phase});
+}
+
+// The solver's vectors of a checkpoint's spectrum, in their phase.
+void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, at::ScalarType v,
+                        MemoryPlan& plan) {
+  const auto& spectrum = job.run.spectrum;
+  if (spectrum.eigenvalues || spectrum.density || spectrum.trace || spectrum.overlap) {
+    // krylov_dtype's rule, before an engine exists.
+    const at::ScalarType k = job.engine.vector_dtype != at::ScalarType::Undefined ? v
+                             : is_16_bit(p)                                       ? at::kFloat
+                                                                                  : at::kDouble;
+    const double kb = static_cast<double>(element_bytes(k));
+    const KrylovBasis basis = spectrum.eigen.basis;
+    // The longest basis of what is switched on: Lanczos for eigenpairs, each SLQ run's, Hutch++'s
+    // sketch (a third of its products).
+    int64_t steps = 0;
+    if (spectrum.eigenvalues || spectrum.overlap) steps = spectrum.eigen.max_hvps;
+    if (spectrum.density) steps = std::max(steps, spectrum.density_options.steps);
+    if (spectrum.trace) steps = std::max(steps, spectrum.trace_options.matvecs / 3);
+    if (basis == KrylovBasis::kDevice) {
+      add_part(plan, "Krylov basis", static_cast<double>(steps) * n * kb,
+               fmt::format("up to {} steps × {}", steps, count_times(n, k)),
+               "no basis with {4} none (λ_max and λ_min only)", MemoryPhase::kSpectrum);
+    } else {
+      add_part(plan, "Krylov vectors", 3 * n * kb, "3 × " + count_times(n, k), "",
+               MemoryPhase::kSpectrum);
+    }
+  }
+}
+
+}  // namespace
+
+MemoryPlan plan_probe_job(const ProbeJob& job) {
+  ProbeRun run(ProbeRunOptions(job.run));
+  const CheckpointInfo& info = run.runs().front().chosen.front();
+  const Checkpoint first = open_checkpoint(info, CheckpointParts::kModelOnly);
+  double n = 0;
+  for (const auto& entry : first.model_source->entries()) n += static_cast<double>(entry.numel());
+  const at::ScalarType p = job.model.init.dtype;
+  const at::ScalarType v = job.engine.vector_dtype == at::ScalarType::Undefined
+                               ? default_vector_dtype(p)
+                               : job.engine.vector_dtype;
+  const ProbeSet probe = job.data.load();
+  MemoryPlan plan;
+  plan.device = job.model.init.device;
+  auto add = [&](std::string name, double bytes, std::string how, std::string fix = "",
+                 MemoryPhase phase = MemoryPhase::kBoth) {
+    add_part(plan, std::move(name), bytes, std::move(how), std::move(fix), phase);
+  };
+  const double pb = static_cast<double>(element_bytes(p)),
+               vb = static_cast<double>(element_bytes(v));
+  add("parameters", n * pb, count_times(n, p), "16 bits with {5}");
+  add("gradient", n * vb, count_times(n, v), "bfloat16 vectors with {3}");
+  add("direction u", n * vb, count_times(n, v), "bfloat16 vectors with {3}", MemoryPhase::kAudit);
+  const DirectionNeeds needs = direction_needs(job.run.directions);
+  if (needs.next) add("next checkpoint (delta)", n * pb, count_times(n, p));
+  if (needs.state) {
+    add("optimizer state", 2 * n * vb,
+        "2 × " + count_times(n, v) + " (an Adam-family state, held whole by a rebuilt step)", "",
+        job.run.spectrum.precond_sharpness ? MemoryPhase::kBoth : MemoryPhase::kAudit);
+  }
+  // L(θ + u) keeps a copy of θ to restore it exactly.
+  add("θ kept during L(θ + u)", n * pb, count_times(n, p), "", MemoryPhase::kAudit);
+  // The graphs: one per slice of every batch unless bounded.
+  int64_t slices = 0;
+  int64_t largest_slice = 0;
+  for (size_t b = 0; b < probe.size(); ++b) {
+    const Batch& batch = probe[b];
+    const int64_t examples = batch.size();
+    const int64_t size =
+        job.engine.micro_batch > 0 ? std::min(job.engine.micro_batch, examples) : examples;
+    slices += (examples + size - 1) / size;
+    const int64_t tokens = size * (batch.inputs.dim() >= 2 ? batch.inputs.size(1) : 1);
+    largest_slice = std::max(largest_slice, tokens);
+  }
+  // Each rank keeps the graphs of its share of the batches.
+  const int64_t ranks = job.engine.communicator ? job.engine.communicator->world_size() : 1;
+  slices = (slices + ranks - 1) / ranks;
+  const bool exact = job.engine.hvp_method == HvpMethod::kExact;
+  int64_t kept = exact && job.engine.reuse_graph ? slices : 0;
+  if (job.engine.max_kept_graphs > 0) kept = std::min(kept, job.engine.max_kept_graphs);
+  const bool builtin =
+      job.model.path.empty() || std::filesystem::path(job.model.path).extension() == ".json";
+  double per_graph = 0, second = 0;
+  std::string graph_how = "TorchScript model: activations not estimated";
+  if (builtin) {
+    const ModelConfig config =
+        job.model.path.empty() ? ModelConfig::from_json(first.model_config_json(), first.meta_file)
+                               : ModelConfig::from_file(job.model.path);
+    const TokenShape t = token_shape(config);
+    const Activations a = activations(t, static_cast<double>(largest_slice), p);
+    per_graph = a.total();
+    second = kSecondBackwardShare * per_graph;
+    graph_how = fmt::format("{} of {} tokens: activations ≈ {}", exact ? "a graph" : "a pass",
+                            largest_slice, a.describe());
+  }
+  if (kept > 0) {
+    add("kept graphs", static_cast<double>(kept) * (per_graph + n * pb),
+        fmt::format("{} × ({} + its gradient {})", kept, graph_how,
+                    format_bytes(static_cast<int64_t>(n * pb))),
+        "lower it with {1} (smaller slices) or {2} (fewer kept)");
+  }
+  // One pass beyond the kept graphs: the second backward's intermediates (about a graph's
+  // activations) and products, or a graph recomputed for each HVP.
+  add(kept > 0 ? "second backward" : "recomputed graph",
+      (kept > 0 ? second : per_graph + second) + n * pb,
+      kept > 0 ? fmt::format("{:.2g} × a graph's activations, and {}", kSecondBackwardShare,
+                             count_times(n, p))
+               : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
+                             kSecondBackwardShare, count_times(n, p)),
+      "lower it with {1} (fewer tokens per pass)");
+  if (!exact) {
+    add("finite differences", n * pb + 2 * n * vb,
+        "θ saved, θ ± hv: " + count_times(n, p) + " + 2 × " + count_times(n, v));
+  }
+  add_spectrum_parts(job, n, p, v, plan);
+  return plan;
+}
+
+int64_t MemoryPlan::phase_total(MemoryPhase phase) const {
+  int64_t sum = 0;
+  for (const auto& p : parts) {
+    if (p.phase == MemoryPhase::kBoth || p.phase == phase || phase == MemoryPhase::kBoth) {
+      sum += p.bytes;
+    }
+  }
+  return sum;
+}
+
+int64_t MemoryPlan::total() const {
+  return std::max(phase_total(MemoryPhase::kAudit), phase_total(MemoryPhase::kSpectrum));
+}
+
+const MemoryPart& MemoryPlan::largest() const {
+  if (parts.empty()) throw InvalidArgument("MemoryPlan: no parts");
+  // The largest of the phase that makes the peak.
+  const MemoryPhase peak = phase_total(MemoryPhase::kAudit) >= phase_total(MemoryPhase::kSpectrum)
+                               ? MemoryPhase::kAudit
+                               : MemoryPhase::kSpectrum;
+  const MemoryPart* best = nullptr;
+  for (const auto& p : parts) {
+    if (p.phase != MemoryPhase::kBoth && p.phase != peak) continue;
+    if (best == nullptr || p.bytes > best->bytes) best = &p;
+  }
+  return *best;
+}
+
+std::string MemoryPlan::describe() const {
+  std::vector<MemoryPart> sorted = parts;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::string out =
+      fmt::format("memory plan on {} (estimated before anything is allocated):\n", device);
+  const bool spectrum = std::any_of(parts.begin(), parts.end(), [](const MemoryPart& p) {
+    return p.phase == MemoryPhase::kSpectrum;
+  });
+  for (const auto& p : sorted) {
+    const char* phase = !spectrum                           ? ""
+                        : p.phase == MemoryPhase::kAudit    ? " [audit]"
+                        : p.phase == MemoryPhase::kSpectrum ? " [spectrum]"
+                                                            : "";
+    out += fmt::format("  {:<26} {:>10}  {}{}\n", p.name, format_bytes(p.bytes), p.how, phase);
+  }
+  if (spectrum) {
+    out +=
+        fmt::format("  {:<26} {:>10}\n", "audit", format_bytes(phase_total(MemoryPhase::kAudit)));
+    out += fmt::format("  {:<26} {:>10}\n", "spectrum",
+                       format_bytes(phase_total(MemoryPhase::kSpectrum)));
+  }
+  out += fmt::format("  {:<26} {:>10}\n", "total", format_bytes(total()));
+  return out;
+}
+
+void check_memory_budget(const MemoryPlan& plan, int64_t budget) {
+  if (budget <= 0 || plan.total() <= budget) return;
+  const MemoryPart& big = plan.largest();
+  throw OutOfMemory(
+      Error::literal(fmt::format("the run needs an estimated {} on {}, over its budget of ",
+                                 format_bytes(plan.total()), plan.device)) +
+          "{0}; the largest part is " +
+          Error::literal(fmt::format("'{}' ({}: {})", big.name, format_bytes(big.bytes), big.how)) +
+          (big.fix.empty() ? std::string() : "; " + big.fix),
+      {{"ProbeJob.memory_budget", format_bytes(budget)},
+       {"EngineOptions.micro_batch", ""},
+       {"EngineOptions.max_kept_graphs", ""},
+       {"EngineOptions.vector_dtype", ""},
+       {"EigenOptions.basis", ""},
+       {"ModelInit.dtype", ""}});
+}
+
+}  // namespace curv
