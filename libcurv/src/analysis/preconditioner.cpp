@@ -1,5 +1,5 @@
-// Adam's preconditioner read from a checkpoint's saved state, the Hessian it scales
-// (ScaledOperator) for the preconditioned sharpness, and the overlap of a direction with the top
+// Adam's preconditioner read from a checkpoint's saved state (the scaling core's ScaledOperator
+// applies for the preconditioned sharpness), and the overlap of a direction with the top
 // eigenspace: the parts of spectrum.h that read optimizer state and parameter-space vectors.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -24,17 +24,6 @@ std::string to_string(PrecondStatus status) {
   }
   return "unknown";
 }
-
-ScaledOperator::ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d) : inner_(inner) {
-  if (d.size() != inner_.rows()) {
-    throw InvalidArgument(fmt::format("ScaledOperator: scaling has {} entries, operator {} rows",
-                                      d.size(), inner_.rows()));
-  }
-  d_ = at::from_blob(const_cast<double*>(d.data()), {d.size()}, at::kDouble)
-           .to(inner_.device(), inner_.dtype(), false, /*copy=*/true);
-}
-
-at::Tensor ScaledOperator::product(const at::Tensor& x) { return inner_.apply(x * d_).mul_(d_); }
 
 double AdamPreconditioner::edge_of_stability() const {
   return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * lr);

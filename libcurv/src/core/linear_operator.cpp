@@ -97,6 +97,17 @@ at::Tensor HessianOperator::product(const at::Tensor& x) {
   return out;
 }
 
+ScaledOperator::ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d) : inner_(inner) {
+  if (d.size() != inner_.rows()) {
+    throw InvalidArgument(fmt::format("ScaledOperator: scaling has {} entries, operator {} rows",
+                                      d.size(), inner_.rows()));
+  }
+  d_ = at::from_blob(const_cast<double*>(d.data()), {d.size()}, at::kDouble)
+           .to(inner_.device(), inner_.dtype(), false, /*copy=*/true);
+}
+
+at::Tensor ScaledOperator::product(const at::Tensor& x) { return inner_.apply(x * d_).mul_(d_); }
+
 DenseOperator::DenseOperator(Eigen::MatrixXd matrix) : matrix_(std::move(matrix)) {
   if (matrix_.rows() != matrix_.cols()) {
     throw InvalidArgument(fmt::format("DenseOperator: matrix is {}x{}, must be square",

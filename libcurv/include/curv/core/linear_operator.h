@@ -87,6 +87,24 @@ class DenseOperator : public LinearOperator {
   Eigen::MatrixXd matrix_;
 };
 
+// y = D A D x for a diagonal D = diag(d): A in coordinates scaled by d. With d = P^-1/2 for
+// Adam's preconditioner P, its top eigenvalue is the preconditioned sharpness. d is copied to
+// the inner operator's device once.
+class ScaledOperator : public LinearOperator {
+ public:
+  ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d);
+  int64_t rows() const override { return inner_.rows(); }
+  c10::Device device() const override { return inner_.device(); }
+  at::ScalarType dtype() const override { return inner_.dtype(); }
+
+ protected:
+  at::Tensor product(const at::Tensor& x) override;
+
+ private:
+  LinearOperator& inner_;
+  at::Tensor d_;
+};
+
 // The matrix of `op`, column by column (rows() applications).
 Eigen::MatrixXd to_dense(LinearOperator& op);
 
