@@ -152,16 +152,6 @@ void fd_scan(const ModelConfig& config, const ParamVector& theta, const ParamVec
   }
 }
 
-bool cpu_float16_products() {
-  try {
-    const at::Tensor a = at::ones({2, 2}, at::kHalf);
-    (void)at::mm(a, a);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,7 +198,8 @@ int main(int argc, char** argv) {
       const Trained t = train(*model, grammar, steps, device);
       std::vector<std::pair<std::string, at::ScalarType>> rows = {{"float32", at::kFloat},
                                                                   {"bfloat16", at::kBFloat16}};
-      if (!device.is_cpu() || cpu_float16_products()) rows.push_back({"float16", at::kHalf});
+      if (!device.is_cpu() || cpu_matrix_products(at::kHalf))
+        rows.push_back({"float16", at::kHalf});
       for (const auto& [name, dtype] : rows) {
         // The reference: float64 arithmetic on the weights this dtype holds.
         const ParamVector weights = converted(converted(t.theta, dtype), at::kDouble);

@@ -10,6 +10,7 @@
 #include "curv/core/engine.h"
 #include "curv/core/error.h"
 #include "curv/core/linear_operator.h"
+#include "curv/core/runtime.h"
 #include "curv/models/model_loader.h"
 #include "fixtures.h"
 
@@ -45,17 +46,6 @@ double relative(double value, double reference) {
   return std::abs(value - reference) / std::abs(reference);
 }
 
-// Whether this LibTorch multiplies float16 matrices on the CPU (LibTorch 2 does, 1.13 does not).
-bool cpu_float16_products() {
-  try {
-    const at::Tensor a = at::ones({2, 2}, at::kHalf);
-    (void)at::mm(a, a);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 }  // namespace
 
 TEST_CASE("parameter-space vectors take the declared dtype; 16-bit models default to float32",
@@ -80,7 +70,7 @@ TEST_CASE("parameter-space vectors take the declared dtype; 16-bit models defaul
 
 TEST_CASE("a 16-bit model's audit: float32 vectors, float64 sums, within its rounding of float64",
           "[low_precision]") {
-  const bool half_runs = cpu_float16_products();
+  const bool half_runs = cpu_matrix_products(at::kHalf);
   for (const std::string arch : {"gpt", "llama"}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
       INFO(arch << " " << dtype_name(dtype));

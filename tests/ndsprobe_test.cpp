@@ -220,6 +220,17 @@ TEST_CASE("ndsprobe in bfloat16: every unit records its precision; --resume at a
   refused(" --dtype bfloat16 --vector-dtype float64",
           "its vector_dtype is 'float32', this run's is 'float64'");
   refused(" --dtype bfloat16 --hvp fd", "its hvp_method is 'exact', this run's is 'fd'");
+  // float16 runs where this LibTorch multiplies float16 matrices on the CPU, and is refused
+  // before anything is read where it does not.
+  const std::string half = f.ndsprobe(base + " --dtype float16 -o " + f.dir.file("fp16.h5"), &rc);
+  if (cpu_matrix_products(at::kHalf)) {
+    CHECK(rc == 0);
+  } else {
+    CHECK(rc == 1);
+    CHECK_THAT(half,
+               Catch::Matchers::Contains(
+                   "--dtype float16: this LibTorch has no float16 matrix products on the CPU"));
+  }
   // At the same precision it resumes.
   rc = -1;
   f.ndsprobe(base + " --dtype bfloat16 --vector-dtype float32 --resume -o " + out, &rc);

@@ -508,6 +508,13 @@ ProbeJobResult run_probe_job(const ProbeJob& job, const ProgressCallback& progre
     throw InvalidOption("{0} must be >= 0 (0 = no bound)",
                         {{"ProbeJob.memory_budget", std::to_string(job.memory_budget)}});
   }
+  if (c10::Device(job.model.init.device).is_cpu() && !cpu_matrix_products(job.model.init.dtype)) {
+    throw InvalidOption(
+        fmt::format("{{0}} {}: this LibTorch has no {} matrix products on the CPU "
+                    "(LibTorch 2 has them): use bfloat16, or a GPU",
+                    dtype_name(job.model.init.dtype), dtype_name(job.model.init.dtype)),
+        {{"ModelInit.dtype", ""}});
+  }
   if (job.memory_budget > 0) check_memory_budget(plan_probe_job(job), job.memory_budget);
   ProbeRunOptions run_options = job.run;
   ProbeRun run(std::move(run_options));  // lists and checks every run's checkpoints

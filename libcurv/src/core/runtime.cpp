@@ -221,6 +221,16 @@ std::string runtime_summary() {
                      core.empty() ? "" : ", OpenBLAS " + core, g_allocator);
 }
 
+bool cpu_matrix_products(at::ScalarType dtype) {
+  try {
+    const at::Tensor a = at::ones({2, 2}, at::TensorOptions().dtype(dtype));
+    (void)at::mm(a, a);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 double matmul_gflops(int n, const std::string& dtype, int repeats) {
   const auto type = dtype == "float64" ? at::kDouble : at::kFloat;
   auto a = at::randn({n, n}, at::TensorOptions().dtype(type));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
@@ -69,6 +70,9 @@ std::string runtime_summary();
 // "glibc malloc, mmap threshold 32 MiB, trim threshold 2 GiB" (or "glibc malloc, defaults",
 // "glibc malloc, GLIBC_TUNABLES", "system malloc"): what init_runtime set.
 std::string allocator_summary();
+// Whether this LibTorch multiplies matrices of `dtype` on the CPU (Debian's LibTorch 1.13 has no
+// float16 products there; LibTorch 2 has).
+bool cpu_matrix_products(at::ScalarType dtype);
 // GFLOP/s of an n x n matmul in the given dtype ("float32" | "float64"): shows which BLAS runs.
 double matmul_gflops(int n, const std::string& dtype, int repeats = 5);
 
