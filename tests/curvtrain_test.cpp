@@ -96,6 +96,17 @@ TEST_CASE(
   }
   CHECK(on_batch == 2);  // updates 0 and 2
   CHECK(matched == 2);
+  // Each unit records the precision it was measured at.
+  H5Reader r(live);
+  for (const auto& name : r.children("/runs")) {
+    for (const std::string direction : {"update", "update.probe"}) {
+      const std::string unit = "/runs/" + name + "/step_2/" + direction;
+      INFO(unit);
+      CHECK(r.attribute_string(unit, "dtype") == "float64");
+      CHECK(r.attribute_string(unit, "vector_dtype") == "float64");
+      CHECK(r.attribute_string(unit, "hvp_method") == "exact");
+    }
+  }
 }
 
 TEST_CASE("curvtrain rejects an optimizer key the optimizer does not read", "[curvtrain]") {

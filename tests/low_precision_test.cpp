@@ -117,6 +117,13 @@ TEST_CASE("a 16-bit model's audit: float32 vectors, float64 sums, within its rou
       const double lmax = extreme_eigenpairs(h, eig).largest.at(0).value;
       const double lmax64 = extreme_eigenpairs(h64, eig).largest.at(0).value;
       CHECK(relative(lmax, lmax64) < 2e-2);
+      // Hutch++ through 16-bit solver vectors (its QR in float32), on the same probes as float64.
+      HessianOperator h16(engine, {}, dtype);
+      TraceOptions trace;
+      trace.matvecs = 12;
+      const double t16 = estimate_trace(h16, trace).estimate;
+      const double t64 = estimate_trace(h64, trace).estimate;
+      CHECK(relative(t16, t64) < 5e-2);
 
       // Vectors kept in the model's own dtype when a program asks for it.
       EngineOptions own;

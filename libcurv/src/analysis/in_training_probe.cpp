@@ -43,12 +43,14 @@ TaylorResult InTrainingProbe::measure(Objective& objective, int64_t step,
     if (options_.on_training_batch) {
       report_.add_checkpoint(run_, step, on_batch.loss, norm(engine.gradient()));
       report_.add_taylor(run_, step, "update", on_batch);
+      record_precision(report_.unit_group(run_, step, "update"), engine);
     }
   }
   if (probe_set_) {
     CurvatureEngine engine(objective, *probe_set_, engine_options);
     report_.add_taylor(run_, step, "update.probe",
                        taylor_audit(engine, update, blocks_, options_.taylor));
+    record_precision(report_.unit_group(run_, step, "update.probe"), engine);
   }
   report_.commit();
   load_parameters(objective, add(theta_before, update));

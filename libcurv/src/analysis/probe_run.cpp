@@ -479,10 +479,7 @@ void ProbeRun::probe_unit(const ProbeRunSource& run, const CheckpointInfo& info,
       }
       if (unit.taylor && !unit.nonzero()) ++pass.summary.zero_directions;
       const ReportGroup group = report.unit_group(run.name, info.step, direction);
-      // The precision the unit's numbers were measured at.
-      group.attribute("dtype", dtype_name(engine.parameter_dtype()));
-      group.attribute("vector_dtype", dtype_name(engine.vector_dtype()));
-      group.attribute("hvp_method", hvp_method_name(engine.options().hvp_method));
+      record_precision(group, engine);
       if (!context.note.empty()) group.attribute("note", context.note);
       // Which rule each parameter got (aligned with the root attribute param_names).
       if (!context.partition.empty()) group.attribute("partition", context.partition);

@@ -17,6 +17,7 @@
 #include "curv/analysis/token_buckets.h"
 #include "curv/analysis/within.h"
 #include "curv/core/distributed.h"
+#include "curv/core/engine.h"
 #include "curv/core/error.h"
 #include "curv/core/runtime.h"
 #include "curv/core/statistics.h"
@@ -253,6 +254,12 @@ void ProbeReport::load_for_resume(const std::string& source, const Provenance& p
       }
     }
   }
+}
+
+void record_precision(const ReportGroup& unit, const CurvatureEngine& engine) {
+  unit.attribute("dtype", dtype_name(engine.parameter_dtype()));
+  unit.attribute("vector_dtype", dtype_name(engine.vector_dtype()));
+  unit.attribute("hvp_method", hvp_method_name(engine.options().hvp_method));
 }
 
 ProbeReport::~ProbeReport() = default;

@@ -68,15 +68,18 @@ TraceResult estimate_trace(LinearOperator& op, const TraceOptions& options) {
     for (int64_t j = 0; j < k; ++j) yt.select(0, j).copy_(apply(op, rng.rademacher(n, device)));
     // Q: an orthonormal basis of range(Y), n × k (Householder QR; column signs do not matter),
     // where Y is.
-    const at::Tensor q = std::get<0>(at::linalg_qr(yt.t()));
+    // LAPACK has no 16-bit QR: a 16-bit sketch is factored in float32.
+    const at::Tensor y = yt.t();
+    const at::Tensor q =
+        std::get<0>(at::linalg_qr(is_16_bit(y.scalar_type()) ? y.to(at::kFloat) : y));
     yt = at::Tensor();
     for (int64_t j = 0; j < k; ++j) {
-      const at::Tensor qj = moved(q.select(1, j).contiguous(), device);
+      const at::Tensor qj = moved(q.select(1, j).contiguous(), device).to(op.dtype());
       exact_part += dot_value(qj, apply(op, qj));
     }
     for (int64_t i = 0; i < r; ++i) {
       at::Tensor g = rng.rademacher(n, device);
-      const at::Tensor gs = moved(g, store);
+      const at::Tensor gs = moved(g, store).to(q.scalar_type());
       g.sub_(moved(at::mv(q, at::mv(q.t(), gs)), device));
       samples.push_back(dot_value(g, apply(op, g)));
     }

@@ -20,6 +20,7 @@ struct BucketResult;
 struct UnitKey;
 struct WithinReport;
 class Communicator;
+class CurvatureEngine;
 
 // Why a unit has no numbers (its status attribute and /status row). A unit audited along a zero
 // direction has numbers and the status of its audit instead (AuditStatus::kZeroDirection).
@@ -61,6 +62,10 @@ class ReportGroup {
   H5Writer* writer_;
   std::string path_;
 };
+
+// The precision a unit was measured at, as its attributes dtype, vector_dtype and hvp_method
+// (the engine's parameter dtype, vector dtype and HVP method).
+void record_precision(const ReportGroup& unit, const CurvatureEngine& engine);
 
 // Root attributes that identify a results file. Resuming requires the identifying ones (model,
 // dtype, probe_hash, blocks, seed) to match the file's.
