@@ -78,11 +78,11 @@ JSON
   echo "== plain PyTorch, bfloat16, the delta's audit under the same rule"
   /usr/bin/time -f "wall %e s" "$py" "$here/python/plain_torch_audit.py" "$run" \
     --data "$run/probe.safetensors" --batch-size 1 --dtype bfloat16 --recompute --device cuda \
-    -o "$work/plain.json"
+    --step 1 -o "$work/plain.json"
   "$py" - "$work/plain.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-c = r["checkpoints"][1]
+c = r["checkpoints"][0]
 print("plain: audit %.1f s, peak %.2f GiB, NDS %.6g"
       % (r["audit_seconds"], r["peak_memory"] / 2**30, c["curvature"] / c["sq_norm"]))
 PY

@@ -144,6 +144,8 @@ def main():
     ap.add_argument("--recompute", action="store_true",
                     help="keep no graph: rebuild each batch's graph for every product")
     ap.add_argument("--tf32", action="store_true", help="TF32 float32 matrix products")
+    ap.add_argument("--step", type=int, default=None,
+                    help="audit only the delta from this saved step to the next")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--coupling", default="full", choices=["full", "none"])
     ap.add_argument("-o", "--out", required=True)
@@ -184,6 +186,8 @@ def main():
     results = []
     audit_seconds = 0.0
     for k in range(len(steps) - 1):
+        if a.step is not None and steps[k] != a.step:
+            continue
         theta, nxt = load(steps[k]), load(steps[k + 1])
         sync()
         audit_start = time.perf_counter()
