@@ -123,14 +123,10 @@ void add_part(MemoryPlan& plan, std::string name, double bytes, std::string how,
 }
 
 // The solver's vectors of a checkpoint's spectrum, in their phase.
-void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, at::ScalarType v,
-                        MemoryPlan& plan) {
+void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, MemoryPlan& plan) {
   const auto& spectrum = job.run.spectrum;
   if (spectrum.eigenvalues || spectrum.density || spectrum.trace || spectrum.overlap) {
-    // krylov_dtype's rule, before an engine exists.
-    const at::ScalarType k = job.engine.vector_dtype != at::ScalarType::Undefined ? v
-                             : is_16_bit(p)                                       ? at::kFloat
-                                                                                  : at::kDouble;
+    const at::ScalarType k = krylov_dtype(p, job.engine.vector_dtype);
     const double kb = static_cast<double>(element_bytes(k));
     const KrylovBasis basis = spectrum.eigen.basis;
     // The longest basis of what is switched on: Lanczos for eigenpairs, each SLQ run's, Hutch++'s
@@ -235,7 +231,7 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
     add("finite differences", n * pb + 2 * n * vb,
         "θ saved, θ ± hv: " + count_times(n, p) + " + 2 × " + count_times(n, v));
   }
-  add_spectrum_parts(job, n, p, v, plan);
+  add_spectrum_parts(job, n, p, plan);
   return plan;
 }
 

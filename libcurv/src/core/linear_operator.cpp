@@ -39,9 +39,13 @@ at::TensorOptions vector_options(const LinearOperator& op) {
   return at::TensorOptions().dtype(op.dtype()).device(op.device());
 }
 
+at::ScalarType krylov_dtype(at::ScalarType params, at::ScalarType declared) {
+  if (declared != at::ScalarType::Undefined) return declared;
+  return is_16_bit(params) ? at::kFloat : at::kDouble;
+}
+
 at::ScalarType krylov_dtype(const CurvatureEngine& engine) {
-  if (engine.options().vector_dtype != at::ScalarType::Undefined) return engine.vector_dtype();
-  return is_16_bit(engine.parameter_dtype()) ? at::kFloat : at::kDouble;
+  return krylov_dtype(engine.parameter_dtype(), engine.options().vector_dtype);
 }
 
 HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> params,

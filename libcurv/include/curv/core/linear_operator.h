@@ -72,6 +72,9 @@ class HessianOperator : public LinearOperator {
 // float32 for a 16-bit model, whose float64 vectors would take four times its parameters' memory
 // each.
 at::ScalarType krylov_dtype(const CurvatureEngine& engine);
+// The same rule before an engine exists: for parameters of dtype `params` and a declared vector
+// dtype (Undefined when none was declared).
+at::ScalarType krylov_dtype(at::ScalarType params, at::ScalarType declared);
 
 // A dense symmetric matrix on the CPU (tests, small reference problems).
 class DenseOperator : public LinearOperator {
