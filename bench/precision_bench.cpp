@@ -5,6 +5,8 @@
 // for a few AdamW steps on Zipf-PCFG data so that u, the next AdamW update, is a real one. Prints
 // Markdown tables on stdout (docs/performance.md).
 //
+// A bfloat16 model is also measured with bfloat16 vectors (--vector-dtype bfloat16).
+//
 //   precision_bench [--threads 2] [--device cpu] [--steps 30] [--sizes small,reference]
 //                   [--fd-scan]   (also the finite-difference bias by step, in 16 bits)
 #include <ATen/ATen.h>
@@ -102,16 +104,21 @@ double lambda_max(CurvatureEngine& engine) {
   return extreme_eigenpairs(h, o).largest.at(0).value;
 }
 
-// The audit of u at θ with the model in `dtype` (matmul precision `precision` for float32).
-Measured measure(const ModelConfig& config, const ParamVector& theta, const ParamVector& u,
+// The audit of u at θ with the model in `dtype` (matmul precision `precision` for float32);
+// `vectors`: the engine's vector dtype (Undefined: its default), u rounded to it first.
+Measured measure(const ModelConfig& config, const ParamVector& theta, const ParamVector& u_in,
                  const ProbeSet& probe, at::ScalarType dtype, MatmulPrecision precision,
-                 const c10::Device& device, bool eigen) {
+                 const c10::Device& device, bool eigen,
+                 at::ScalarType vectors = at::ScalarType::Undefined) {
   ScopedMatmulPrecision scoped(precision);
   auto model = make_model(config, ModelInit{0, dtype, device.str()});
   load_parameters(*model, converted(theta, dtype));
+  const ParamVector u = vectors == at::ScalarType::Undefined ? u_in : converted(u_in, vectors);
   const auto start = std::chrono::steady_clock::now();
   Measured r;
-  CurvatureEngine engine(*model, probe);
+  EngineOptions exact;
+  exact.vector_dtype = vectors;
+  CurvatureEngine engine(*model, probe, exact);
   const ParamVector hu = engine.hvp(u);
   r.gu = dot(engine.gradient(), u);
   r.loss = engine.loss();
@@ -119,7 +126,7 @@ Measured measure(const ModelConfig& config, const ParamVector& theta, const Para
   r.uhu = dot(u, hu);
   r.nds = r.uhu / dot(u, u);
   if (eigen) r.lmax = lambda_max(engine);
-  EngineOptions fd;
+  EngineOptions fd = exact;
   fd.hvp_method = HvpMethod::kFiniteDifference;
   CurvatureEngine differences(*model, probe, fd);
   r.fd_uhu = dot(u, differences.hvp(u));
@@ -205,8 +212,10 @@ int main(int argc, char** argv) {
         const ParamVector weights = converted(converted(t.theta, dtype), at::kDouble);
         const Measured want = measure(config, weights, t.update, probe, at::kDouble,
                                       MatmulPrecision::kHighest, device, true);
-        auto row = [&](const std::string& label, at::ScalarType d, MatmulPrecision p) {
-          const Measured got = measure(config, weights, t.update, probe, d, p, device, true);
+        auto row = [&](const std::string& label, at::ScalarType d, MatmulPrecision p,
+                       at::ScalarType vectors = at::ScalarType::Undefined) {
+          const Measured got =
+              measure(config, weights, t.update, probe, d, p, device, true, vectors);
           fmt::print(
               "| {} | {} | {:.1e} | {:.1e} | {:.1e} | {:.1e} | {:.1e} | {:.1e} | {:.1e} | "
               "{:.3g} | {:.4g} | {:.4g} | {:.1f} |\n",
@@ -217,6 +226,11 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         };
         row(name, dtype, MatmulPrecision::kHighest);
+        // The same model with bfloat16 directions, gradients, products and solver vectors: what
+        // a plan that has no room for float32 vectors gives up.
+        if (dtype == at::kBFloat16) {
+          row("bfloat16, bfloat16 vectors", dtype, MatmulPrecision::kHighest, at::kBFloat16);
+        }
         if (dtype == at::kFloat && device.is_cuda()) row("TF32", dtype, MatmulPrecision::kHigh);
         if (scan && is_16_bit(dtype)) scans.push_back({config, weights, t.update, want.uhu, dtype});
       }

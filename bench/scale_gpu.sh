@@ -19,6 +19,7 @@
 #       state does not fit beside the model), 16 probe sequences of 1024 tokens: the delta's
 #       audit (--coupling none) and λ_max by Lanczos without a basis (three vectors), bfloat16
 #       vectors, micro-batches of one sequence.
+#   Both keep θ's saved copy and the next checkpoint in host memory (--host-copies).
 #
 # usage: bench/scale_gpu.sh 1b|7b BUILD_DIR [WORK_DIR]
 #        PYTHON: a python3 with a CUDA torch
@@ -71,7 +72,7 @@ JSON
     --probe-sequences 64 --train-tokens 200000 --optimizer adamw:lr=1e-4 --dtype float32 \
     --device cuda --quiet 2>&1 | tail -2
   common=("$run" --data "$run/probe.safetensors" --steps 1:1 --device cuda --micro-batch 1
-    --recompute-graphs --quiet)
+    --recompute-graphs --host-copies --quiet)
   planned_run "$work/bf16.h5" "${common[@]}" --directions delta,adamw --dtype bfloat16
   planned_run "$work/tf32.h5" "${common[@]}" --directions delta,adamw --dtype float32 \
     --matmul-precision high
@@ -98,7 +99,7 @@ JSON
   /usr/bin/time -f "writing wall %e s" "$py" "$here/python/write_scale_checkpoints.py" \
     "$work/7b.json" "$run" --sequences 16 --device cuda
   planned_run "$work/7b.h5" "$run" --data "$run/probe.safetensors" --device cuda \
-    --micro-batch 1 --recompute-graphs --quiet --directions delta --coupling none \
+    --micro-batch 1 --recompute-graphs --host-copies --quiet --directions delta --coupling none \
     --dtype bfloat16 --vector-dtype bfloat16 --spectrum --eig-top 1 --krylov-basis none
 else
   echo "scale_gpu.sh: size '$size': expected 1b or 7b" >&2

@@ -173,6 +173,48 @@ TEST_CASE("the memory budget on CUDA reads the allocator's statistics", "[.cuda]
   CHECK(engine.counters().graphs_over_budget == 1);
 }
 
+TEST_CASE("host copies on CUDA: the same numbers, one parameter copy less at the peak", "[.cuda]") {
+  require_cuda();
+  // Wide enough that the parameters (3.2M float32, 13 MB) dwarf a tiny probe's activations.
+  const ModelConfig config = ModelConfig::from_json(
+      R"({"arch": "gpt", "vocab_size": 64, "block_size": 8, "n_layer": 2, "n_head": 4,
+          "n_embd": 512, "bias": true, "tied": false})");
+  auto model = make_model(config, ModelInit{7, at::kFloat, kDevice});
+  const ProbeSet probe = gpt_probe(8, 4, 2, 64, 8);
+  const c10::Device device(kDevice);
+  const ParamVector u = on(scaled(random_direction(*model, 9), 1e-3), device);
+  int64_t bytes = 0;
+  for (const auto& t : model->parameters()) bytes += t.numel() * 4;
+  struct Seen {
+    double loss = 0;
+    ParamVector fd;
+    int64_t loss_peak = 0;
+  };
+  auto measure = [&](bool host_copies) {
+    EngineOptions options;
+    options.host_copies = host_copies;
+    options.reuse_graph = false;
+    CurvatureEngine engine(*model, probe, options);
+    engine.loss();
+    Seen seen;
+    reset_peak_memory(device);
+    const int64_t before = device_memory(device).in_use;
+    seen.loss = engine.loss_at(u);
+    seen.loss_peak = device_memory(device).peak - before;
+    seen.fd = engine.hvp_finite_difference(u);
+    return seen;
+  };
+  const Seen device_copy = measure(false), host_copy = measure(true);
+  CHECK(host_copy.loss == device_copy.loss);
+  CHECK(error_against_cpu(host_copy.fd, on(device_copy.fd, c10::Device(c10::kCPU))) == 0.0);
+  INFO("peak over in-use during L(θ + u): " << device_copy.loss_peak
+                                            << " B with the copy on the "
+                                               "device, "
+                                            << host_copy.loss_peak << " B on the host; parameters "
+                                            << bytes << " B");
+  CHECK(device_copy.loss_peak - host_copy.loss_peak >= bytes * 9 / 10);
+}
+
 namespace {
 
 // A loss that asks the device for 32 TiB on its second call.

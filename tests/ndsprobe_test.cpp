@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 
+#include "curv/analysis/memory_plan.h"
 #include "curv/analysis/probe_run.h"
 #include "curv/core/engine.h"
 #include "curv/core/runtime.h"
@@ -270,6 +271,51 @@ TEST_CASE(
   f.ndsprobe(base + " --memory-budget 1G -o " + out, &rc);
   CHECK(rc == 0);
   CHECK(fs::exists(out));
+}
+
+TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by their bytes",
+          "[ndsprobe][memory_plan]") {
+  // Planning reads shapes only, so a GPU run is planned without a GPU.
+  Fixture f;
+  ProbeJob job;
+  job.run.runs = {f.run};
+  job.run.directions = {"delta"};
+  job.model.init.dtype = at::kBFloat16;
+  job.model.init.device = "cuda";
+  job.data.path = f.data;
+  int64_t n = 0;
+  for (const auto& t : f.thetas.front()) n += t.numel();
+  auto part = [](const MemoryPlan& plan, const std::string& name) -> const MemoryPart& {
+    for (const auto& p : plan.parts) {
+      if (p.name == name) return p;
+    }
+    FAIL("no part " << name << " in\n" << plan.describe());
+    throw std::logic_error("unreachable");
+  };
+  const MemoryPlan on_device = plan_probe_job(job);
+  INFO(on_device.describe());
+  for (const char* name : {"next checkpoint (delta)", "θ saved to restore it"}) {
+    CHECK(part(on_device, name).bytes == 2 * n);
+    CHECK_FALSE(part(on_device, name).on_host);
+    CHECK(part(on_device, name).fix == "in host memory with {6}");
+  }
+  job.engine.host_copies = true;
+  const MemoryPlan host = plan_probe_job(job);
+  INFO(host.describe());
+  CHECK(part(host, "next checkpoint (delta)").on_host);
+  CHECK(part(host, "θ saved to restore it").on_host);
+  CHECK(on_device.total() - host.total() == 4 * n);
+  CHECK_THAT(host.describe(), Catch::Matchers::Contains("in host memory (not counted on cuda):"));
+  // A rebuilt AdamW step reads one tensor's state at a time: two moments of the largest tensor.
+  job.run.directions = {"adamw"};
+  int64_t largest = 0;
+  for (const auto& t : f.thetas.front()) largest = std::max(largest, t.numel());
+  CHECK(part(plan_probe_job(job), "optimizer state").bytes == 2 * largest * 4);
+  // On the CPU the host is the device: nothing leaves the total.
+  job.model.init.device = "cpu";
+  const MemoryPlan cpu = plan_probe_job(job);
+  CHECK_FALSE(part(cpu, "θ saved to restore it").on_host);
+  CHECK(part(cpu, "θ saved to restore it").fix.empty());
 }
 
 TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",

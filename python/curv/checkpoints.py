@@ -10,9 +10,9 @@ import pandas as pd
 import torch
 
 from . import _curv
+from ._dtypes import DTYPES as _DTYPES, vector_dtype_name as _vector_dtype_name
 from ._runtime import init_runtime
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 @dataclass
@@ -46,10 +46,12 @@ def _taylor_options(coupling, coupling_samples, realized, multipliers, ggn, ggn_
     return o
 
 
-def _engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph):
+def _engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph, vector_dtype,
+                    host_copies):
     o = _curv.SessionOptions()
     o.hvp, o.micro_batch, o.max_memory = hvp, micro_batch, max_memory
     o.max_kept_graphs, o.reuse_graph = max_kept_graphs, reuse_graph
+    o.vector_dtype, o.host_copies = _vector_dtype_name(vector_dtype), host_copies
     return o
 
 
@@ -70,7 +72,7 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
                       eigenvalues=None, trace=None, density=None, per_block=False,
                       precond_sharpness=False, overlap=False, hvp=_curv.HvpMethod.EXACT,
                       micro_batch=0, max_memory=0, max_kept_graphs=0, reuse_graph=True,
-                      prefetch=True, progress=None):
+                      vector_dtype=None, host_copies=False, prefetch=True, progress=None):
     """Probes every checkpoint of each run directory along `directions`, as ndsprobe does
     (docs/cli.md names each option's flag), writes `output` and returns its tables.
 
@@ -79,12 +81,15 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
     config or a TorchScript file; "" takes the checkpoints' recorded config. blocks: a
     BlockRule or {name: regex}. within: a WithinOptions (None: off). token_buckets: a
     TokenBucketOptions (None: off). eigenvalues, trace, density: EigenOptions, TraceOptions,
-    DensityOptions per checkpoint (None: off). progress: (done, total, label) after each unit;
+    DensityOptions per checkpoint (None: off). dtype: the model's (float32, float64, bfloat16,
+    float16). vector_dtype: the directions', gradients' and HVPs' (None: the model's, float32
+    for a 16-bit model). progress: (done, total, label) after each unit;
     Ctrl-C stops after the unit in progress, everything before it kept (resume=True goes on).
     """
     init_runtime()
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype}: expected torch.float32 or torch.float64")
+        raise ValueError(f"dtype {dtype}: expected torch.float32, torch.float64, torch.bfloat16 "
+                         "or torch.float16")
     job = _curv.ProbeJob()
     job.runs = [str(r) for r in ([runs] if isinstance(runs, str) else runs)]
     job.directions = list(directions)
@@ -109,7 +114,8 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
         job.set_blocks(_curv.BlockRule.LAYER, list(blocks.items()))
     else:
         job.set_blocks(blocks, [])
-    job.set_engine(_engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph))
+    job.set_engine(_engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph,
+                                   vector_dtype, host_copies))
     job.set_output(str(output), resume, " ".join(shlex.quote(a) for a in sys.argv),
                    _DTYPES[dtype], seed, torch.get_num_threads())
     summary, path, tables = _curv.run_probe_job(job, progress)

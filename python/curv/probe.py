@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from . import _curv
+from ._dtypes import vector_dtype_name as _vector_dtype_name
 from ._runtime import init_runtime
 from ._evaluator import Evaluator, trainable
 from .attention import explain
@@ -58,7 +59,8 @@ class Probe:
     def __init__(self, model, batches, objective=causal_lm, *, loss_fn=None,
                  blocks=_curv.BlockRule.LAYER, roles=None, heads=None,
                  hvp=_curv.HvpMethod.EXACT, fd_step=0.0, micro_batch=0, reuse_graph=True,
-                 max_kept_graphs=0, max_memory=0, eval_mode=True, description=None):
+                 max_kept_graphs=0, max_memory=0, vector_dtype=None, host_copies=False,
+                 eval_mode=True, description=None):
         init_runtime()
         self.model = model
         self.eval_mode = eval_mode
@@ -75,6 +77,8 @@ class Probe:
         options.reuse_graph = reuse_graph
         options.max_kept_graphs = max_kept_graphs
         options.max_memory = max_memory
+        options.vector_dtype = _vector_dtype_name(vector_dtype)
+        options.host_copies = host_copies
         if isinstance(blocks, dict):
             options.block_groups = list(blocks.items())
             self.block_spec = "groups:" + ";".join(f"{k}={v}" for k, v in blocks.items())

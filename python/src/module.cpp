@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "curv/core/error.h"
+#include "curv/core/param_space.h"
 #include "curv/core/runtime.h"
 #include "curv/core/structure.h"
 #include "session.h"
@@ -98,6 +99,21 @@ void bind_session(py::module_& m) {
       .def_property(
           "fd_step", [](const SessionOptions& o) { return o.engine.fd_step; },
           [](SessionOptions& o, double v) { o.engine.fd_step = v; })
+      .def_property(
+          "vector_dtype",
+          [](const SessionOptions& o) {
+            return o.engine.vector_dtype == at::ScalarType::Undefined
+                       ? std::string("auto")
+                       : dtype_name(o.engine.vector_dtype);
+          },
+          [](SessionOptions& o, const std::string& v) {
+            o.engine.vector_dtype = v == "auto"
+                                        ? at::ScalarType::Undefined
+                                        : parse_vector_dtype(v, at::kDouble, "vector_dtype");
+          })
+      .def_property(
+          "host_copies", [](const SessionOptions& o) { return o.engine.host_copies; },
+          [](SessionOptions& o, bool v) { o.engine.host_copies = v; })
       .def_property(
           "check_finite", [](const SessionOptions& o) { return o.engine.check_finite; },
           [](SessionOptions& o, bool v) { o.engine.check_finite = v; })

@@ -372,6 +372,10 @@ void EngineArgs::add_to(CLI::App& app) {
                  "process's resident memory; a GPU's allocated bytes) stays under this many bytes "
                  "(suffix K, M, G, T: powers of 1024; 0 = no bound)")
       ->capture_default_str();
+  app.add_flag("--host-copies", host_copies,
+               "On a GPU, keep the copy of the parameters saved during L(θ + u) and "
+               "finite-difference HVPs, and the next checkpoint a delta reads, in host memory: "
+               "two parameter-sized tensors less on the device, for copies over the bus");
   app.add_flag("--recompute-graphs", recompute_graphs,
                "Keep no gradient graph between HVPs: each HVP redoes the forward pass and the "
                "first backward of every batch (less memory, about 1.4x the time per HVP)");
@@ -435,6 +439,7 @@ const FlagNames& EngineArgs::flags() {
       {"EngineOptions.max_kept_graphs", "--max-kept-graphs"},
       {"EngineOptions.max_memory", "--max-memory"},
       {"EngineOptions.micro_batch", "--micro-batch"},
+      {"EngineOptions.host_copies", "--host-copies"},
   };
   return map;
 }
@@ -461,6 +466,7 @@ EngineOptions EngineArgs::to_options() const {
   options.max_memory = parse_bytes(max_memory, "--max-memory");
   options.micro_batch = micro_batch;
   options.reuse_graph = !recompute_graphs;
+  options.host_copies = host_copies;
   return options;
 }
 

@@ -117,9 +117,9 @@ Activations activations(const TokenShape& t, double tokens, at::ScalarType dtype
 }
 
 void add_part(MemoryPlan& plan, std::string name, double bytes, std::string how,
-              std::string fix = "", MemoryPhase phase = MemoryPhase::kBoth) {
+              std::string fix = "", MemoryPhase phase = MemoryPhase::kBoth, bool on_host = false) {
   plan.parts.push_back({std::move(name), static_cast<int64_t>(std::ceil(bytes)), std::move(how),
-                        std::move(fix), phase});
+                        std::move(fix), phase, on_host});
 }
 
 // The solver's vectors of a checkpoint's spectrum, in their phase.
@@ -140,8 +140,11 @@ void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, MemoryP
                fmt::format("up to {} steps × {}", steps, count_times(n, k)),
                "no basis with {4} none (λ_max and λ_min only)", MemoryPhase::kSpectrum);
     } else {
-      add_part(plan, "Krylov vectors", 3 * n * kb, "3 × " + count_times(n, k), "",
-               MemoryPhase::kSpectrum);
+      // Without a basis: the three-term recurrence's vectors; a basis in host memory adds the
+      // staging buffer each spilled vector is copied in through.
+      const int64_t vectors = basis == KrylovBasis::kHost ? 4 : 3;
+      add_part(plan, "Krylov vectors", static_cast<double>(vectors) * n * kb,
+               fmt::format("{} × {}", vectors, count_times(n, k)), "", MemoryPhase::kSpectrum);
     }
   }
 }
@@ -152,8 +155,11 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   ProbeRun run(ProbeRunOptions(job.run));
   const CheckpointInfo& info = run.runs().front().chosen.front();
   const Checkpoint first = open_checkpoint(info, CheckpointParts::kModelOnly);
-  double n = 0;
-  for (const auto& entry : first.model_source->entries()) n += static_cast<double>(entry.numel());
+  double n = 0, largest_tensor = 0;
+  for (const auto& entry : first.model_source->entries()) {
+    n += static_cast<double>(entry.numel());
+    largest_tensor = std::max(largest_tensor, static_cast<double>(entry.numel()));
+  }
   const at::ScalarType p = job.model.init.dtype;
   const at::ScalarType v = job.engine.vector_dtype == at::ScalarType::Undefined
                                ? default_vector_dtype(p)
@@ -170,15 +176,33 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   add("parameters", n * pb, count_times(n, p), "16 bits with {5}");
   add("gradient", n * vb, count_times(n, v), "bfloat16 vectors with {3}");
   add("direction u", n * vb, count_times(n, v), "bfloat16 vectors with {3}", MemoryPhase::kAudit);
+  // The copies EngineOptions::host_copies moves off a GPU: on the host they are listed, not
+  // counted; on the GPU their fix names the option.
+  const bool gpu = !c10::Device(plan.device).is_cpu();
+  const bool to_host = gpu && job.engine.host_copies;
+  const std::string host_fix = gpu ? "in host memory with {6}" : "";
   const DirectionNeeds needs = direction_needs(job.run.directions);
-  if (needs.next) add("next checkpoint (delta)", n * pb, count_times(n, p));
-  if (needs.state) {
-    add("optimizer state", 2 * n * vb,
-        "2 × " + count_times(n, v) + " (an Adam-family state, held whole by a rebuilt step)", "",
-        job.run.spectrum.precond_sharpness ? MemoryPhase::kBoth : MemoryPhase::kAudit);
+  if (needs.next) {
+    add_part(plan, "next checkpoint (delta)", n * pb, count_times(n, p), host_fix,
+             MemoryPhase::kBoth, to_host);
   }
-  // L(θ + u) keeps a copy of θ to restore it exactly.
-  add("θ kept during L(θ + u)", n * pb, count_times(n, p), "", MemoryPhase::kAudit);
+  // A rebuilt step reads each parameter's saved state when it takes that parameter's step
+  // (Optimizer::step_from_saved); Adam's preconditioner holds its second moment whole.
+  if (needs.state) {
+    add("optimizer state", 2 * largest_tensor * vb,
+        "2 × " + count_times(largest_tensor, v) +
+            " (an Adam-family state of the largest tensor: a rebuilt step reads one at a time)",
+        "", MemoryPhase::kAudit);
+  }
+  if (job.run.spectrum.precond_sharpness) {
+    add("Adam's second moment", n * vb, count_times(n, v) + " (the preconditioner, whole)", "",
+        MemoryPhase::kSpectrum);
+  }
+  // L(θ + u), a routing change and finite-difference HVPs each save θ to restore it exactly,
+  // one at a time.
+  const bool exact = job.engine.hvp_method == HvpMethod::kExact;
+  add_part(plan, "θ saved to restore it", n * pb, count_times(n, p), host_fix,
+           exact ? MemoryPhase::kAudit : MemoryPhase::kBoth, to_host);
   // The graphs: one per slice of every batch unless bounded.
   int64_t slices = 0;
   int64_t largest_slice = 0;
@@ -194,7 +218,6 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   // Each rank keeps the graphs of its share of the batches.
   const int64_t ranks = job.engine.communicator ? job.engine.communicator->world_size() : 1;
   slices = (slices + ranks - 1) / ranks;
-  const bool exact = job.engine.hvp_method == HvpMethod::kExact;
   int64_t kept = exact && job.engine.reuse_graph ? slices : 0;
   if (job.engine.max_kept_graphs > 0) kept = std::min(kept, job.engine.max_kept_graphs);
   const bool builtin =
@@ -227,10 +250,7 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
                : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
                              kSecondBackwardShare, count_times(n, p)),
       "lower it with {1} (fewer tokens per pass)");
-  if (!exact) {
-    add("finite differences", n * pb + 2 * n * vb,
-        "θ saved, θ ± hv: " + count_times(n, p) + " + 2 × " + count_times(n, v));
-  }
+  if (!exact) add("finite differences", 2 * n * vb, "g(θ ± hv): 2 × " + count_times(n, v));
   add_spectrum_parts(job, n, p, plan);
   return plan;
 }
@@ -238,6 +258,7 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
 int64_t MemoryPlan::phase_total(MemoryPhase phase) const {
   int64_t sum = 0;
   for (const auto& p : parts) {
+    if (p.on_host) continue;
     if (p.phase == MemoryPhase::kBoth || p.phase == phase || phase == MemoryPhase::kBoth) {
       sum += p.bytes;
     }
@@ -257,7 +278,7 @@ const MemoryPart& MemoryPlan::largest() const {
                                : MemoryPhase::kSpectrum;
   const MemoryPart* best = nullptr;
   for (const auto& p : parts) {
-    if (p.phase != MemoryPhase::kBoth && p.phase != peak) continue;
+    if (p.on_host || (p.phase != MemoryPhase::kBoth && p.phase != peak)) continue;
     if (best == nullptr || p.bytes > best->bytes) best = &p;
   }
   return *best;
@@ -272,7 +293,12 @@ std::string MemoryPlan::describe() const {
   const bool spectrum = std::any_of(parts.begin(), parts.end(), [](const MemoryPart& p) {
     return p.phase == MemoryPhase::kSpectrum;
   });
+  std::string host;
   for (const auto& p : sorted) {
+    if (p.on_host) {
+      host += fmt::format("  {:<26} {:>10}  {}\n", p.name, format_bytes(p.bytes), p.how);
+      continue;
+    }
     const char* phase = !spectrum                           ? ""
                         : p.phase == MemoryPhase::kAudit    ? " [audit]"
                         : p.phase == MemoryPhase::kSpectrum ? " [spectrum]"
@@ -286,6 +312,7 @@ std::string MemoryPlan::describe() const {
                        format_bytes(phase_total(MemoryPhase::kSpectrum)));
   }
   out += fmt::format("  {:<26} {:>10}\n", "total", format_bytes(total()));
+  if (!host.empty()) out += "in host memory (not counted on " + device + "):\n" + host;
   return out;
 }
 
@@ -303,7 +330,8 @@ void check_memory_budget(const MemoryPlan& plan, int64_t budget) {
        {"EngineOptions.max_kept_graphs", ""},
        {"EngineOptions.vector_dtype", ""},
        {"EigenOptions.basis", ""},
-       {"ModelInit.dtype", ""}});
+       {"ModelInit.dtype", ""},
+       {"EngineOptions.host_copies", ""}});
 }
 
 }  // namespace curv

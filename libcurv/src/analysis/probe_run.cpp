@@ -290,6 +290,17 @@ const CheckpointInfo* successor(const ProbeRunSource& run, const CheckpointInfo&
   return nullptr;
 }
 
+// What the next checkpoint's parameters are read like: the model's dtype and device, or the
+// host with EngineOptions::host_copies on a GPU (parameters_from reads only their dtype and
+// device, so empty tensors serve).
+ParamVector next_checkpoint_like(const CurvatureEngine& engine, const ParamVector& like) {
+  if (!engine.options().host_copies || like.empty() || like.front().device().is_cpu()) return like;
+  ParamVector host;
+  host.reserve(like.size());
+  for (const auto& t : like) host.push_back(at::empty({0}, t.options().device(at::kCPU)));
+  return host;
+}
+
 }  // namespace
 
 void ProbeRun::read_ahead(const ProbeRunSource& run, const CheckpointInfo* next, Pass& pass) const {
@@ -435,11 +446,13 @@ void ProbeRun::load_checkpoint_state(const ProbeRunSource& run, const Checkpoint
   context.theta = detached(like);
   // The delta goes to the next saved checkpoint, whatever the selection's stride. Only its
   // parameters: the successor's optimizer state plays no part here. Its tensors are kept for its
-  // own turn.
+  // own turn. With the engine's host copies they stay in host memory beside the saved θ: the
+  // delta is then formed tensor by tensor on the device, and L(θ_{t+1}) copies them in one by one.
   const CheckpointInfo* after = needs.next ? successor(run, info) : nullptr;
   if (after != nullptr) {
     Checkpoint next = pass.reader.load(*after, CheckpointParts::kModelOnly);
-    context.theta_next = parameters_from(next, space, like, o.allow_extra, &structure);
+    context.theta_next =
+        parameters_from(next, space, next_checkpoint_like(engine, like), o.allow_extra, &structure);
     pass.reader.keep(*after, CheckpointParts::kModelOnly, std::move(next));
   }
 }

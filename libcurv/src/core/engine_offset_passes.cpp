@@ -83,16 +83,14 @@ double CurvatureEngine::loss_away(const std::function<void(size_t, at::Tensor&)>
                                   const std::function<std::string()>& where) {
   Stopwatch timer(counters_.seconds);
   auto& s = *state_;
-  ParamVector saved = clone(s.params);
+  const ParamVector saved = saved_parameters();
   double loss = 0.0;
   if (batch_losses) batch_losses->assign(probe_.size(), 0.0);
   {
     c10::NoGradGuard no_grad;
     // variable_data(): same storage, separate version counter, so the kept graphs survive the
     // excursion; the exact restore below makes them valid again.
-    auto restore = [&] {
-      for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-    };
+    auto restore = [&] { restore_parameters(saved); };
     try {
       for (size_t i = 0; i < s.params.size(); ++i) {
         at::Tensor data = s.params[i].variable_data();
@@ -151,10 +149,8 @@ double CurvatureEngine::routing_away(const std::function<void(size_t, at::Tensor
       ++counters_.forwards;
     }
   }
-  ParamVector saved = clone(s.params);
-  auto restore = [&] {
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-  };
+  const ParamVector saved = saved_parameters();
+  auto restore = [&] { restore_parameters(saved); };
   // Changed rows and all rows, summed over the ranks' probe batches.
   std::vector<double> counts{0.0, 0.0};
   try {
@@ -207,16 +203,38 @@ double CurvatureEngine::batch_loss_value(size_t b) {
   return value;
 }
 
+ParamVector CurvatureEngine::saved_parameters() const {
+  const ParamVector& params = state_->params;
+  if (!options_.host_copies || params.empty() || params.front().device().is_cpu()) {
+    return clone(params);
+  }
+  // Pinned, so that the restores' copies to a CUDA device run at the bus's full rate.
+  ParamVector saved;
+  saved.reserve(params.size());
+  for (const auto& p : params) {
+    at::Tensor host = at::empty(p.sizes(), p.options().device(at::kCPU).pinned_memory(p.is_cuda()));
+    host.copy_(p.detach());
+    saved.push_back(std::move(host));
+  }
+  return saved;
+}
+
+void CurvatureEngine::restore_parameters(const ParamVector& saved) {
+  c10::NoGradGuard no_grad;
+  auto& params = state_->params;
+  for (size_t i = 0; i < params.size(); ++i) params[i].variable_data().copy_(saved[i]);
+}
+
 ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& saved,
-                                               const ParamVector* offset) {
+                                               const ParamVector* offset, double scale) {
   auto& s = *state_;
   {
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < s.params.size(); ++i) {
       auto data = s.params[i].variable_data();
       data.copy_(saved[i]);
-      // Added in the offset's dtype and rounded once to the parameters'.
-      if (offset) data.add_((*offset)[i]);
+      // θ + scale · offset formed in the offset's dtype and rounded once to the parameters'.
+      if (offset) data.add_((*offset)[i], scale);
     }
   }
   ParamVector g(s.params.size());
@@ -243,21 +261,18 @@ ParamVector CurvatureEngine::hvp_finite_difference(const ParamVector& v, double 
   if (step <= 0.0) step = options_.fd_step;
   if (step <= 0.0) step = fd_step_for(s.params);
   const double h = v_norm > 0.0 ? step / v_norm : 0.0;
-  const ParamVector plus = scaled(v, h), minus = scaled(v, -h);
   // Per batch, so that each batch's H_b v exists for an observer; θ is written back exactly from
-  // `saved` before every evaluation and after the last.
-  const ParamVector saved = clone(s.params);
-  auto restore = [&] {
-    c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < s.params.size(); ++i) s.params[i].variable_data().copy_(saved[i]);
-  };
+  // `saved` before every evaluation and after the last, and θ ± h·v formed in place (no
+  // perturbed copy of v is held).
+  const ParamVector saved = saved_parameters();
+  auto restore = [&] { restore_parameters(saved); };
   ParamVector result(s.params.size());
   try {
     for_each_batch(Pass::kGradientAtOffset, [&](size_t b, double w) {
       ParamVector hv;
       if (v_norm > 0.0) {
-        hv = batch_gradient_at(b, saved, &plus);
-        ParamVector g_minus = batch_gradient_at(b, saved, &minus);
+        hv = batch_gradient_at(b, saved, &v, h);
+        ParamVector g_minus = batch_gradient_at(b, saved, &v, -h);
         c10::NoGradGuard no_grad;
         for (size_t i = 0; i < hv.size(); ++i) hv[i].sub_(g_minus[i]).div_(2.0 * h);
       } else {

@@ -210,7 +210,8 @@ ParamVector add(const ParamVector& a, const ParamVector& b) {
 ParamVector sub(const ParamVector& a, const ParamVector& b) {
   check_aligned(a, b, "sub");
   ParamVector out;
-  for (size_t i = 0; i < a.size(); ++i) out.push_back(a[i].detach() - b[i].detach());
+  for (size_t i = 0; i < a.size(); ++i)
+    out.push_back(a[i].detach().to(b[i].device()) - b[i].detach());
   return out;
 }
 
@@ -218,7 +219,8 @@ ParamVector sub(const ParamVector& a, const ParamVector& b, at::ScalarType dtype
   check_aligned(a, b, "sub");
   ParamVector out;
   for (size_t i = 0; i < a.size(); ++i) {
-    out.push_back(a[i].detach().to(dtype) - b[i].detach().to(dtype));
+    // On b's device: a may be held on the host (a next checkpoint beside a GPU's θ).
+    out.push_back(a[i].detach().to(b[i].device(), dtype) - b[i].detach().to(dtype));
   }
   return out;
 }

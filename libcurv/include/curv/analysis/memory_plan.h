@@ -23,9 +23,12 @@ struct MemoryPart {
   int64_t bytes = 0;
   std::string how;  // how it was counted: "124,439,808 × 2 B (bfloat16)"
   // What lowers it, naming options as check_memory_budget's message lists them ({1}: the
-  // micro-batch, {2}: kept graphs, {3}: the vector dtype, {4}: the Krylov basis, {5}: the dtype).
+  // micro-batch, {2}: kept graphs, {3}: the vector dtype, {4}: the Krylov basis, {5}: the dtype,
+  // {6}: the engine's host copies).
   std::string fix;
   MemoryPhase phase = MemoryPhase::kBoth;
+  // Held in host memory instead (EngineOptions::host_copies on a GPU): listed, not counted.
+  bool on_host = false;
 };
 
 struct MemoryPlan {
@@ -36,7 +39,7 @@ struct MemoryPlan {
   int64_t phase_total(MemoryPhase phase) const;
   const MemoryPart& largest() const;  // of the phase that makes the peak
   // One line per part, largest first (its phase where it is held in one only), then each
-  // phase's sum and the total.
+  // phase's sum and the total, then the parts held in host memory.
   std::string describe() const;
 };
 

@@ -65,6 +65,12 @@ struct EngineOptions {
   // coordinate by half of θ's spacing on average, 0.5 · ε · RMS(θ) · sqrt(n) (measured best on
   // the built-in models: docs/performance.md).
   double fd_step = 0.0;
+  // Keep the copy of θ that the engine saves to restore it after an excursion (L(θ + u), a
+  // routing change, finite-difference HVPs) in host memory when the parameters live on a GPU:
+  // one parameter-sized tensor less on the device, for a copy over the bus at each save and
+  // restore (each batch's gradient of a finite-difference HVP restores θ, so there it is one per
+  // batch and side). No effect on the CPU.
+  bool host_copies = false;
   // Stop with NumericalError when a loss, gradient or HVP holds NaN or Inf.
   bool check_finite = true;
   // Data parallelism (curv/core/distributed.h): each rank runs its own contiguous share of the
@@ -237,8 +243,14 @@ class CurvatureEngine {
   void reduce(ParamVector& x, std::vector<double>& scalars);
   void compute_first_order(bool keep_graphs);
   bool keep_graphs_by_default() const;
-  // Batch b's gradient at θ + offset (θ itself when offset is null); the caller restores θ.
-  ParamVector batch_gradient_at(size_t b, const ParamVector& saved, const ParamVector* offset);
+  // Batch b's gradient at θ + scale · offset (θ itself when offset is null), θ written from
+  // `saved` first; the caller restores θ.
+  ParamVector batch_gradient_at(size_t b, const ParamVector& saved, const ParamVector* offset,
+                                double scale = 1.0);
+  // A copy of θ to restore it from: on the host with EngineOptions::host_copies, else beside θ.
+  ParamVector saved_parameters() const;
+  // θ ← saved, exactly (no grad; the kept graphs' version counters untouched).
+  void restore_parameters(const ParamVector& saved);
   // Batch b's loss (without a graph) as the share-weighted sum over its slices.
   double batch_loss_value(size_t b);
   // The loss with the parameters moved by `move` (called per parameter on its data, no grad);

@@ -84,9 +84,11 @@ double sum_over(const std::vector<double>& per_tensor, const std::vector<size_t>
 void axpy(double alpha, const ParamVector& x, ParamVector& y);  // y += alpha * x (in place)
 ParamVector scaled(const ParamVector& x, double alpha);         // alpha * x (new tensors)
 ParamVector add(const ParamVector& a, const ParamVector& b);    // a + b (new tensors)
-ParamVector sub(const ParamVector& a, const ParamVector& b);    // a - b (new tensors)
-// a − b computed and kept in `dtype`: the difference of two 16-bit checkpoints without a 16-bit
-// rounding of its own.
+// a − b (new tensors), on b's device: a may live on the host beside b on a GPU (a next
+// checkpoint kept in host memory), whose tensors then cross one at a time.
+ParamVector sub(const ParamVector& a, const ParamVector& b);
+// a − b computed and kept in `dtype`, on b's device: the difference of two 16-bit checkpoints
+// without a 16-bit rounding of its own.
 ParamVector sub(const ParamVector& a, const ParamVector& b, at::ScalarType dtype);
 ParamVector zeros_like(const ParamVector& x);
 ParamVector clone(const ParamVector& x);  // detached copies
