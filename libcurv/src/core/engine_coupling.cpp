@@ -284,8 +284,11 @@ double CurvatureEngine::tangent_scale(const ParamVector& x,
   if (parameter_dtype() != at::kHalf || options_.hvp_method != HvpMethod::kExact) return 1.0;
   std::vector<at::Tensor> maxima;
   for (size_t i : indices) {
-    if (x.at(i).defined() && x[i].numel() > 0)
-      maxima.push_back(x[i].detach().abs().max().to(at::kDouble));
+    // max(max x, −min x): no |x| copy of the tensor.
+    if (x.at(i).defined() && x[i].numel() > 0) {
+      const at::Tensor t = x[i].detach();
+      maxima.push_back(at::maximum(t.max(), t.min().neg()).to(at::kDouble));
+    }
   }
   if (maxima.empty()) return 1.0;
   const double largest = at::stack(maxima).max().item<double>();

@@ -175,13 +175,18 @@ double dot(const ParamVector& a, const ParamVector& b, const std::vector<size_t>
 }
 
 double squared_norm(const ParamVector& a) {
-  std::vector<at::Tensor> norms;
-  for (const auto& t : a) norms.push_back(t.to(at::kDouble).norm());
-  if (norms.empty()) return 0.0;
-  const at::Tensor host = stacked(norms).cpu();
+  // Each tensor's sum of squares accumulated in float64 without a float64 copy of the tensor
+  // (float64_dot: one the size of a 16-bit model's embedding would be gigabytes on a GPU).
+  std::vector<at::Tensor> squares;
+  for (const auto& t : a) {
+    at::Tensor d = float64_dot(t, t);
+    if (d.defined()) squares.push_back(std::move(d));
+  }
+  if (squares.empty()) return 0.0;
+  const at::Tensor host = stacked(squares).cpu();
   const double* values = host.data_ptr<double>();
   double total = 0.0;
-  for (size_t i = 0; i < norms.size(); ++i) total += values[i] * values[i];
+  for (size_t i = 0; i < squares.size(); ++i) total += values[i];
   return total;
 }
 

@@ -56,6 +56,23 @@ def test_scalar_loss_and_micro_batches_give_the_same_numbers(llama):
         curv.Probe(llama, batches, scalar).token_buckets(u)
 
 
+def test_vector_dtype_sets_the_gradients_and_products_dtype(llama):
+    batches = lm_batches()
+    u = random_direction(llama)
+    wide = curv.Probe(llama, batches)
+    narrow = curv.Probe(llama, batches, vector_dtype=torch.float32, host_copies=True)
+    g64, g32 = wide.gradient(), narrow.gradient()
+    hv64, hv32 = wide.hvp(u), narrow.hvp(u)
+    for name, g in g32.items():
+        assert g.dtype == torch.float32 and g64[name].dtype == torch.float64
+        assert hv32[name].dtype == torch.float32
+        # The model stays float64: only the vectors' storage is rounded.
+        assert (g.double() - g64[name]).abs().max().item() <= 1e-6 * g64[name].abs().max().item()
+    assert rel(narrow.audit(u).curvature, wide.audit(u).curvature) < 1e-6
+    with pytest.raises(ValueError, match="vector_dtype torch.int64"):
+        curv.Probe(llama, batches, vector_dtype=torch.int64)
+
+
 def test_gemma_tied_head():
     from transformers import GemmaConfig, GemmaForCausalLM
     torch.manual_seed(0)

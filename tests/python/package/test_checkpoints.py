@@ -109,3 +109,26 @@ def test_probe_checkpoints_errors_name_keywords(run, tmp_path):
         curv.probe_checkpoints(str(run), data, output=str(tmp_path / "x.h5"),
                                coupling=curv.Coupling.RANDOMIZED, coupling_samples=1)
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_probe_checkpoints_in_bfloat16_with_a_vector_dtype_is_ndsprobes(run, tmp_path):
+    data = str(run / "probe.safetensors")
+    cli = tmp_path / "cli.h5"
+    done = subprocess.run([NDSPROBE, str(run), "--data", data, "--dtype", "bfloat16",
+                           "--vector-dtype", "bfloat16", "--batch-size", "4", "--directions",
+                           "delta", "--host-copies", "--quiet", "-o", str(cli)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = curv.probe_checkpoints(str(run), data, output=str(tmp_path / "package.h5"),
+                                    dtype=torch.bfloat16, vector_dtype=torch.bfloat16,
+                                    host_copies=True, batch_size=4, directions=("delta",))
+    with h5py.File(result.output) as f, h5py.File(cli) as g:
+        unit = "runs/adamw/step_2/delta"
+        for name in ("dtype", "vector_dtype", "hvp_method"):
+            assert f[unit].attrs[name] == g[unit].attrs[name], name
+        vectors = f[unit].attrs["vector_dtype"]
+        assert (vectors.decode() if isinstance(vectors, bytes) else vectors) == "bfloat16"
+        assert f[unit].attrs["nds"] == g[unit].attrs["nds"]
+    with pytest.raises(ValueError, match="vector_dtype torch.int32"):
+        curv.probe_checkpoints(str(run), data, output=str(tmp_path / "x.h5"),
+                               vector_dtype=torch.int32)

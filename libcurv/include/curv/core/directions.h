@@ -21,8 +21,11 @@ struct DirectionContext {
   CurvatureEngine* engine = nullptr;  // at θ_t; gives g and the probe set
   // θ_t's checkpoint's optimizer state and record (io's saved_optimizer(ckpt)); may be null.
   const SavedOptimizer* saved = nullptr;
-  ParamVector theta;       // θ_t
-  ParamVector theta_next;  // θ_{t+1}, empty when there is no next checkpoint
+  ParamVector theta;  // θ_t
+  // θ_{t+1}, empty when there is no next checkpoint; in host memory when the engine keeps host
+  // copies on a GPU (EngineOptions::host_copies): sub() and the engine's point evaluations take it
+  // there, tensor by tensor.
+  ParamVector theta_next;
   // Blocks (groups of parameter indices) for directions that work block by block; empty means
   // one block per tensor.
   std::vector<std::vector<size_t>> blocks;
