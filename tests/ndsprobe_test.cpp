@@ -306,14 +306,17 @@ TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by
   CHECK(part(host, "θ saved to restore it").on_host);
   CHECK(on_device.total() - host.total() == 4 * n);
   CHECK_THAT(host.describe(), Catch::Matchers::Contains("in host memory (not counted on cuda):"));
-  // A rebuilt AdamW step reads one tensor's state at a time: two moments of the largest tensor.
+  // On a GPU a rebuilt AdamW step holds one tensor's state at a time: two moments of the largest
+  // tensor.
   job.run.directions = {"adamw"};
   int64_t largest = 0;
   for (const auto& t : f.thetas.front()) largest = std::max(largest, t.numel());
   CHECK(part(plan_probe_job(job), "optimizer state").bytes == 2 * largest * 4);
-  // On the CPU the host is the device: nothing leaves the total.
+  // On the CPU the host is the device: nothing leaves the total, and the state's mapped files
+  // count whole.
   job.model.init.device = "cpu";
   const MemoryPlan cpu = plan_probe_job(job);
+  CHECK(part(cpu, "optimizer state").bytes == 2 * n * 4);
   CHECK_FALSE(part(cpu, "θ saved to restore it").on_host);
   CHECK(part(cpu, "θ saved to restore it").fix.empty());
 }

@@ -26,7 +26,7 @@ namespace {
 // linear maps (saved by the forward pass, and their gradients again by the create_graph backward),
 // its attention rows and its logits. The factors are a least-squares fit to the resident memory
 // of 16 runs on the CPU (the built-in GPT and LLaMA at contexts 64 to 512, float32 and bfloat16,
-// whole batches and micro-batches: docs/performance.md), which they match within 9%.
+// whole batches and micro-batches: docs/performance.md), which they match within 10%.
 constexpr double kLinearFactor = 3.15;    // × (in + out) features of every linear map
 constexpr double kAttentionFactor = 2.8;  // × heads × context per layer (scores, probabilities)
 constexpr double kLogitFactor = 3.7;      // × vocabulary (logits, their float32 softmax)
@@ -187,12 +187,18 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
              MemoryPhase::kBoth, to_host);
   }
   // A rebuilt step reads each parameter's saved state when it takes that parameter's step
-  // (Optimizer::step_from_saved); Adam's preconditioner holds its second moment whole.
-  if (needs.state) {
+  // (Optimizer::step_from_saved): on a GPU one tensor's state is there at a time. On the CPU the
+  // state files are read through a memory map whose pages count in the resident memory until
+  // the step ends. Adam's preconditioner holds its second moment whole.
+  if (needs.state && gpu) {
     add("optimizer state", 2 * largest_tensor * vb,
         "2 × " + count_times(largest_tensor, v) +
             " (an Adam-family state of the largest tensor: a rebuilt step reads one at a time)",
         "", MemoryPhase::kAudit);
+  } else if (needs.state) {
+    add("optimizer state", 2 * n * vb,
+        "2 × " + count_times(n, v) + " (an Adam-family state, its files mapped into memory)", "",
+        MemoryPhase::kAudit);
   }
   if (job.run.spectrum.precond_sharpness) {
     add("Adam's second moment", n * vb, count_times(n, v) + " (the preconditioner, whole)", "",
@@ -250,7 +256,10 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
                : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
                              kSecondBackwardShare, count_times(n, p)),
       "lower it with {1} (fewer tokens per pass)");
-  if (!exact) add("finite differences", 2 * n * vb, "g(θ ± hv): 2 × " + count_times(n, v));
+  if (!exact) {
+    add("finite differences", 3 * n * vb,
+        "g(θ + hv), g(θ − hv) and their sum over batches: 3 × " + count_times(n, v));
+  }
   add_spectrum_parts(job, n, p, plan);
   return plan;
 }
