@@ -245,6 +245,13 @@ std::string dtype_name(at::ScalarType dtype) {
   }
 }
 
+std::optional<at::ScalarType> floating_dtype_named(const std::string& name) {
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (name == dtype_name(dtype)) return dtype;
+  }
+  return std::nullopt;
+}
+
 bool is_16_bit(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
 
 at::ScalarType default_vector_dtype(at::ScalarType params) {
@@ -254,9 +261,7 @@ at::ScalarType default_vector_dtype(at::ScalarType params) {
 at::ScalarType parse_vector_dtype(const std::string& text, at::ScalarType params,
                                   const std::string& option) {
   if (text == "auto") return default_vector_dtype(params);
-  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
-    if (text == dtype_name(dtype)) return dtype;
-  }
+  if (const auto dtype = floating_dtype_named(text)) return *dtype;
   throw InvalidArgument(
       fmt::format("{} '{}': expected auto, float64, float32, bfloat16 or float16", option, text));
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "curv/core/error.h"
+#include "curv/core/param_space.h"
 
 namespace curv {
 
@@ -17,9 +18,7 @@ ScriptMode parse_script_mode(const std::string& text) {
 }
 
 at::ScalarType parse_dtype(const std::string& text) {
-  for (const at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
-    if (text == dtype_name(dtype)) return dtype;
-  }
+  if (const auto dtype = floating_dtype_named(text)) return *dtype;
   throw InvalidArgument(
       fmt::format("dtype '{}': expected float64, float32, bfloat16 or float16", text));
 }

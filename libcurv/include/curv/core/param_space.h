@@ -45,6 +45,8 @@ using ParamVector = std::vector<at::Tensor>;
 
 // "float64", "float32", "bfloat16", "float16" (the names torch and the command lines use).
 std::string dtype_name(at::ScalarType dtype);
+// The floating dtype dtype_name gives `name`; nullopt for any other text.
+std::optional<at::ScalarType> floating_dtype_named(const std::string& name);
 // Whether `dtype` is a 16-bit floating type (bfloat16, float16).
 bool is_16_bit(at::ScalarType dtype);
 // The dtype parameter-space vectors (directions, gradients, HVPs) are kept in for parameters of
