@@ -8,7 +8,8 @@
 #       vocabulary 128256, tied head), context 1024, trained 2 AdamW steps in float32 by
 #       curvtrain on the GPU (checkpoints 0, 1, 2 as safetensors with their AdamW state) with 64
 #       probe sequences. ndsprobe's default audit (delta and AdamW update, layer blocks, full
-#       coupling) of checkpoint 1 in bfloat16 and in float32 with TF32 products, micro-batches of
+#       coupling) of checkpoint 1 in bfloat16 (float32 vectors, then bfloat16 vectors: the plan
+#       under 40 GB) and in float32 with TF32 products, micro-batches of
 #       one sequence with graphs recomputed (at vocabulary 128256 the float32 logits of 64 × 1024
 #       tokens alone take 34 GB); plain PyTorch's audit of the delta under the same rule
 #       (bench/python/plain_torch_audit.py --recompute --batch-size 1), bfloat16; then the top 3
@@ -74,6 +75,8 @@ JSON
   common=("$run" --data "$run/probe.safetensors" --steps 1:1 --device cuda --micro-batch 1
     --recompute-graphs --host-copies --quiet)
   planned_run "$work/bf16.h5" "${common[@]}" --directions delta,adamw --dtype bfloat16
+  planned_run "$work/bf16v.h5" "${common[@]}" --directions delta,adamw --dtype bfloat16 \
+    --vector-dtype bfloat16
   planned_run "$work/tf32.h5" "${common[@]}" --directions delta,adamw --dtype float32 \
     --matmul-precision high
   echo "== plain PyTorch, bfloat16, the delta's audit under the same rule"

@@ -312,6 +312,19 @@ TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by
   int64_t largest = 0;
   for (const auto& t : f.thetas.front()) largest = std::max(largest, t.numel());
   CHECK(part(plan_probe_job(job), "optimizer state").bytes == 2 * largest * 4);
+  // The state is read before any HVP: a phase of its own beside the audit's vectors, not on top
+  // of a pass.
+  job.run.directions = {"delta", "adamw"};
+  const MemoryPlan with_state = plan_probe_job(job);
+  INFO(with_state.describe());
+  int64_t passes = 0;
+  for (const auto& p : with_state.parts) {
+    if (p.in_passes && !p.on_host) passes += p.bytes;
+  }
+  CHECK(with_state.phase_total(MemoryPhase::kAudit) == host.phase_total(MemoryPhase::kAudit));
+  CHECK(with_state.phase_total(MemoryPhase::kDirection) ==
+        host.phase_total(MemoryPhase::kAudit) - passes + 2 * largest * 4);
+  CHECK_THAT(with_state.describe(), Catch::Matchers::Contains("[direction]"));
   // On the CPU the host is the device: nothing leaves the total, and the state's mapped files
   // count whole.
   job.model.init.device = "cpu";

@@ -26,7 +26,7 @@ namespace {
 // linear maps (saved by the forward pass, and their gradients again by the create_graph backward),
 // its attention rows and its logits. The factors are a least-squares fit to the resident memory
 // of 16 runs on the CPU (the built-in GPT and LLaMA at contexts 64 to 512, float32 and bfloat16,
-// whole batches and micro-batches: docs/performance.md), which they match within 10%.
+// whole batches and micro-batches: docs/performance.md), which they match within 13%.
 constexpr double kLinearFactor = 3.15;    // × (in + out) features of every linear map
 constexpr double kAttentionFactor = 2.8;  // × heads × context per layer (scores, probabilities)
 constexpr double kLogitFactor = 3.7;      // × vocabulary (logits, their float32 softmax)
@@ -117,9 +117,35 @@ Activations activations(const TokenShape& t, double tokens, at::ScalarType dtype
 }
 
 void add_part(MemoryPlan& plan, std::string name, double bytes, std::string how,
-              std::string fix = "", MemoryPhase phase = MemoryPhase::kBoth, bool on_host = false) {
+              std::string fix = "", MemoryPhase phase = MemoryPhase::kBoth, bool on_host = false,
+              bool in_passes = false) {
   plan.parts.push_back({std::move(name), static_cast<int64_t>(std::ceil(bytes)), std::move(how),
-                        std::move(fix), phase, on_host});
+                        std::move(fix), phase, on_host, in_passes});
+}
+
+constexpr MemoryPhase kPhases[] = {MemoryPhase::kAudit, MemoryPhase::kSpectrum,
+                                   MemoryPhase::kDirection};
+
+const char* phase_name(MemoryPhase phase) {
+  switch (phase) {
+    case MemoryPhase::kAudit:
+      return "audit";
+    case MemoryPhase::kSpectrum:
+      return "spectrum";
+    case MemoryPhase::kDirection:
+      return "direction";
+    default:
+      return "";
+  }
+}
+
+// Whether `part` is held during `phase` (not kBoth).
+bool held_in(const MemoryPart& part, MemoryPhase phase) {
+  if (part.on_host) return false;
+  if (part.phase == MemoryPhase::kBoth || part.phase == phase) {
+    return phase != MemoryPhase::kDirection || !part.in_passes;
+  }
+  return phase == MemoryPhase::kDirection && part.phase == MemoryPhase::kAudit && !part.in_passes;
 }
 
 // The solver's vectors of a checkpoint's spectrum, in their phase.
@@ -194,11 +220,11 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
     add("optimizer state", 2 * largest_tensor * vb,
         "2 × " + count_times(largest_tensor, v) +
             " (an Adam-family state of the largest tensor: a rebuilt step reads one at a time)",
-        "", MemoryPhase::kAudit);
+        "", MemoryPhase::kDirection);
   } else if (needs.state) {
     add("optimizer state", 2 * n * vb,
         "2 × " + count_times(n, v) + " (an Adam-family state, its files mapped into memory)", "",
-        MemoryPhase::kAudit);
+        MemoryPhase::kDirection);
   }
   if (job.run.spectrum.precond_sharpness) {
     add("Adam's second moment", n * vb, count_times(n, v) + " (the preconditioner, whole)", "",
@@ -208,7 +234,7 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   // one at a time.
   const bool exact = job.engine.hvp_method == HvpMethod::kExact;
   add_part(plan, "θ saved to restore it", n * pb, count_times(n, p), host_fix,
-           exact ? MemoryPhase::kAudit : MemoryPhase::kBoth, to_host);
+           exact ? MemoryPhase::kAudit : MemoryPhase::kBoth, to_host, /*in_passes=*/true);
   // The graphs: one per slice of every batch unless bounded.
   int64_t slices = 0;
   int64_t largest_slice = 0;
@@ -249,16 +275,18 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   }
   // One pass beyond the kept graphs: the second backward's intermediates (about a graph's
   // activations) and products, or a graph recomputed for each HVP.
-  add(kept > 0 ? "second backward" : "recomputed graph",
-      (kept > 0 ? second : per_graph + second) + n * pb,
-      kept > 0 ? fmt::format("{:.2g} × a graph's activations, and {}", kSecondBackwardShare,
-                             count_times(n, p))
-               : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
-                             kSecondBackwardShare, count_times(n, p)),
-      "lower it with {1} (fewer tokens per pass)");
+  add_part(plan, kept > 0 ? "second backward" : "recomputed graph",
+           (kept > 0 ? second : per_graph + second) + n * pb,
+           kept > 0 ? fmt::format("{:.2g} × a graph's activations, and {}", kSecondBackwardShare,
+                                  count_times(n, p))
+                    : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
+                                  kSecondBackwardShare, count_times(n, p)),
+           "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
+           /*in_passes=*/true);
   if (!exact) {
-    add("finite differences", 3 * n * vb,
-        "g(θ + hv), g(θ − hv) and their sum over batches: 3 × " + count_times(n, v));
+    add_part(plan, "finite differences", 3 * n * vb,
+             "g(θ + hv), g(θ − hv) and their sum over batches: 3 × " + count_times(n, v), "",
+             MemoryPhase::kBoth, false, /*in_passes=*/true);
   }
   add_spectrum_parts(job, n, p, plan);
   return plan;
@@ -267,29 +295,30 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
 int64_t MemoryPlan::phase_total(MemoryPhase phase) const {
   int64_t sum = 0;
   for (const auto& p : parts) {
-    if (p.on_host) continue;
-    if (p.phase == MemoryPhase::kBoth || p.phase == phase || phase == MemoryPhase::kBoth) {
-      sum += p.bytes;
-    }
+    if (held_in(p, phase)) sum += p.bytes;
   }
   return sum;
 }
 
 int64_t MemoryPlan::total() const {
-  return std::max(phase_total(MemoryPhase::kAudit), phase_total(MemoryPhase::kSpectrum));
+  int64_t most = 0;
+  for (const MemoryPhase phase : kPhases) most = std::max(most, phase_total(phase));
+  return most;
 }
 
 const MemoryPart& MemoryPlan::largest() const {
   if (parts.empty()) throw InvalidArgument("MemoryPlan: no parts");
-  // The largest of the phase that makes the peak.
-  const MemoryPhase peak = phase_total(MemoryPhase::kAudit) >= phase_total(MemoryPhase::kSpectrum)
-                               ? MemoryPhase::kAudit
-                               : MemoryPhase::kSpectrum;
+  // The largest of the phase that makes the peak (the first of equals).
+  MemoryPhase peak = MemoryPhase::kAudit;
+  for (const MemoryPhase phase : kPhases) {
+    if (phase_total(phase) > phase_total(peak)) peak = phase;
+  }
   const MemoryPart* best = nullptr;
   for (const auto& p : parts) {
-    if (p.on_host || (p.phase != MemoryPhase::kBoth && p.phase != peak)) continue;
+    if (!held_in(p, peak)) continue;
     if (best == nullptr || p.bytes > best->bytes) best = &p;
   }
+  if (best == nullptr) throw InvalidArgument("MemoryPlan: no part on the device");
   return *best;
 }
 
@@ -299,8 +328,9 @@ std::string MemoryPlan::describe() const {
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
   std::string out =
       fmt::format("memory plan on {} (estimated before anything is allocated):\n", device);
-  const bool spectrum = std::any_of(parts.begin(), parts.end(), [](const MemoryPart& p) {
-    return p.phase == MemoryPhase::kSpectrum;
+  // Phases are named where some part is held in one phase only.
+  const bool phased = std::any_of(parts.begin(), parts.end(), [](const MemoryPart& p) {
+    return !p.on_host && p.phase != MemoryPhase::kBoth;
   });
   std::string host;
   for (const auto& p : sorted) {
@@ -308,17 +338,22 @@ std::string MemoryPlan::describe() const {
       host += fmt::format("  {:<26} {:>10}  {}\n", p.name, format_bytes(p.bytes), p.how);
       continue;
     }
-    const char* phase = !spectrum                           ? ""
-                        : p.phase == MemoryPhase::kAudit    ? " [audit]"
-                        : p.phase == MemoryPhase::kSpectrum ? " [spectrum]"
-                                                            : "";
+    const std::string phase = phased && p.phase != MemoryPhase::kBoth
+                                  ? fmt::format(" [{}]", phase_name(p.phase))
+                              : phased && p.in_passes ? std::string(" [passes]")
+                                                      : std::string();
     out += fmt::format("  {:<26} {:>10}  {}{}\n", p.name, format_bytes(p.bytes), p.how, phase);
   }
-  if (spectrum) {
-    out +=
-        fmt::format("  {:<26} {:>10}\n", "audit", format_bytes(phase_total(MemoryPhase::kAudit)));
-    out += fmt::format("  {:<26} {:>10}\n", "spectrum",
-                       format_bytes(phase_total(MemoryPhase::kSpectrum)));
+  if (phased) {
+    for (const MemoryPhase phase : kPhases) {
+      const bool own = phase == MemoryPhase::kAudit ||
+                       std::any_of(parts.begin(), parts.end(),
+                                   [&](const MemoryPart& p) { return p.phase == phase; });
+      if (own) {
+        out +=
+            fmt::format("  {:<26} {:>10}\n", phase_name(phase), format_bytes(phase_total(phase)));
+      }
+    }
   }
   out += fmt::format("  {:<26} {:>10}\n", "total", format_bytes(total()));
   if (!host.empty()) out += "in host memory (not counted on " + device + "):\n" + host;

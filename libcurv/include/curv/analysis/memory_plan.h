@@ -14,9 +14,11 @@ namespace curv {
 
 struct ProbeJob;
 
-// The two phases of a checkpoint's turn that hold different things at once: the units' audits
-// (a direction, its realized change) and the checkpoint's spectrum (the solver's vectors).
-enum class MemoryPhase { kBoth, kAudit, kSpectrum };
+// The phases of a checkpoint's turn that hold different things at once: the units' audits (a
+// direction, its realized change), the checkpoint's spectrum (the solver's vectors), and the
+// building of a direction (a rebuilt optimizer step's saved state, beside the audit's vectors
+// but not during a pass). kBoth: held in every phase.
+enum class MemoryPhase { kBoth, kAudit, kSpectrum, kDirection };
 
 struct MemoryPart {
   std::string name;  // "parameters", "kept graphs", ...
@@ -29,13 +31,18 @@ struct MemoryPart {
   MemoryPhase phase = MemoryPhase::kBoth;
   // Held in host memory instead (EngineOptions::host_copies on a GPU): listed, not counted.
   bool on_host = false;
+  // Held only while a pass over the probe set runs (a recomputed graph, the second backward, θ's
+  // saved copy, finite differences' gradients): not while a direction is built.
+  bool in_passes = false;
 };
 
 struct MemoryPlan {
   std::string device;  // where the parts live
   std::vector<MemoryPart> parts;
-  // The larger of the two phases' sums: what the run holds at its peak.
+  // The largest of the phases' sums: what the run holds at its peak.
   int64_t total() const;
+  // What `phase` (not kBoth) holds: the parts of kBoth and of the phase; kDirection also holds
+  // the audit's parts, but none of those held only during passes.
   int64_t phase_total(MemoryPhase phase) const;
   const MemoryPart& largest() const;  // of the phase that makes the peak
   // One line per part, largest first (its phase where it is held in one only), then each
