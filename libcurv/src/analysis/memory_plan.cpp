@@ -139,13 +139,14 @@ const char* phase_name(MemoryPhase phase) {
   }
 }
 
-// Whether `part` is held during `phase` (not kBoth).
+// Whether `part` is held during `phase` (not kBoth): a direction is built beside the audit's
+// parts, but during no pass.
 bool held_in(const MemoryPart& part, MemoryPhase phase) {
   if (part.on_host) return false;
-  if (part.phase == MemoryPhase::kBoth || part.phase == phase) {
-    return phase != MemoryPhase::kDirection || !part.in_passes;
+  if (phase == MemoryPhase::kDirection) {
+    return !part.in_passes && part.phase != MemoryPhase::kSpectrum;
   }
-  return phase == MemoryPhase::kDirection && part.phase == MemoryPhase::kAudit && !part.in_passes;
+  return part.phase == MemoryPhase::kBoth || part.phase == phase;
 }
 
 // The solver's vectors of a checkpoint's spectrum, in their phase.
@@ -216,15 +217,14 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   // (Optimizer::step_from_saved): on a GPU one tensor's state is there at a time. On the CPU the
   // state files are read through a memory map whose pages count in the resident memory until
   // the step ends. Adam's preconditioner holds its second moment whole.
-  if (needs.state && gpu) {
-    add("optimizer state", 2 * largest_tensor * vb,
-        "2 × " + count_times(largest_tensor, v) +
-            " (an Adam-family state of the largest tensor: a rebuilt step reads one at a time)",
+  if (needs.state) {
+    const double held = gpu ? largest_tensor : n;
+    add("optimizer state", 2 * held * vb,
+        "2 × " + count_times(held, v) +
+            (gpu ? " (an Adam-family state of the largest tensor: a rebuilt step reads one at a "
+                   "time)"
+                 : " (an Adam-family state, its files mapped into memory)"),
         "", MemoryPhase::kDirection);
-  } else if (needs.state) {
-    add("optimizer state", 2 * n * vb,
-        "2 × " + count_times(n, v) + " (an Adam-family state, its files mapped into memory)", "",
-        MemoryPhase::kDirection);
   }
   if (job.run.spectrum.precond_sharpness) {
     add("Adam's second moment", n * vb, count_times(n, v) + " (the preconditioner, whole)", "",
