@@ -19,7 +19,8 @@
 #       write_scale_checkpoints.py (a random init and the init plus ±2e-4 per entry: AdamW's
 #       state does not fit beside the model), 16 probe sequences of 1024 tokens: the delta's
 #       audit (--coupling none) and λ_max by Lanczos without a basis (three vectors), bfloat16
-#       vectors, micro-batches of one sequence.
+#       vectors, micro-batches of one sequence, one layer's graph at a time (--recompute-layers:
+#       planned at 65 GiB, within an 80 GB card).
 #   Both keep θ's saved copy and the next checkpoint in host memory (--host-copies).
 #
 # usage: bench/scale_gpu.sh 1b|7b BUILD_DIR [WORK_DIR]
@@ -102,7 +103,7 @@ JSON
   /usr/bin/time -f "writing wall %e s" "$py" "$here/python/write_scale_checkpoints.py" \
     "$work/7b.json" "$run" --sequences 16 --device cuda
   planned_run "$work/7b.h5" "$run" --data "$run/probe.safetensors" --device cuda \
-    --micro-batch 1 --recompute-graphs --host-copies --quiet --directions delta --coupling none \
+    --micro-batch 1 --recompute-layers --host-copies --quiet --directions delta --coupling none \
     --dtype bfloat16 --vector-dtype bfloat16 --spectrum --eig-top 1 --krylov-basis none
 else
   echo "scale_gpu.sh: size '$size': expected 1b or 7b" >&2

@@ -1,6 +1,7 @@
 // CurvatureEngine::coupling: C_lm = u_lᵀ H u_m against the dense float64 Hessian, on every built-in
 // architecture (whose linear maps it reads from their inputs and outputs) and on an objective that
-// lists none, with kept graphs, recomputed graphs, micro-batches and finite differences.
+// lists none, with kept graphs, recomputed graphs, micro-batches, finite differences and
+// layer-wise recomputation.
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
@@ -142,17 +143,21 @@ TEST_CASE("the block coupling equals the dense float64 form on the built-in arch
         for (size_t i : blocks[l].params) w[i] = u[i] * signs(static_cast<Eigen::Index>(l));
       }
 
-      EngineOptions recomputed, sliced, fd;
+      EngineOptions recomputed, sliced, fd, by_layer;
       recomputed.reuse_graph = false;
       sliced.micro_batch = 3;
       fd.hvp_method = HvpMethod::kFiniteDifference;
+      by_layer.recompute_layers = true;
+      by_layer.micro_batch = 3;
       std::vector<EngineOptions> variants{EngineOptions{}, fd};
       if (layers) variants.insert(variants.end(), {recomputed, sliced});
+      if (model->loss_stages() > 0) variants.push_back(by_layer);
       for (const EngineOptions& options : variants) {
         const bool exact = options.hvp_method == HvpMethod::kExact;
         const double tol = exact ? 1e-10 : 1e-5;
         INFO("reuse_graph " << options.reuse_graph << ", micro_batch " << options.micro_batch
-                            << (exact ? "" : ", finite differences"));
+                            << (exact ? "" : ", finite differences")
+                            << (options.recompute_layers ? ", layer by layer" : ""));
         CurvatureEngine engine(*model, probe, options);
         Eigen::MatrixXd observed = Eigen::MatrixXd::Zero(want.rows(), want.cols());
         Eigen::VectorXd first = Eigen::VectorXd::Zero(want.rows());

@@ -215,6 +215,43 @@ TEST_CASE("host copies on CUDA: the same numbers, one parameter copy less at the
   CHECK(device_copy.loss_peak - host_copy.loss_peak >= bytes * 9 / 10);
 }
 
+TEST_CASE("layer-wise recomputation on CUDA: the CPU's numbers, a fraction of the peak",
+          "[.cuda]") {
+  require_cuda();
+  const c10::Device device(kDevice);
+  auto cpu = make_model(small_llama(), ModelInit{4, at::kDouble, "cpu"});
+  auto gpu = make_model(small_llama(), ModelInit{4, at::kDouble, kDevice});
+  const ProbeSet probe = gpt_probe(2, 12, 4, 23, 8);
+  const ParamVector v = random_direction(*cpu, 5);
+  EngineOptions layered;
+  layered.recompute_layers = true;
+  CurvatureEngine on_cpu(*cpu, probe), on_gpu(*gpu, probe, layered);
+  CHECK(error_against_cpu(on_gpu.gradient(), on_cpu.gradient()) <= 1e-12);
+  CHECK(error_against_cpu(on_gpu.hvp(on(v, device)), on_cpu.hvp(v)) <= 1e-12);
+  // Eight layers whose activations dwarf the parameters: one HVP's peak over what is in use.
+  const ModelConfig deep = ModelConfig::from_json(
+      R"({"arch": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 256,
+          "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+          "max_position_embeddings": 128})");
+  auto model = make_model(deep, ModelInit{7, at::kFloat, kDevice});
+  const ProbeSet batch = gpt_probe(3, 16, 16, 64, 128);
+  const ParamVector u = on(random_direction(*model, 9), device);
+  auto peak = [&](bool by_layer) {
+    EngineOptions options;
+    options.reuse_graph = false;
+    options.recompute_layers = by_layer;
+    CurvatureEngine engine(*model, batch, options);
+    engine.loss();
+    reset_peak_memory(device);
+    const int64_t before = device_memory(device).in_use;
+    engine.hvp(u);
+    return device_memory(device).peak - before;
+  };
+  const int64_t whole = peak(false), by_layer = peak(true);
+  INFO("HVP peak over in-use: " << whole << " B whole, " << by_layer << " B layer by layer");
+  CHECK(by_layer * 3 <= whole);
+}
+
 namespace {
 
 // A loss that asks the device for 32 TiB on its second call.

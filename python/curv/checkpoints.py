@@ -47,11 +47,12 @@ def _taylor_options(coupling, coupling_samples, realized, multipliers, ggn, ggn_
 
 
 def _engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph, vector_dtype,
-                    host_copies):
+                    host_copies, recompute_layers):
     o = _curv.SessionOptions()
     o.hvp, o.micro_batch, o.max_memory = hvp, micro_batch, max_memory
     o.max_kept_graphs, o.reuse_graph = max_kept_graphs, reuse_graph
     o.vector_dtype, o.host_copies = _vector_dtype_name(vector_dtype), host_copies
+    o.recompute_layers = recompute_layers
     return o
 
 
@@ -72,7 +73,8 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
                       eigenvalues=None, trace=None, density=None, per_block=False,
                       precond_sharpness=False, overlap=False, hvp=_curv.HvpMethod.EXACT,
                       micro_batch=0, max_memory=0, max_kept_graphs=0, reuse_graph=True,
-                      vector_dtype=None, host_copies=False, prefetch=True, progress=None):
+                      vector_dtype=None, host_copies=False, recompute_layers=False,
+                      prefetch=True, progress=None):
     """Probes every checkpoint of each run directory along `directions`, as ndsprobe does
     (docs/cli.md names each option's flag), writes `output` and returns its tables.
 
@@ -83,7 +85,8 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
     TokenBucketOptions (None: off). eigenvalues, trace, density: EigenOptions, TraceOptions,
     DensityOptions per checkpoint (None: off). dtype: the model's (float32, float64, bfloat16,
     float16). vector_dtype: the directions', gradients' and HVPs' (None: the model's, float32
-    for a 16-bit model). progress: (done, total, label) after each unit;
+    for a 16-bit model). recompute_layers: hold one layer's graph at a time (--recompute-layers;
+    the built-in LLaMA family). progress: (done, total, label) after each unit;
     Ctrl-C stops after the unit in progress, everything before it kept (resume=True goes on).
     """
     init_runtime()
@@ -115,7 +118,7 @@ def probe_checkpoints(runs, data, *, output="ndsprobe.h5", resume=False, model="
     else:
         job.set_blocks(blocks, [])
     job.set_engine(_engine_options(hvp, micro_batch, max_memory, max_kept_graphs, reuse_graph,
-                                   vector_dtype, host_copies))
+                                   vector_dtype, host_copies, recompute_layers))
     job.set_output(str(output), resume, " ".join(shlex.quote(a) for a in sys.argv),
                    _DTYPES[dtype], seed, torch.get_num_threads())
     summary, path, tables = _curv.run_probe_job(job, progress)

@@ -115,6 +115,9 @@ void bind_session(py::module_& m) {
           "host_copies", [](const SessionOptions& o) { return o.engine.host_copies; },
           [](SessionOptions& o, bool v) { o.engine.host_copies = v; })
       .def_property(
+          "recompute_layers", [](const SessionOptions& o) { return o.engine.recompute_layers; },
+          [](SessionOptions& o, bool v) { o.engine.recompute_layers = v; })
+      .def_property(
           "check_finite", [](const SessionOptions& o) { return o.engine.check_finite; },
           [](SessionOptions& o, bool v) { o.engine.check_finite = v; })
       .def_readwrite("block_rule", &SessionOptions::block_rule)

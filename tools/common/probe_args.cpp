@@ -379,6 +379,11 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_flag("--recompute-graphs", recompute_graphs,
                "Keep no gradient graph between HVPs: each HVP redoes the forward pass and the "
                "first backward of every batch (less memory, about 1.4x the time per HVP)");
+  app.add_flag("--recompute-layers", recompute_layers,
+               "Hold one layer's graph at a time: each pass keeps only the activations between "
+               "layers (and their tangents), then recomputes the layers one by one (the same "
+               "numbers to rounding, about 1.4x the time of --recompute-graphs per HVP; the "
+               "built-in transformers)");
   app.add_option("--micro-batch", micro_batch,
                  "Run each probe batch through the model in slices of at most N sequences and sum "
                  "them (the same numbers to rounding; an HVP's graph is a slice's: less memory); "
@@ -440,6 +445,7 @@ const FlagNames& EngineArgs::flags() {
       {"EngineOptions.max_memory", "--max-memory"},
       {"EngineOptions.micro_batch", "--micro-batch"},
       {"EngineOptions.host_copies", "--host-copies"},
+      {"EngineOptions.recompute_layers", "--recompute-layers"},
   };
   return map;
 }
@@ -467,6 +473,7 @@ EngineOptions EngineArgs::to_options() const {
   options.micro_batch = micro_batch;
   options.reuse_graph = !recompute_graphs;
   options.host_copies = host_copies;
+  options.recompute_layers = recompute_layers;
   return options;
 }
 

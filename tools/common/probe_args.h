@@ -127,6 +127,7 @@ struct EngineArgs {
   std::string max_memory = "0";   // bytes, or with a K, M, G or T suffix (powers of 1024)
   int64_t micro_batch = 0;        // examples per slice of a probe batch; 0 = whole batches
   bool recompute_graphs = false;  // EngineOptions::reuse_graph = false
+  bool recompute_layers = false;  // EngineOptions::recompute_layers
   bool host_copies = false;       // EngineOptions::host_copies
   std::string matmul_precision = "highest";  // ProbeRunOptions::matmul_precision
 

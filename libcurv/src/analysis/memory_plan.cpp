@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "curv/analysis/direction_registry.h"
 #include "curv/analysis/probe_run.h"
@@ -39,6 +40,9 @@ constexpr double kSecondBackwardShare = 0.9;
 struct TokenShape {
   double linear_features = 0;  // Σ over the linear maps of in + out features
   int64_t layers = 0, heads = 0, context = 0, vocab = 0;
+  int64_t hidden = 0;  // the token embedding's width: what passes between layers
+  size_t stages = 0;   // Objective::loss_stages
+  std::string model;   // the model's description
 };
 
 // The shapes a token passes through, from the model built on the meta device.
@@ -52,6 +56,9 @@ TokenShape token_shape(const ModelConfig& config) {
   TokenShape t;
   for (size_t i = 0; i < space.size(); ++i) {
     const ParamRole role = s.params.at(i).role;
+    if (role == ParamRole::kTokenEmbedding && space[i].shape.size() == 2) {
+      t.hidden = std::max(t.hidden, space[i].shape[1]);
+    }
     if (space[i].shape.size() != 2 || role == ParamRole::kTokenEmbedding ||
         role == ParamRole::kPositionEmbedding) {
       continue;
@@ -63,6 +70,8 @@ TokenShape token_shape(const ModelConfig& config) {
     t.layers = std::max(t.layers, s.params[i].layer + 1);
   }
   t.heads = s.n_head;
+  t.stages = model->loss_stages();
+  t.model = model->describe();
   const ModelData data = config.data();
   t.context = data.context;
   t.vocab = data.vocab_size;
@@ -176,6 +185,61 @@ void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, MemoryP
   }
 }
 
+// A pass of layer-wise recomputation (EngineOptions::recompute_layers): the activations between
+// the stages (and, for an HVP, their tangents), the graph of the largest stage (a layer, or the
+// head with its logits) with its create_graph backward, the slice's product and, for the per-batch
+// terms of an audit, its gradient.
+void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, double n,
+                    at::ScalarType p, bool exact) {
+  const double pb = static_cast<double>(element_bytes(p));
+  const Activations a = activations(t, static_cast<double>(tokens), p);
+  const double layers = static_cast<double>(std::max<int64_t>(1, t.layers));
+  const double layer = (a.linear + a.attention) / layers;
+  const double stage = std::max(layer, a.logits);
+  const double boundaries = (exact ? 2.0 : 1.0) * (layers + 1) * static_cast<double>(tokens) *
+                            static_cast<double>(t.hidden) * pb;
+  add_part(plan, "layer-wise pass",
+           (exact ? 1.0 + kSecondBackwardShare : 1.0) * stage + boundaries + n * pb,
+           fmt::format("{} of {} tokens ≈ {} ({} × that with its backward), {} between the {} "
+                       "stages{}, and {}",
+                       layer >= a.logits ? "a layer's graph" : "the head's graph", tokens,
+                       format_bytes(static_cast<int64_t>(stage)),
+                       exact ? 1.0 + kSecondBackwardShare : 1.0,
+                       format_bytes(static_cast<int64_t>(boundaries)), t.layers + 2,
+                       exact ? " (activations and tangents)" : "", count_times(n, p)),
+           "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
+           /*in_passes=*/true);
+  if (exact) {
+    add_part(plan, "batch gradient", n * pb,
+             count_times(n, p) + " (beside the product, for the per-batch terms)", "",
+             MemoryPhase::kAudit, false, /*in_passes=*/true);
+  }
+}
+
+// The shapes of a built-in model (its config from the job or the checkpoint), none for a
+// TorchScript file; InvalidOption when layer-wise recomputation is asked of a model not computed
+// in stages.
+std::optional<TokenShape> model_shape(const ProbeJob& job, const Checkpoint& first) {
+  const bool builtin =
+      job.model.path.empty() || std::filesystem::path(job.model.path).extension() == ".json";
+  std::optional<TokenShape> shape;
+  std::string model = "a TorchScript model";
+  if (builtin) {
+    const ModelConfig config =
+        job.model.path.empty() ? ModelConfig::from_json(first.model_config_json(), first.meta_file)
+                               : ModelConfig::from_file(job.model.path);
+    shape = token_shape(config);
+    model = shape->model;
+  }
+  if (job.engine.recompute_layers && (!shape || shape->stages < 2)) {
+    throw InvalidOption(
+        fmt::format("{{0}}: {} is not computed in layer stages (the built-in transformers are)",
+                    model),
+        {{"EngineOptions.recompute_layers", ""}});
+  }
+  return shape;
+}
+
 }  // namespace
 
 MemoryPlan plan_probe_job(const ProbeJob& job) {
@@ -201,7 +265,10 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   const double pb = static_cast<double>(element_bytes(p)),
                vb = static_cast<double>(element_bytes(v));
   add("parameters", n * pb, count_times(n, p), "16 bits with {5}");
-  add("gradient", n * vb, count_times(n, v), "bfloat16 vectors with {3}");
+  // Layer-wise recomputation drops the cached gradient while a spectrum runs (its products form
+  // their own).
+  add("gradient", n * vb, count_times(n, v), "bfloat16 vectors with {3}",
+      job.engine.recompute_layers ? MemoryPhase::kAudit : MemoryPhase::kBoth);
   add("direction u", n * vb, count_times(n, v), "bfloat16 vectors with {3}", MemoryPhase::kAudit);
   // The copies EngineOptions::host_copies moves off a GPU: on the host they are listed, not
   // counted; on the GPU their fix names the option.
@@ -250,18 +317,14 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   // Each rank keeps the graphs of its share of the batches.
   const int64_t ranks = job.engine.communicator ? job.engine.communicator->world_size() : 1;
   slices = (slices + ranks - 1) / ranks;
-  int64_t kept = exact && job.engine.reuse_graph ? slices : 0;
+  const bool by_layer = job.engine.recompute_layers;
+  int64_t kept = exact && job.engine.reuse_graph && !by_layer ? slices : 0;
   if (job.engine.max_kept_graphs > 0) kept = std::min(kept, job.engine.max_kept_graphs);
-  const bool builtin =
-      job.model.path.empty() || std::filesystem::path(job.model.path).extension() == ".json";
   double per_graph = 0, second = 0;
   std::string graph_how = "TorchScript model: activations not estimated";
-  if (builtin) {
-    const ModelConfig config =
-        job.model.path.empty() ? ModelConfig::from_json(first.model_config_json(), first.meta_file)
-                               : ModelConfig::from_file(job.model.path);
-    const TokenShape t = token_shape(config);
-    const Activations a = activations(t, static_cast<double>(largest_slice), p);
+  if (const std::optional<TokenShape> t = model_shape(job, first)) {
+    if (by_layer) add_layer_pass(plan, *t, largest_slice, n, p, exact);
+    const Activations a = activations(*t, static_cast<double>(largest_slice), p);
     per_graph = a.total();
     second = kSecondBackwardShare * per_graph;
     graph_how = fmt::format("{} of {} tokens: activations ≈ {}", exact ? "a graph" : "a pass",
@@ -275,14 +338,16 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   }
   // One pass beyond the kept graphs: the second backward's intermediates (about a graph's
   // activations) and products, or a graph recomputed for each HVP.
-  add_part(plan, kept > 0 ? "second backward" : "recomputed graph",
-           (kept > 0 ? second : per_graph + second) + n * pb,
-           kept > 0 ? fmt::format("{:.2g} × a graph's activations, and {}", kSecondBackwardShare,
-                                  count_times(n, p))
-                    : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
-                                  kSecondBackwardShare, count_times(n, p)),
-           "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
-           /*in_passes=*/true);
+  if (!by_layer) {
+    add_part(plan, kept > 0 ? "second backward" : "recomputed graph",
+             (kept > 0 ? second : per_graph + second) + n * pb,
+             kept > 0 ? fmt::format("{:.2g} × a graph's activations, and {}", kSecondBackwardShare,
+                                    count_times(n, p))
+                      : fmt::format("{}, {:.2g} × that for the second backward, and {}", graph_how,
+                                    kSecondBackwardShare, count_times(n, p)),
+             "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
+             /*in_passes=*/true);
+  }
   if (!exact) {
     add_part(plan, "finite differences", 3 * n * vb,
              "g(θ + hv), g(θ − hv) and their sum over batches: 3 × " + count_times(n, v), "",

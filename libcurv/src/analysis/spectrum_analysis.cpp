@@ -135,6 +135,9 @@ class SpectrumAnalysis : public UnitAnalysis {
       g.clear();
       g.attribute("seed", static_cast<int64_t>(o_.eigen.seed));
     }
+    // Layer-wise products form their own gradients: the spectrum runs without the cached one (a
+    // parameter-sized tensor less at its peak), and the units compute it again.
+    if (c.engine.options().recompute_layers) c.engine.release_first_order();
     if (o_.eigenvalues || o_.overlap) {
       HessianOperator h(c.engine);
       EigenOptions options = o_.eigen;

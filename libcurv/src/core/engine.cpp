@@ -102,6 +102,15 @@ CurvatureEngine::CurvatureEngine(Objective& objective, ProbeSet probe, EngineOpt
       state_(std::make_unique<State>()) {
   options_.validate();
   if (probe_.empty()) throw InvalidArgument("CurvatureEngine: the probe set has no batches");
+  if (options_.recompute_layers) {
+    if (objective_.loss_stages() < 2) {
+      throw InvalidOption(
+          fmt::format("{{0}}: {} is not computed in layer stages (the built-in transformers are)",
+                      objective_.describe()),
+          {{"EngineOptions.recompute_layers", ""}});
+    }
+    options_.reuse_graph = false;  // a kept graph would be the whole model's
+  }
   state_->params = objective_.parameters();
   if (state_->params.empty()) {
     throw InvalidArgument(
@@ -151,7 +160,9 @@ void CurvatureEngine::set_parameters(const ParamVector& theta) {
   parameters_changed();
 }
 
-void CurvatureEngine::parameters_changed() {
+void CurvatureEngine::parameters_changed() { release_first_order(); }
+
+void CurvatureEngine::release_first_order() {
   state_->have_first_order = false;
   state_->grad.clear();
   release_graphs();
@@ -208,79 +219,6 @@ void CurvatureEngine::check(const ParamVector& x, const char* what) const {
           half ? " (float16 overflows past 65504: bfloat16 has float32's range)" : ""));
     }
   }
-}
-
-const char* CurvatureEngine::pass_name(Pass pass) {
-  switch (pass) {
-    case Pass::kFirstOrder:
-      return "loss and gradient";
-    case Pass::kLoss:
-      return "loss";
-    case Pass::kHvp:
-      return "Hessian-vector product";
-    case Pass::kGradientAtOffset:
-      return "gradient at a displaced θ";
-    case Pass::kLossAt:
-      return "loss at θ + u";
-    case Pass::kGaussNewton:
-      return "Gauss-Newton product";
-  }
-  return "probe pass";
-}
-
-OutOfMemory CurvatureEngine::out_of_memory(Pass pass, size_t batch, const std::exception& e) {
-  // What the allocator held when it failed, before anything is released.
-  const DeviceMemory m = device_memory(device_);
-  release_graphs();
-  release_free_memory(device_);
-  std::string held = fmt::format("{} in use", format_bytes(m.in_use));
-  if (m.reserved >= 0) held += fmt::format(", {} reserved", format_bytes(m.reserved));
-  if (m.peak >= 0) held += fmt::format(", peak {}", format_bytes(m.peak));
-  std::vector<NamedOption> options = {{"EngineOptions.micro_batch", ""},
-                                      {"EngineOptions.max_memory", ""},
-                                      {"EngineOptions.max_kept_graphs", ""},
-                                      {"TaylorOptions.coupling", "none"},
-                                      {"ProbeDataOptions.batch_size", ""}};
-  if (options_.max_memory > 0) {
-    held += "; {5}";
-    options.push_back({"EngineOptions.max_memory", format_bytes(options_.max_memory)});
-  }
-  return OutOfMemory(
-      Error::literal(fmt::format("{} ran out of {} memory in the {} of probe batch {} (",
-                                 objective_.describe(), device_.str(), pass_name(pass), batch)) +
-          held +
-          "): lower what a pass holds with {0} (smaller slices of each batch), {1} or {2} "
-          "(fewer kept graphs), {3} (one HVP per direction) or a smaller {4}. " +
-          Error::literal(brief_what(e)),
-      options);
-}
-
-void CurvatureEngine::for_each_batch(Pass pass, const std::function<void(size_t, double)>& body) {
-  std::exception_ptr failure;
-  for (size_t b = first_batch_; b < last_batch_ && !failure; ++b) {
-    try {
-      body(b, probe_.weight(b));
-    } catch (const Error&) {
-      failure = std::current_exception();
-    } catch (const c10::OutOfMemoryError& e) {
-      failure = std::make_exception_ptr(out_of_memory(pass, b, e));
-    } catch (const std::exception& e) {
-      // LibTorch 1.13's CPU allocator reports exhaustion as a plain c10::Error.
-      if (std::string(e.what()).find("not enough memory") != std::string::npos) {
-        failure = std::make_exception_ptr(out_of_memory(pass, b, e));
-        continue;
-      }
-      // Only the HVP needs a second derivative: the hint would mislead for the other passes.
-      failure = std::make_exception_ptr(ModelError(fmt::format(
-          "{}: {} failed on probe batch {}{}: {}", objective_.describe(), pass_name(pass), b,
-          pass == Pass::kHvp || pass == Pass::kGaussNewton
-              ? fmt::format(" ({})", kTwiceDifferentiableHint)
-              : std::string(),
-          brief_what(e))));
-    }
-  }
-  // With several ranks, a failure on one stops all of them with the same error.
-  raise_if_any_rank_failed(*communicator_, failure);
 }
 
 void CurvatureEngine::sum_over_ranks(double* data, size_t n) {
@@ -343,8 +281,13 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                   (options_.max_kept_graphs == 0 || graphs < options_.max_kept_graphs);
       // A kept graph also lists the model's linear maps, which coupling() reads.
       std::vector<LinearUse> linears;
-      at::Tensor loss_s = keep ? objective_.loss_listing_linears(slice.batch, linears)
-                               : objective_.loss(slice.batch);
+      StagedPass staged;
+      if (options_.recompute_layers) {
+        staged = staged_pass(objective_, slice.batch, s.params, nullptr, /*want_gradient=*/true);
+      }
+      at::Tensor loss_s = options_.recompute_layers ? staged.loss
+                          : keep ? objective_.loss_listing_linears(slice.batch, linears)
+                                 : objective_.loss(slice.batch);
       ++counters_.forwards;
       const double value = loss_s.item<double>();
       if (options_.check_finite && !std::isfinite(value)) {
@@ -353,7 +296,12 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
                         "checkpoint and the batch for NaN, or token ids out of range)",
                         objective_.describe(), value, b));
       }
-      GradientGraph graph = first_backward(loss_s, s.params, std::move(linears), keep);
+      GradientGraph graph;
+      if (options_.recompute_layers) {
+        graph.grads = fill_undefined(std::move(staged.grads), s.params);
+      } else {
+        graph = first_backward(loss_s, s.params, std::move(linears), keep);
+      }
       ParamVector g = keep ? graph.grads : std::move(graph.grads);
       ++counters_.backwards;
       if (keep && over_memory_budget()) {
@@ -487,9 +435,9 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
     throw InvalidArgument(
         fmt::format("hvp: vector of {} tensors for {} parameters", v_in.size(), s.params.size()));
   }
-  if (!s.have_first_order || (options_.reuse_graph && !s.graphs_current)) {
-    compute_first_order(options_.reuse_graph);
-  }
+  // A layer-wise product needs no cached gradient: it forms the slice's own.
+  const bool needs_first_order = !s.have_first_order || (options_.reuse_graph && !s.graphs_current);
+  if (needs_first_order && !options_.recompute_layers) compute_first_order(options_.reuse_graph);
   Stopwatch timer(counters_.seconds);
   // v on the parameters' device and dtype; undefined outside the support.
   ParamVector v(v_in.size());
@@ -519,7 +467,19 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       release_graphs_over_budget();
       ParamVector fresh;
       const bool kept = !s.kept[b][k].empty();
-      if (!kept) {
+      ParamVector hv(s.params.size());
+      if (options_.recompute_layers) {
+        StagedPass staged = staged_pass(objective_, slices[k].batch, s.params, &v, bool(observer));
+        counters_.forwards += 2;
+        ++counters_.backwards;
+        ++counters_.second_backwards;
+        if (observer) fresh = fill_undefined(std::move(staged.grads), s.params);
+        if (targets == nullptr) {
+          hv = std::move(staged.hv);
+        } else {
+          for (size_t i : *targets) hv[i] = std::move(staged.hv[i]);
+        }
+      } else if (!kept) {
         at::Tensor loss_s = objective_.loss(slices[k].batch);
         ++counters_.forwards;
         fresh = fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, true, true, true),
@@ -531,12 +491,11 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       // zero Hessian row and contribute nothing.
       std::vector<at::Tensor> outputs, grad_outputs;
       for (size_t i : *support) {
-        if (g[i].requires_grad()) {
+        if (!options_.recompute_layers && g[i].requires_grad()) {
           outputs.push_back(g[i]);
           grad_outputs.push_back(v[i]);
         }
       }
-      ParamVector hv(s.params.size());
       if (!outputs.empty() && !inputs.empty()) {
         ParamVector parts = torch::autograd::grad(outputs, inputs, grad_outputs,
                                                   /*retain_graph=*/kept,

@@ -375,8 +375,10 @@ Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
                                           const std::vector<std::vector<size_t>>& blocks,
                                           const CouplingObserver& observer) {
   const BlockReader reader = read_blocks(u, blocks, "coupling");
-  if (options_.hvp_method == HvpMethod::kFiniteDifference) {
-    return coupling_finite_difference(reader.v, blocks, reader.nonzero, observer);
+  // Finite differences and layer-wise recomputation keep no graph to read the maps from: one
+  // product per block.
+  if (options_.hvp_method == HvpMethod::kFiniteDifference || options_.recompute_layers) {
+    return coupling_by_products(reader.v, blocks, reader.nonzero, observer);
   }
   // Block m's product, read on blocks l ≥ m; blocks where u is zero form none.
   std::vector<BlockProduct> products(blocks.size());
@@ -396,7 +398,7 @@ Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
   ParamVector d(reader.v.size());
   const double w_scale = tangent_scale(w, reader.covered);
   for (size_t i : reader.covered) d[i] = on_parameter(w, i, "block_row", w_scale);
-  if (options_.hvp_method == HvpMethod::kExact) {
+  if (options_.hvp_method == HvpMethod::kExact && !options_.recompute_layers) {
     const std::vector<BlockProduct> product{{&d, reader.covered, 0, w_scale}};
     return block_products(reader, blocks, product, /*symmetric=*/false, observer).col(0);
   }
@@ -421,7 +423,7 @@ Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
   return per_block(hvp(d, reader.covered, batch_observer));
 }
 
-Eigen::MatrixXd CurvatureEngine::coupling_finite_difference(
+Eigen::MatrixXd CurvatureEngine::coupling_by_products(
     const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
     const std::vector<bool>& nonzero, const CouplingObserver& observer) {
   const size_t L = blocks.size(), B = probe_.size();

@@ -102,6 +102,17 @@ struct BlockProduct {
 GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
                              std::vector<LinearUse> linears, bool with_graph);
 
+// One slice's pass over a staged loss (Objective::loss_stages), holding one stage's graph at a
+// time (layered_passes.cpp): its loss, its gradient when `want_gradient`, and along `v` (on the
+// parameters' device and dtype; undefined entries are zero) its Hessian-vector product. Entries no
+// stage reaches are undefined.
+struct StagedPass {
+  at::Tensor loss;
+  ParamVector grads, hv;
+};
+StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVector& params,
+                       const ParamVector* v, bool want_gradient);
+
 }  // namespace engine_detail
 
 struct CurvatureEngine::State {

@@ -239,10 +239,15 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
   }
   ParamVector g(s.params.size());
   for (const Slice& slice : s.slices[b]) {
-    at::Tensor loss_s = objective_.loss(slice.batch);
+    ParamVector g_s;
+    if (options_.recompute_layers) {
+      g_s = staged_pass(objective_, slice.batch, s.params, nullptr, /*want_gradient=*/true).grads;
+    } else {
+      at::Tensor loss_s = objective_.loss(slice.batch);
+      g_s = torch::autograd::grad({loss_s}, s.params, {}, false, false, true);
+    }
+    g_s = fill_undefined(std::move(g_s), s.params);
     ++counters_.forwards;
-    auto g_s =
-        fill_undefined(torch::autograd::grad({loss_s}, s.params, {}, false, false, true), s.params);
     ++counters_.backwards;
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < g.size(); ++i) {

@@ -81,13 +81,13 @@ at::Tensor HessianOperator::product(const at::Tensor& x) {
   // backward starts from S's gradients and differentiates toward S only, so autograd skips every
   // product that cannot reach H_SS x (hvp(v, support, targets)).
   const bool whole = params_.size() == space.size();
-  const ParamVector& like = engine_.gradient();
   // In the engine's vector dtype: views of x where that is x's own (the engine writes nothing
   // into them), converted copies otherwise.
-  ParamVector v(like.size());
+  const at::ScalarType dtype = engine_.vector_dtype();
+  ParamVector v(space.size());
   int64_t offset = 0;
   for (size_t i : params_) {
-    v[i] = x.narrow(0, offset, space[i].numel).reshape(space[i].shape).to(like[i].scalar_type());
+    v[i] = x.narrow(0, offset, space[i].numel).reshape(space[i].shape).to(dtype);
     offset += space[i].numel;
   }
   const ParamVector hv = whole ? engine_.hvp(v) : engine_.hvp(v, params_, params_);

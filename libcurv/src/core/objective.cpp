@@ -30,6 +30,12 @@ at::Tensor Objective::loss_listing_linears(const Batch& batch, std::vector<Linea
 
 at::Tensor Objective::expert_choices(const Batch&) { return {}; }
 
+size_t Objective::loss_stages() const { return 0; }
+
+at::Tensor Objective::loss_stage(size_t, const at::Tensor&, const Batch&) {
+  throw ModelError(fmt::format("{} is not computed in stages", describe()));
+}
+
 at::Tensor Objective::logits(const Batch&) {
   throw ModelError(
       fmt::format("{}: the Gauss-Newton split needs a model scored by cross-entropy on logits "

@@ -126,42 +126,52 @@ class Gemma : public CausalLanguageModel {
                       c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The scaled embedding, one stage per layer, then the final norm and the soft-capped head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) {
+      const auto e = at::embedding(p(embed_), tokens, c_.pad_token_id);
+      // HF multiplies by √hidden rounded to the model's dtype.
+      return e * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden_size)), e.options());
+    }
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    const at::Tensor normed = norm(x, norm_);
+    auto logits =
+        c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
+    return softcap(logits, c_.final_logit_softcapping);
+  }
+
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_dim;
-    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
-    // HF multiplies by √hidden rounded to the model's dtype.
-    x = x * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden_size)), x.options());
+    // The layer's rotary table (global or local) again for each layer: next to nothing beside it.
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable full = rotary_table(
-        rotary_inverse_frequencies(c_.rope_theta, D, f64) / c_.rope_factor, T, x.scalar_type());
-    const RotaryTable local =
-        rotary_table(rotary_inverse_frequencies(c_.rope_local_theta, D, f64), T, x.scalar_type());
+    const RotaryTable rope =
+        l.sliding ? rotary_table(rotary_inverse_frequencies(c_.rope_local_theta, D, f64), T,
+                                 x.scalar_type())
+                  : rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64) / c_.rope_factor,
+                                 T, x.scalar_type());
     AttentionScores scores;
     scores.scale = 1.0 / std::sqrt(c_.query_pre_attn_scalar);
     scores.softcap = c_.attn_logit_softcapping;
-    for (const auto& l : layers_) {
-      const auto h = norm(x, l.input_norm);
-      auto q = linear(h, l.q).view({B, T, H, D});
-      auto k = linear(h, l.k).view({B, T, KV, D});
-      if (c_.qk_norm) {
-        q = norm(q, l.q_norm);
-        k = norm(k, l.k_norm);
-      }
-      const auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
-      const RotaryTable& rope = l.sliding ? local : full;
-      scores.window = l.sliding ? c_.sliding_window : 0;
-      const auto attention = causal_attention(apply_rotary(q.transpose(1, 2), rope),
-                                              apply_rotary(k.transpose(1, 2), rope), v, scores);
-      x = x + norm(linear(attention, l.o), l.post_attention_norm);
-      const auto m = norm(x, l.pre_mlp_norm);
-      const auto mlp =
-          linear(fused_gelu(linear(m, l.gate), c_.gelu_tanh) * linear(m, l.up), l.down);
-      x = x + norm(mlp, l.post_mlp_norm);
+    scores.window = l.sliding ? c_.sliding_window : 0;
+    const auto h = norm(x, l.input_norm);
+    auto q = linear(h, l.q).view({B, T, H, D});
+    auto k = linear(h, l.k).view({B, T, KV, D});
+    if (c_.qk_norm) {
+      q = norm(q, l.q_norm);
+      k = norm(k, l.k_norm);
     }
-    x = norm(x, norm_);
-    auto logits = c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
-    return softcap(logits, c_.final_logit_softcapping);
+    const auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
+    const auto attention = causal_attention(apply_rotary(q.transpose(1, 2), rope),
+                                            apply_rotary(k.transpose(1, 2), rope), v, scores);
+    x = x + norm(linear(attention, l.o), l.post_attention_norm);
+    const auto m = norm(x, l.pre_mlp_norm);
+    const auto mlp = linear(fused_gelu(linear(m, l.gate), c_.gelu_tanh) * linear(m, l.up), l.down);
+    return x + norm(mlp, l.post_mlp_norm);
   }
 
   GemmaConfig c_;

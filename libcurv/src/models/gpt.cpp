@@ -102,23 +102,32 @@ class Gpt : public CausalLanguageModel {
     return fused_gelu(x, c_.activation == "gelu_tanh");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.n_embd, H = c_.n_head;
-    auto positions = at::arange(T, tokens.options());
-    auto x = at::embedding(p(0), tokens) + at::embedding(p(1), positions);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
-    for (const auto& l : layers_) {
-      auto h = layer_norm(x, l.ln_1_w);
-      auto qkv = project(h, l.attn_w).split(C, -1);
-      auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
-      auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-      x = x + project(causal_attention(q, k, v, scale), l.attn_proj_w);
-      h = layer_norm(x, l.ln_2_w);
-      x = x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The embeddings, one stage per layer, then the final LayerNorm and the head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) {
+      auto positions = at::arange(tokens.size(1), tokens.options());
+      return at::embedding(p(0), tokens) + at::embedding(p(1), positions);
     }
-    x = layer_norm(x, ln_f_w_);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    const at::Tensor normed = layer_norm(x, ln_f_w_);
     // A tied head shares its weight with the token embedding: not a listed linear map.
-    return c_.tied ? at::linear(x, p(0)) : linear_map(x, head_);
+    return c_.tied ? at::linear(normed, p(0)) : linear_map(normed, head_);
+  }
+
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1), C = c_.n_embd, H = c_.n_head;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
+    auto h = layer_norm(x, l.ln_1_w);
+    auto qkv = project(h, l.attn_w).split(C, -1);
+    auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
+    auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    x = x + project(causal_attention(q, k, v, scale), l.attn_proj_w);
+    h = layer_norm(x, l.ln_2_w);
+    return x + project(activation(project(h, l.fc_w)), l.mlp_proj_w);
   }
 
   GptConfig c_;

@@ -100,31 +100,36 @@ class GptNeox : public CausalLanguageModel {
     check_token_batch(batch, "gpt_neox", c_.vocab_size, c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The embedding, one stage per layer, then the final LayerNorm and the head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) return at::embedding(p(embed_), tokens);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    return linear_map(norm(x, final_norm_), head_);
+  }
+
+  at::Tensor layer(const Layer& l, const at::Tensor& x) const {
+    const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, D = c_.head_size();
-    auto x = at::embedding(p(embed_), tokens);
+    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
     const RotaryTable rope = rotary_table(
         rotary_inverse_frequencies(c_.rotary_emb_base, c_.rotary_dims(), f64), T, x.scalar_type());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    auto mlp = [&](const at::Tensor& h, const Layer& l) {
+    auto mlp = [&](const at::Tensor& h) {
       return linear(fused_gelu(linear(h, l.up), c_.gelu_tanh), l.down);
     };
-    for (const auto& l : layers_) {
-      // [B, T, H, 3D]: each head's query, key and value features side by side.
-      auto qkv = linear(norm(x, l.input_norm), l.qkv).view({B, T, H, 3 * D}).transpose(1, 2);
-      auto q = apply_rotary(qkv.narrow(-1, 0, D), rope);
-      auto k = apply_rotary(qkv.narrow(-1, D, D), rope);
-      auto attention = linear(causal_attention(q, k, qkv.narrow(-1, 2 * D, D), scale), l.dense);
-      if (c_.use_parallel_residual) {
-        x = mlp(norm(x, l.post_norm), l) + attention + x;
-      } else {
-        auto y = attention + x;
-        x = mlp(norm(y, l.post_norm), l) + y;
-      }
-    }
-    return linear_map(norm(x, final_norm_), head_);
+    // [B, T, H, 3D]: each head's query, key and value features side by side.
+    auto qkv = linear(norm(x, l.input_norm), l.qkv).view({B, T, H, 3 * D}).transpose(1, 2);
+    auto q = apply_rotary(qkv.narrow(-1, 0, D), rope);
+    auto k = apply_rotary(qkv.narrow(-1, D, D), rope);
+    auto attention = linear(causal_attention(q, k, qkv.narrow(-1, 2 * D, D), scale), l.dense);
+    if (c_.use_parallel_residual) return mlp(norm(x, l.post_norm)) + attention + x;
+    auto y = attention + x;
+    return mlp(norm(y, l.post_norm)) + y;
   }
 
   GptNeoxConfig c_;

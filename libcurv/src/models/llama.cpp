@@ -70,6 +70,29 @@ class Llama : public CausalLanguageModel {
     return rms_norm(x, p(gain), c_.rms_norm_eps);
   }
 
+  // One decoder layer: x plus attention, then plus the gated MLP.
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1);
+    const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
+    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    const RotaryTable rope = rotary_table(inverse_frequencies(f64), T, x.scalar_type());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto h = norm(x, l.input_norm);
+    auto q = linear(h, l.q).view({B, T, H, D});
+    auto k = linear(h, l.k).view({B, T, KV, D});
+    if (c_.qk_norm) {
+      q = norm(q, l.q_norm);
+      k = norm(k, l.k_norm);
+    }
+    q = apply_rotary(q.transpose(1, 2), rope);
+    k = apply_rotary(k.transpose(1, 2), rope);
+    auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
+    x = x + linear(causal_attention(q, k, v, scale), l.o);
+    h = norm(x, l.post_norm);
+    return x + linear(fused_gated_silu(linear(h, l.gate), linear(h, l.up)), l.down);
+  }
+
   // The rotary inverse frequencies θ^(−2i/d) in float64, scaled as transformers' rope_init_fn of
   // the config's rope type (modeling_rope_utils.py; transformers computes them in float32).
   at::Tensor inverse_frequencies(const at::TensorOptions& f64) const {
@@ -118,31 +141,17 @@ class Llama : public CausalLanguageModel {
     }
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1);
-    const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope = rotary_table(inverse_frequencies(f64), T, x.scalar_type());
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    for (const auto& l : layers_) {
-      auto h = norm(x, l.input_norm);
-      auto q = linear(h, l.q).view({B, T, H, D});
-      auto k = linear(h, l.k).view({B, T, KV, D});
-      if (c_.qk_norm) {
-        q = norm(q, l.q_norm);
-        k = norm(k, l.k_norm);
-      }
-      q = apply_rotary(q.transpose(1, 2), rope);
-      k = apply_rotary(k.transpose(1, 2), rope);
-      auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
-      x = x + linear(causal_attention(q, k, v, scale), l.o);
-      h = norm(x, l.post_norm);
-      x = x + linear(fused_gated_silu(linear(h, l.gate), linear(h, l.up)), l.down);
-    }
-    x = norm(x, norm_);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The embedding, one stage per layer, then the final norm and the head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) return at::embedding(p(embed_), tokens, c_.pad_token_id);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    const at::Tensor normed = norm(x, norm_);
     // A tied head shares its weight with the token embedding: not a listed linear map.
-    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
+    return c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
   }
 
   LlamaConfig c_;

@@ -115,11 +115,24 @@ class Modded : public CausalLanguageModel {
     check_token_batch(batch, "modded", c_.vocab_size, c_.context, "context");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1), H = c_.heads(), D = c_.head_dim;
-    auto x = rms_norm(at::embedding(p(embed_), tokens), norm1_);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The normed embedding, one stage per layer, then the final norm and the capped head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) return rms_norm(at::embedding(p(embed_), tokens), norm1_);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    auto z = linear(rms_norm(x, norm2_), head_);
+    const double cap = c_.logit_cap;
+    return cap > 0 ? cap * z * at::rsqrt(z.square() + cap * cap) : z;
+  }
+
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1), H = c_.heads(), D = c_.head_dim;
     // Half-truncated rotary: frequencies (1/1024)^linspace(0, 1, D/4) on the first D/4 pairs and
     // zero on the rest; the halves x1, x2 of each head turn as (x1 cos + x2 sin, x2 cos − x1 sin).
+    // Again for each layer: a T × D table, next to nothing beside a layer.
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
     auto freq = at::pow(1.0 / 1024.0, at::linspace(0.0, 1.0, D / 4, f64));
     freq = at::cat({freq, at::zeros({D / 4}, f64)});
@@ -129,18 +142,13 @@ class Modded : public CausalLanguageModel {
       auto x1 = t.narrow(-1, 0, D / 2), x2 = t.narrow(-1, D / 2, D / 2);
       return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
     };
-    for (const auto& l : layers_) {
-      auto h = rms_norm(x, l.norm1);
-      auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
-      auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
-      auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
-      x = x + linear(causal_attention(q, k, v, c_.attention_scale), l.o);
-      h = rms_norm(x, l.norm2);
-      x = x + linear(at::relu(linear(h, l.fc)).square(), l.down);
-    }
-    auto z = linear(rms_norm(x, norm2_), head_);
-    const double cap = c_.logit_cap;
-    return cap > 0 ? cap * z * at::rsqrt(z.square() + cap * cap) : z;
+    auto h = rms_norm(x, l.norm1);
+    auto q = rotary(rms_norm(linear(h, l.q).view({B, T, H, D}))).transpose(1, 2);
+    auto k = rotary(rms_norm(linear(h, l.k).view({B, T, H, D}))).transpose(1, 2);
+    auto v = linear(h, l.v).view({B, T, H, D}).transpose(1, 2);
+    x = x + linear(causal_attention(q, k, v, c_.attention_scale), l.o);
+    h = rms_norm(x, l.norm2);
+    return x + linear(at::relu(linear(h, l.fc)).square(), l.down);
   }
 
   ModdedConfig c_;

@@ -199,40 +199,48 @@ class MixtureOfExperts : public CausalLanguageModel {
     return out;
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1), C = c_.hidden_size;
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The embedding, one stage per layer, then the final norm and the head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) return at::embedding(p(embed_), tokens, c_.pad_token_id);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    const at::Tensor normed = norm(x, norm_);
+    return c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
+  }
+
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1), C = c_.hidden_size;
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
+    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
     const RotaryTable rope =
         rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64), T, x.scalar_type());
     AttentionScores scores;
     scores.scale = 1.0 / std::sqrt(static_cast<double>(D));
     scores.window = c_.sliding_window;
-    for (const auto& l : layers_) {
-      const auto h = norm(x, l.input_norm);
-      auto q = linear(h, l.q);
-      auto k = linear(h, l.k);
-      if (family_ == MoeFamily::kOlmoe) {
-        q = norm(q, l.q_norm);
-        k = norm(k, l.k_norm);
-      }
-      q = q.view({B, T, H, D});
-      k = k.view({B, T, KV, D});
-      if (family_ == MoeFamily::kQwen3Moe) {
-        q = norm(q, l.q_norm);
-        k = norm(k, l.k_norm);
-      }
-      const auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
-      const auto attention = causal_attention(apply_rotary(q.transpose(1, 2), rope),
-                                              apply_rotary(k.transpose(1, 2), rope), v, scores);
-      x = x + linear(attention, l.o);
-      const auto m = norm(x, l.post_attention_norm);
-      x = x + (l.dense ? swiglu(m, l.experts.front())
-                       : mixture(m.reshape({B * T, C}), l).view({B, T, C}));
+    const auto h = norm(x, l.input_norm);
+    auto q = linear(h, l.q);
+    auto k = linear(h, l.k);
+    if (family_ == MoeFamily::kOlmoe) {
+      q = norm(q, l.q_norm);
+      k = norm(k, l.k_norm);
     }
-    x = norm(x, norm_);
-    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
+    q = q.view({B, T, H, D});
+    k = k.view({B, T, KV, D});
+    if (family_ == MoeFamily::kQwen3Moe) {
+      q = norm(q, l.q_norm);
+      k = norm(k, l.k_norm);
+    }
+    const auto v = linear(h, l.v).view({B, T, KV, D}).transpose(1, 2);
+    const auto attention = causal_attention(apply_rotary(q.transpose(1, 2), rope),
+                                            apply_rotary(k.transpose(1, 2), rope), v, scores);
+    x = x + linear(attention, l.o);
+    const auto m = norm(x, l.post_attention_norm);
+    return x + (l.dense ? swiglu(m, l.experts.front())
+                        : mixture(m.reshape({B * T, C}), l).view({B, T, C}));
   }
 
   MoeConfig c_;

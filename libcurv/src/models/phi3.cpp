@@ -94,27 +94,35 @@ class Phi3 : public CausalLanguageModel {
     }
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override {
-    const int64_t B = tokens.size(0), T = tokens.size(1);
+  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
+
+  // The embedding, one stage per layer, then the final norm and the head.
+  size_t forward_stages() const override { return layers_.size() + 2; }
+  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                           const at::Tensor& tokens) const override {
+    if (stage == 0) return at::embedding(p(embed_), tokens, c_.pad_token_id);
+    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+    const at::Tensor normed = norm(x, norm_);
+    return c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
+  }
+
+  at::Tensor layer(const Layer& l, at::Tensor x) const {
+    const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
     const int64_t F = c_.intermediate_size;
-    auto x = at::embedding(p(embed_), tokens, c_.pad_token_id);
+    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
     const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
     const RotaryTable rope = rotary_table(
         rotary_inverse_frequencies(c_.rope_theta, c_.rotary_dims(), f64), T, x.scalar_type());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    for (const auto& l : layers_) {
-      auto qkv = linear(norm(x, l.input_norm), l.qkv);
-      auto q = qkv.narrow(-1, 0, H * D).view({B, T, H, D}).transpose(1, 2);
-      auto k = qkv.narrow(-1, H * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
-      auto v = qkv.narrow(-1, (H + KV) * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
-      auto y = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
-      x = x + linear(y, l.o);
-      auto gate_up = linear(norm(x, l.post_norm), l.gate_up);
-      x = x + linear(fused_gated_silu(gate_up.narrow(-1, 0, F), gate_up.narrow(-1, F, F)), l.down);
-    }
-    x = norm(x, norm_);
-    return c_.tie_word_embeddings ? at::linear(x, p(embed_)) : linear_map(x, head_);
+    auto qkv = linear(norm(x, l.input_norm), l.qkv);
+    auto q = qkv.narrow(-1, 0, H * D).view({B, T, H, D}).transpose(1, 2);
+    auto k = qkv.narrow(-1, H * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
+    auto v = qkv.narrow(-1, (H + KV) * D, KV * D).view({B, T, KV, D}).transpose(1, 2);
+    auto y = causal_attention(apply_rotary(q, rope), apply_rotary(k, rope), v, scale);
+    x = x + linear(y, l.o);
+    auto gate_up = linear(norm(x, l.post_norm), l.gate_up);
+    return x + linear(fused_gated_silu(gate_up.narrow(-1, 0, F), gate_up.narrow(-1, F, F)), l.down);
   }
 
   Phi3Config c_;

@@ -68,6 +68,26 @@ at::Tensor CausalLanguageModel::logits(const Batch& batch) {
   return forward(batch.inputs);
 }
 
+at::Tensor CausalLanguageModel::loss_stage(size_t stage, const at::Tensor& x, const Batch& batch) {
+  const size_t stages = forward_stages();
+  if (stage >= stages) {
+    throw ModelError(fmt::format("{}: loss stage {} of {}", describe(), stage, stages));
+  }
+  if (stage == 0) check(batch);
+  const at::Tensor y = forward_stage(stage, x, batch.inputs);
+  return stage + 1 == stages ? mean_cross_entropy(y, batch.targets) : y;
+}
+
+at::Tensor CausalLanguageModel::forward_stage(size_t, const at::Tensor&, const at::Tensor&) const {
+  throw ModelError(fmt::format("{} is not computed in stages", describe()));
+}
+
+at::Tensor CausalLanguageModel::staged_forward(const at::Tensor& tokens) const {
+  at::Tensor x;
+  for (size_t s = 0; s < forward_stages(); ++s) x = forward_stage(s, x, tokens);
+  return x;
+}
+
 at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) const {
   return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
 }

@@ -40,6 +40,9 @@ class CausalLanguageModel : public FunctionalModel {
   at::Tensor loss(const Batch& batch) override;
   at::Tensor token_losses(const Batch& batch) override;
   at::Tensor logits(const Batch& batch) override;
+  // forward_stages() with the cross-entropy after the last.
+  size_t loss_stages() const override { return forward_stages(); }
+  at::Tensor loss_stage(size_t stage, const at::Tensor& x, const Batch& batch) override;
 
  protected:
   explicit CausalLanguageModel(const ModelInit& init) : draw_(init) {}
@@ -68,6 +71,14 @@ class CausalLanguageModel : public FunctionalModel {
   virtual void check(const Batch& batch) const = 0;
   // Logits [B, T, vocab] of int64 tokens [B, T].
   virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
+  // forward() as a chain of stages for layer-wise recomputation (Objective::loss_stages): the
+  // embedding (x undefined), each layer, then the head's logits, so that running them in order is
+  // forward(). 0 (the default): not staged.
+  virtual size_t forward_stages() const { return 0; }
+  virtual at::Tensor forward_stage(size_t stage, const at::Tensor& x,
+                                   const at::Tensor& tokens) const;
+  // The stages run in order.
+  at::Tensor staged_forward(const at::Tensor& tokens) const;
   at::Tensor linear(const at::Tensor& x, const Linear& l) const;
   // The parameters' roles with the attention's head counts.
   ModelStructure heads_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim) const;

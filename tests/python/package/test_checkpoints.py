@@ -132,3 +132,28 @@ def test_probe_checkpoints_in_bfloat16_with_a_vector_dtype_is_ndsprobes(run, tmp
     with pytest.raises(ValueError, match="vector_dtype torch.int32"):
         curv.probe_checkpoints(str(run), data, output=str(tmp_path / "x.h5"),
                                vector_dtype=torch.int32)
+
+
+def test_probe_checkpoints_layer_by_layer_is_the_whole_graphs(run, tmp_path):
+    config = tmp_path / "llama.json"
+    config.write_text('{"arch": "llama", "vocab_size": 64, "hidden_size": 16, '
+                      '"intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, '
+                      '"num_key_value_heads": 2, "max_position_embeddings": 16}')
+    folder = tmp_path / "llama"
+    done = subprocess.run([CURVTRAIN, "--model", str(config), "-o", str(folder), "--steps", "2",
+                           "--save-every", "2", "--eval-every", "2", "--probe-sequences", "6",
+                           "--dtype", "float64", "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    data = str(folder / "probe.safetensors")
+    nds = {}
+    for layered in (False, True):
+        result = curv.probe_checkpoints(str(folder), data, output=str(tmp_path / f"{layered}.h5"),
+                                        dtype=torch.float64, batch_size=3, micro_batch=2,
+                                        directions=("delta", "gradient"), steps="0:0",
+                                        recompute_layers=layered,
+                                        eigenvalues=curv.EigenOptions())
+        with h5py.File(result.output) as f:
+            step = f["runs/llama/step_0"]
+            nds[layered] = [step[d].attrs["nds"] for d in ("delta", "gradient")]
+            nds[layered].extend(step["spectrum/eigen/eigenvalue"][()])
+    np.testing.assert_allclose(nds[True], nds[False], rtol=1e-9)

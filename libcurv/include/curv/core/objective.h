@@ -80,6 +80,15 @@ class Objective {
   // (routed layer, token) with its k expert indices in ascending order, int64 [rows, k]. An
   // undefined tensor (the default) for a model without routing. Evaluated without gradients.
   virtual at::Tensor expert_choices(const Batch& batch);
+  // The loss as a chain of stages, for layer-wise recomputation (EngineOptions::recompute_layers):
+  // x_1 = loss_stage(0, undefined, batch), x_{s+1} = loss_stage(s, x_s, batch), and the last
+  // stage returns loss(batch), each a function of its x_s and the parameters only (what a stage
+  // derives from the batch alone, a position table or a mask, it derives again). 0 (the default):
+  // not staged.
+  virtual size_t loss_stages() const;
+  // Stage `stage` of loss(batch) (above); the first validates the batch as loss() does. The
+  // default throws ModelError.
+  virtual at::Tensor loss_stage(size_t stage, const at::Tensor& x, const Batch& batch);
   // Floating dtype of the parameters.
   at::ScalarType dtype();
   c10::Device device();

@@ -1,0 +1,184 @@
+// Gradients and Hessian-vector products of a staged loss (Objective::loss_stages), one stage's
+// graph at a time.
+//
+// The loss is a chain x_{s+1} = f_s(x_s, θ), L = f_last(x_last, θ). The forward sweep keeps only
+// the boundaries x_s and, for an HVP along v, their tangents ẋ_{s+1} = J_x f_s ẋ_s + J_θ f_s v
+// (a Jacobian-vector product, formed as the derivative of a vector-Jacobian product toward its
+// cotangent). The reverse sweep recomputes each stage from x_s and carries the adjoint a_s =
+// ∂L/∂x_s and its tangent ȧ_s. With φ_s = ⟨a_{s+1}, f_s(x_s, θ)⟩ and a_{s+1} held constant,
+//   (a_s, g_s) = ∇φ_s            (g_s: the stage's share of the gradient),
+//   (ȧ_s, (Hv)_s) = ∇²φ_s (ẋ_s, v) + J_{f_s}ᵀ ȧ_{s+1} = ∇(⟨∇_x φ_s, ẋ_s⟩ + ⟨∇_θ φ_s, v⟩ + ⟨f_s,
+//   ȧ_{s+1}⟩),
+// the derivative of (a_s, g_s) along (ẋ_s, v, ȧ_{s+1}). Summed over the stages, g and Hv are the
+// loss's gradient and Hessian-vector product, exact to rounding as Pearlmutter's double backward
+// of the whole graph is; what is held at once is one stage's graph (and its backward graph)
+// beside the boundaries.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/engine_internal.h"
+#include "curv/core/error.h"
+
+namespace curv {
+namespace engine_detail {
+
+namespace {
+
+// acc += t where either may be undefined (zero). The first term is held as it is: autograd may
+// hand back a tensor it was given (a tangent, an adjoint), which is then summed out of place.
+void add_to(at::Tensor& acc, const at::Tensor& t) {
+  if (!t.defined()) return;
+  if (!acc.defined()) {
+    acc = t;
+  } else if (acc.storage().use_count() == 1) {
+    acc.add_(t);
+  } else {
+    acc = acc + t;
+  }
+}
+
+// x_s as the leaf a stage's recomputation differentiates toward (undefined for the first stage).
+at::Tensor stage_input(const at::Tensor& boundary) {
+  return boundary.defined() ? boundary.detach().requires_grad_(true) : at::Tensor();
+}
+
+// The stage's inputs for torch::autograd::grad: x_s (when defined), then every parameter.
+std::vector<at::Tensor> stage_inputs(const at::Tensor& x, const ParamVector& params) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(params.size() + 1);
+  if (x.defined()) inputs.push_back(x);
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  return inputs;
+}
+
+size_t stage_count(Objective& objective) {
+  const size_t stages = objective.loss_stages();
+  if (stages < 2) {
+    throw InvalidArgument(fmt::format(
+        "EngineOptions.recompute_layers: {} is not computed in layer stages (the built-in "
+        "transformers are); probe it without layer-wise recomputation",
+        objective.describe()));
+  }
+  return stages;
+}
+
+// ẏ = J_x f ẋ + J_θ f v for y = f(x, θ) computed with a graph: the derivative of the
+// vector-Jacobian product (J_x, J_θ)ᵀ r toward r, along (ẋ, v). Only the inputs that move are
+// differentiated toward, so a stage below a direction's parameters costs no backward. Undefined
+// when nothing moves.
+at::Tensor stage_tangent(const at::Tensor& y, const at::Tensor& x, const at::Tensor& x_dot,
+                         const ParamVector& params, const ParamVector& v) {
+  std::vector<at::Tensor> inputs, directions;
+  if (x.defined() && x_dot.defined()) {
+    inputs.push_back(x);
+    directions.push_back(x_dot);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (v[i].defined()) {
+      inputs.push_back(params[i]);
+      directions.push_back(v[i]);
+    }
+  }
+  if (inputs.empty() || !y.requires_grad()) return {};
+  const at::Tensor r = at::zeros_like(y).requires_grad_(true);
+  const ParamVector vjp = torch::autograd::grad({y}, inputs, {r}, /*retain_graph=*/true,
+                                                /*create_graph=*/true, /*allow_unused=*/true);
+  std::vector<at::Tensor> outputs, tangents;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (vjp[k].defined() && vjp[k].requires_grad()) {
+      outputs.push_back(vjp[k]);
+      tangents.push_back(directions[k]);
+    }
+  }
+  if (outputs.empty()) return {};
+  at::Tensor y_dot = torch::autograd::grad(outputs, {r}, tangents, /*retain_graph=*/false,
+                                           /*create_graph=*/false, /*allow_unused=*/true)[0];
+  return y_dot.defined() ? y_dot.detach() : y_dot;
+}
+
+}  // namespace
+
+StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVector& params,
+                       const ParamVector* v, bool want_gradient) {
+  const size_t stages = stage_count(objective);
+  const bool hvp = v != nullptr;
+  bool v_moves = false;
+  if (hvp) {
+    for (const auto& t : *v) v_moves = v_moves || t.defined();
+  }
+  // Forward sweep: the boundaries x_1 … x_last and, for an HVP, their tangents.
+  std::vector<at::Tensor> xs(stages), x_dots(stages);
+  for (size_t s = 0; s + 1 < stages; ++s) {
+    if (v_moves || (hvp && x_dots[s].defined())) {
+      const at::Tensor x = stage_input(xs[s]);
+      const at::Tensor y = objective.loss_stage(s, x, batch);
+      x_dots[s + 1] = stage_tangent(y, x, x_dots[s], params, *v);
+      xs[s + 1] = y.detach();
+    } else {
+      c10::NoGradGuard no_grad;
+      xs[s + 1] = objective.loss_stage(s, xs[s], batch);
+    }
+  }
+  // Reverse sweep: a = ∂L/∂x_{s+1} and its tangent ȧ (undefined: zero, and above the last stage
+  // the loss itself needs no cotangent).
+  StagedPass out;
+  out.grads.resize(params.size());
+  if (hvp) out.hv.resize(params.size());
+  at::Tensor a, a_dot;
+  for (size_t s = stages; s-- > 0;) {
+    const bool last = s + 1 == stages;
+    const at::Tensor x = stage_input(xs[s]);
+    xs[s] = at::Tensor();
+    if (!last && !a.defined()) break;  // nothing below reaches the loss
+    const at::Tensor y = objective.loss_stage(s, x, batch);
+    if (last) out.loss = y.detach();
+    if (!y.requires_grad()) break;
+    const bool second = hvp && (v_moves || x_dots[s].defined() || a_dot.defined());
+    const std::vector<at::Tensor> inputs = stage_inputs(x, params);
+    const size_t offset = x.defined() ? 1 : 0;
+    ParamVector grads = torch::autograd::grad(
+        {y}, inputs, last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{a},
+        /*retain_graph=*/second, /*create_graph=*/second, /*allow_unused=*/true);
+    at::Tensor next_a_dot;
+    if (second) {
+      std::vector<at::Tensor> outputs, tangents;
+      if (x.defined() && x_dots[s].defined() && grads[0].defined() && grads[0].requires_grad()) {
+        outputs.push_back(grads[0]);
+        tangents.push_back(x_dots[s]);
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& g = grads[offset + i];
+        if ((*v)[i].defined() && g.defined() && g.requires_grad()) {
+          outputs.push_back(g);
+          tangents.push_back((*v)[i]);
+        }
+      }
+      if (a_dot.defined()) {
+        outputs.push_back(y);
+        tangents.push_back(a_dot);
+      }
+      if (!outputs.empty()) {
+        ParamVector parts = torch::autograd::grad(outputs, inputs, tangents,
+                                                  /*retain_graph=*/false,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+        if (x.defined()) next_a_dot = parts[0];
+        for (size_t i = 0; i < params.size(); ++i) add_to(out.hv[i], parts[offset + i]);
+      }
+    }
+    c10::NoGradGuard no_grad;
+    a = x.defined() && grads[0].defined() ? grads[0].detach() : at::Tensor();
+    a_dot = next_a_dot;
+    if (want_gradient) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (grads[offset + i].defined()) add_to(out.grads[i], grads[offset + i].detach());
+      }
+    }
+    x_dots[s] = at::Tensor();
+  }
+  return out;
+}
+
+}  // namespace engine_detail
+}  // namespace curv
