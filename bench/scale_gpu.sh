@@ -20,7 +20,7 @@
 #       state does not fit beside the model), 16 probe sequences of 1024 tokens: the delta's
 #       audit (--coupling none) and λ_max by Lanczos without a basis (three vectors), bfloat16
 #       vectors, micro-batches of one sequence, one layer's graph at a time (--recompute-layers:
-#       planned at 65 GiB, within an 80 GB card).
+#       planned at 65.2 GiB, within an 80 GB card).
 #   Both keep θ's saved copy and the next checkpoint in host memory (--host-copies).
 #
 # usage: bench/scale_gpu.sh 1b|7b BUILD_DIR [WORK_DIR]

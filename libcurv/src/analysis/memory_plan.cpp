@@ -186,11 +186,11 @@ void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, MemoryP
 }
 
 // A pass of layer-wise recomputation (EngineOptions::recompute_layers): the activations between
-// the stages (and, for an HVP, their tangents), the graph of the largest stage (a layer, or the
-// head with its logits) with its create_graph backward, the slice's product and, for the per-batch
-// terms of an audit, its gradient.
+// the stages (and, for an HVP, their tangents) and the graph of the largest stage (a layer, or the
+// head with its logits) with its create_graph backward. An audit's block products are dotted as
+// each stage's share appears; a spectrum's products are whole vectors, summed over the stages.
 void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, double n,
-                    at::ScalarType p, bool exact) {
+                    at::ScalarType p, bool exact, bool spectrum) {
   const double pb = static_cast<double>(element_bytes(p));
   const Activations a = activations(t, static_cast<double>(tokens), p);
   const double layers = static_cast<double>(std::max<int64_t>(1, t.layers));
@@ -198,21 +198,20 @@ void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, doubl
   const double stage = std::max(layer, a.logits);
   const double boundaries = (exact ? 2.0 : 1.0) * (layers + 1) * static_cast<double>(tokens) *
                             static_cast<double>(t.hidden) * pb;
-  add_part(plan, "layer-wise pass",
-           (exact ? 1.0 + kSecondBackwardShare : 1.0) * stage + boundaries + n * pb,
-           fmt::format("{} of {} tokens ≈ {} ({} × that with its backward), {} between the {} "
-                       "stages{}, and {}",
+  const double backward = exact ? 1.0 + kSecondBackwardShare : 1.0;
+  add_part(plan, "layer-wise pass", backward * stage + boundaries,
+           fmt::format("{} of {} tokens ≈ {} ({} × that with its backward), and {} between the {} "
+                       "stages{}",
                        layer >= a.logits ? "a layer's graph" : "the head's graph", tokens,
-                       format_bytes(static_cast<int64_t>(stage)),
-                       exact ? 1.0 + kSecondBackwardShare : 1.0,
+                       format_bytes(static_cast<int64_t>(stage)), backward,
                        format_bytes(static_cast<int64_t>(boundaries)), t.layers + 2,
-                       exact ? " (activations and tangents)" : "", count_times(n, p)),
+                       exact ? " (activations and tangents)" : ""),
            "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
            /*in_passes=*/true);
-  if (exact) {
-    add_part(plan, "batch gradient", n * pb,
-             count_times(n, p) + " (beside the product, for the per-batch terms)", "",
-             MemoryPhase::kAudit, false, /*in_passes=*/true);
+  if (exact && spectrum) {
+    add_part(plan, "product", n * pb,
+             count_times(n, p) + " (a spectrum's Hv, summed over the stages)", "",
+             MemoryPhase::kSpectrum, false, /*in_passes=*/true);
   }
 }
 
@@ -323,7 +322,12 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   double per_graph = 0, second = 0;
   std::string graph_how = "TorchScript model: activations not estimated";
   if (const std::optional<TokenShape> t = model_shape(job, first)) {
-    if (by_layer) add_layer_pass(plan, *t, largest_slice, n, p, exact);
+    if (by_layer) {
+      const auto& sp = job.run.spectrum;
+      const bool spectrum =
+          sp.eigenvalues || sp.density || sp.trace || sp.overlap || sp.precond_sharpness;
+      add_layer_pass(plan, *t, largest_slice, n, p, exact, spectrum);
+    }
     const Activations a = activations(*t, static_cast<double>(largest_slice), p);
     per_graph = a.total();
     second = kSecondBackwardShare * per_graph;

@@ -118,8 +118,8 @@ Eigen::MatrixXd slice_products(const GradientGraph& graph, const ParamVector& pa
   const std::vector<bool>& nonzero = reader.nonzero;
   using torch::autograd::impl::gradient_edge;
   const size_t L = blocks.size();
-  Eigen::MatrixXd c =
-      Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(L), static_cast<Eigen::Index>(L));
+  Eigen::MatrixXd c = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(L),
+                                            static_cast<Eigen::Index>(products.size()));
   std::vector<char> listed(params.size(), 0);
   // Per map: the block of its weight and of its bias where u is nonzero there (else -1), x Uᵀ
   // and (∂L/∂y) U.
@@ -313,9 +313,9 @@ Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
                                                 const std::vector<BlockProduct>& products,
                                                 bool symmetric, const CouplingObserver& observer) {
   auto& s = *state_;
-  if (!s.have_first_order || (options_.reuse_graph && !s.graphs_current)) {
-    compute_first_order(options_.reuse_graph);
-  }
+  // Layer-wise products need no cached gradient: they form the slice's own.
+  const bool needs_first_order = !s.have_first_order || (options_.reuse_graph && !s.graphs_current);
+  if (needs_first_order && !options_.recompute_layers) compute_first_order(options_.reuse_graph);
   Stopwatch timer(counters_.seconds);
   const auto L = static_cast<Eigen::Index>(blocks.size());
   const auto K = static_cast<Eigen::Index>(products.size());
@@ -325,6 +325,18 @@ Eigen::MatrixXd CurvatureEngine::block_products(const BlockReader& reader,
     Eigen::VectorXd first_b = Eigen::VectorXd::Zero(L);
     for (size_t k = 0; k < s.slices[b].size(); ++k) {
       const Slice& slice = s.slices[b][k];
+      if (options_.recompute_layers) {
+        Eigen::VectorXd first_s;
+        int64_t passes = 0;
+        m_b += slice.share * staged_block_products(objective_, slice.batch, s.params, reader,
+                                                   blocks.size(), products,
+                                                   observer ? &first_s : nullptr, passes);
+        if (observer) first_b += slice.share * first_s;
+        counters_.forwards += 2 * passes;
+        counters_.backwards += passes;
+        counters_.second_backwards += passes;
+        continue;
+      }
       release_graphs_over_budget();
       GradientGraph fresh;
       const bool kept = !s.kept[b][k].empty();
@@ -375,10 +387,8 @@ Eigen::MatrixXd CurvatureEngine::coupling(const ParamVector& u,
                                           const std::vector<std::vector<size_t>>& blocks,
                                           const CouplingObserver& observer) {
   const BlockReader reader = read_blocks(u, blocks, "coupling");
-  // Finite differences and layer-wise recomputation keep no graph to read the maps from: one
-  // product per block.
-  if (options_.hvp_method == HvpMethod::kFiniteDifference || options_.recompute_layers) {
-    return coupling_by_products(reader.v, blocks, reader.nonzero, observer);
+  if (options_.hvp_method == HvpMethod::kFiniteDifference) {
+    return coupling_finite_difference(reader.v, blocks, reader.nonzero, observer);
   }
   // Block m's product, read on blocks l ≥ m; blocks where u is zero form none.
   std::vector<BlockProduct> products(blocks.size());
@@ -398,7 +408,7 @@ Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
   ParamVector d(reader.v.size());
   const double w_scale = tangent_scale(w, reader.covered);
   for (size_t i : reader.covered) d[i] = on_parameter(w, i, "block_row", w_scale);
-  if (options_.hvp_method == HvpMethod::kExact && !options_.recompute_layers) {
+  if (options_.hvp_method == HvpMethod::kExact) {
     const std::vector<BlockProduct> product{{&d, reader.covered, 0, w_scale}};
     return block_products(reader, blocks, product, /*symmetric=*/false, observer).col(0);
   }
@@ -423,7 +433,7 @@ Eigen::VectorXd CurvatureEngine::block_row(const ParamVector& u,
   return per_block(hvp(d, reader.covered, batch_observer));
 }
 
-Eigen::MatrixXd CurvatureEngine::coupling_by_products(
+Eigen::MatrixXd CurvatureEngine::coupling_finite_difference(
     const ParamVector& v, const std::vector<std::vector<size_t>>& blocks,
     const std::vector<bool>& nonzero, const CouplingObserver& observer) {
   const size_t L = blocks.size(), B = probe_.size();

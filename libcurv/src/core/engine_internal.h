@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/edge.h>
 
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "curv/core/engine.h"
@@ -110,8 +111,22 @@ struct StagedPass {
   at::Tensor loss;
   ParamVector grads, hv;
 };
+// Where a staged pass hands each stage's share of the gradient or of the product, parameter by
+// parameter, as the reverse sweep forms it, instead of summing them into StagedPass (a tied
+// parameter gets one share per stage that reads it). The tensor lives only during the call.
+struct StageSink {
+  std::function<void(size_t, const at::Tensor&)> gradient, product;
+};
 StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVector& params,
-                       const ParamVector* v, bool want_gradient);
+                       const ParamVector* v, bool want_gradient, const StageSink* sink = nullptr);
+// One slice's block products by staged passes, one per product with a nonzero support:
+// M(l, k) = u_lᵀ (H d_k)_l for blocks l ≥ products[k].first_block, and g·u_l in `first_order`
+// when it is given, each dotted in float64 from the stages' shares as they are formed (no
+// parameter-sized product or gradient is held). Counts the passes it ran in `passes`.
+Eigen::MatrixXd staged_block_products(Objective& objective, const Batch& batch,
+                                      const ParamVector& params, const BlockReader& reader,
+                                      size_t blocks, const std::vector<BlockProduct>& products,
+                                      Eigen::VectorXd* first_order, int64_t& passes);
 
 }  // namespace engine_detail
 

@@ -101,7 +101,7 @@ at::Tensor stage_tangent(const at::Tensor& y, const at::Tensor& x, const at::Ten
 }  // namespace
 
 StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVector& params,
-                       const ParamVector* v, bool want_gradient) {
+                       const ParamVector* v, bool want_gradient, const StageSink* sink) {
   const size_t stages = stage_count(objective);
   const bool hvp = v != nullptr;
   bool v_moves = false;
@@ -164,7 +164,16 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
                                                   /*retain_graph=*/false,
                                                   /*create_graph=*/false, /*allow_unused=*/true);
         if (x.defined()) next_a_dot = parts[0];
-        for (size_t i = 0; i < params.size(); ++i) add_to(out.hv[i], parts[offset + i]);
+        for (size_t i = 0; i < params.size(); ++i) {
+          const at::Tensor& part = parts[offset + i];
+          if (!part.defined()) continue;
+          if (sink != nullptr && sink->product) {
+            c10::NoGradGuard no_grad;
+            sink->product(i, part);
+          } else {
+            add_to(out.hv[i], part);
+          }
+        }
       }
     }
     c10::NoGradGuard no_grad;
@@ -172,12 +181,65 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
     a_dot = next_a_dot;
     if (want_gradient) {
       for (size_t i = 0; i < params.size(); ++i) {
-        if (grads[offset + i].defined()) add_to(out.grads[i], grads[offset + i].detach());
+        if (!grads[offset + i].defined()) continue;
+        if (sink != nullptr && sink->gradient) {
+          sink->gradient(i, grads[offset + i].detach());
+        } else {
+          add_to(out.grads[i], grads[offset + i].detach());
+        }
       }
     }
     x_dots[s] = at::Tensor();
   }
   return out;
+}
+
+Eigen::MatrixXd staged_block_products(Objective& objective, const Batch& batch,
+                                      const ParamVector& params, const BlockReader& reader,
+                                      size_t blocks, const std::vector<BlockProduct>& products,
+                                      Eigen::VectorXd* first_order, int64_t& passes) {
+  const auto L = static_cast<Eigen::Index>(blocks);
+  const auto K = static_cast<Eigen::Index>(products.size());
+  // The float64 dots as 0-dim tensors with their (row, column), read back once: column K holds
+  // g·u_l. No host synchronisation per stage.
+  std::vector<at::Tensor> values;
+  std::vector<std::pair<Eigen::Index, Eigen::Index>> cells;
+  auto dot_into = [&](size_t i, const at::Tensor& part, Eigen::Index column, size_t first_block) {
+    const int64_t l = reader.block_of[i];
+    if (l < static_cast<int64_t>(first_block) || !reader.v[i].defined()) return;
+    const at::Tensor& u = reader.v[i];
+    values.push_back(float64_dot(part, u).reshape({1}));
+    cells.emplace_back(static_cast<Eigen::Index>(l), column);
+  };
+  bool first_done = first_order == nullptr;
+  for (Eigen::Index k = 0; k < K; ++k) {
+    const BlockProduct& product = products[static_cast<size_t>(k)];
+    if (product.support.empty()) continue;
+    ParamVector d(params.size());
+    for (size_t i : product.support) d[i] = (*product.direction)[i];
+    StageSink sink;
+    sink.product = [&](size_t i, const at::Tensor& part) {
+      dot_into(i, part, k, product.first_block);
+    };
+    if (!first_done) sink.gradient = [&](size_t i, const at::Tensor& g) { dot_into(i, g, K, 0); };
+    staged_pass(objective, batch, params, &d, !first_done, &sink);
+    first_done = true;
+    ++passes;
+  }
+  if (!first_done) {
+    StageSink sink;
+    sink.gradient = [&](size_t i, const at::Tensor& g) { dot_into(i, g, K, 0); };
+    staged_pass(objective, batch, params, nullptr, /*want_gradient=*/true, &sink);
+    ++passes;
+  }
+  Eigen::MatrixXd m = Eigen::MatrixXd::Zero(L, K + 1);
+  if (!values.empty()) {
+    const at::Tensor host = at::cat(values).cpu();
+    const double* x = host.data_ptr<double>();
+    for (size_t q = 0; q < cells.size(); ++q) m(cells[q].first, cells[q].second) += x[q];
+  }
+  if (first_order != nullptr) *first_order = m.col(K);
+  return m.leftCols(K);
 }
 
 }  // namespace engine_detail

@@ -56,8 +56,10 @@ struct EngineOptions {
   // activations between the layers (and, for an HVP, their tangents), then recomputes the layers
   // one by one from the last, carrying ∂L/∂x and its tangent down (layered_passes.cpp). The
   // same products to rounding, in about 1.4 times a recomputed whole-graph HVP's time; no graph
-  // is kept between passes (reuse_graph is off), and the block coupling forms one product per
-  // block. Needs a model computed in stages (Objective::loss_stages: the built-in transformers).
+  // is kept between passes (reuse_graph is off). The block coupling and block rows form one
+  // product per block, read as per-block dots while each layer's share appears, so neither a
+  // parameter-sized product nor a batch's gradient is held. Needs a model computed in stages
+  // (Objective::loss_stages: the built-in transformers).
   bool recompute_layers = false;
   HvpMethod hvp_method = HvpMethod::kExact;
   // The dtype of the vectors the engine returns (gradients, HVPs) and sums batches and slices
@@ -297,11 +299,11 @@ class CurvatureEngine {
                                  const std::vector<std::vector<size_t>>& blocks,
                                  const std::vector<engine_detail::BlockProduct>& products,
                                  bool symmetric, const CouplingObserver& observer);
-  // coupling() by one hvp() per block (finite differences, layer-wise recomputation).
-  Eigen::MatrixXd coupling_by_products(const ParamVector& u,
-                                       const std::vector<std::vector<size_t>>& blocks,
-                                       const std::vector<bool>& nonzero,
-                                       const CouplingObserver& observer);
+  // coupling() by per-block finite-difference products.
+  Eigen::MatrixXd coupling_finite_difference(const ParamVector& u,
+                                             const std::vector<std::vector<size_t>>& blocks,
+                                             const std::vector<bool>& nonzero,
+                                             const CouplingObserver& observer);
   // `indices` checked against the parameters, sorted and unique; `what` names them in errors.
   std::vector<size_t> parameter_subset(const std::vector<size_t>& indices, const char* what) const;
 
