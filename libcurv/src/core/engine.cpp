@@ -469,22 +469,11 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
       const bool kept = !s.kept[b][k].empty();
       ParamVector hv(s.params.size());
       if (options_.recompute_layers) {
-        // A product read on some parameters keeps only their shares.
-        StageSink on_targets;
-        if (targets != nullptr) {
-          on_targets.product = [&](size_t i, const at::Tensor& part) {
-            if (std::binary_search(targets->begin(), targets->end(), i)) {
-              hv[i] = hv[i].defined() ? hv[i] + part : part;
-            }
-          };
-        }
-        StagedPass staged = staged_pass(objective_, slices[k].batch, s.params, &v, bool(observer),
-                                        targets != nullptr ? &on_targets : nullptr);
+        hv = staged_slice_hvp(objective_, slices[k].batch, s.params, v, targets,
+                              observer ? &fresh : nullptr);
         counters_.forwards += 2;
         ++counters_.backwards;
         ++counters_.second_backwards;
-        if (observer) fresh = fill_undefined(std::move(staged.grads), s.params);
-        if (targets == nullptr) hv = std::move(staged.hv);
       } else if (!kept) {
         at::Tensor loss_s = objective_.loss(slices[k].batch);
         ++counters_.forwards;

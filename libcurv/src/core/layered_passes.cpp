@@ -18,6 +18,9 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "core/engine_internal.h"
 #include "curv/core/error.h"
 
@@ -192,6 +195,25 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
     x_dots[s] = at::Tensor();
   }
   return out;
+}
+
+ParamVector staged_slice_hvp(Objective& objective, const Batch& batch, const ParamVector& params,
+                             const ParamVector& v, const std::vector<size_t>* targets,
+                             ParamVector* gradient) {
+  ParamVector hv(params.size());
+  StageSink on_targets;
+  if (targets != nullptr) {
+    on_targets.product = [&](size_t i, const at::Tensor& part) {
+      if (std::binary_search(targets->begin(), targets->end(), i)) {
+        hv[i] = hv[i].defined() ? hv[i] + part : part;
+      }
+    };
+  }
+  StagedPass pass = staged_pass(objective, batch, params, &v, gradient != nullptr,
+                                targets != nullptr ? &on_targets : nullptr);
+  if (gradient != nullptr) *gradient = fill_undefined(std::move(pass.grads), params);
+  if (targets == nullptr) hv = std::move(pass.hv);
+  return hv;
 }
 
 Eigen::MatrixXd staged_block_products(Objective& objective, const Batch& batch,
