@@ -288,7 +288,8 @@ void CurvatureEngine::compute_first_order(bool keep_graphs) {
       at::Tensor loss_s = options_.recompute_layers ? staged.loss
                           : keep ? objective_.loss_listing_linears(slice.batch, linears)
                                  : objective_.loss(slice.batch);
-      ++counters_.forwards;
+      // A layer-wise pass runs each layer forward twice: its sweep and its recomputation.
+      counters_.forwards += options_.recompute_layers ? 2 : 1;
       const double value = loss_s.item<double>();
       if (options_.check_finite && !std::isfinite(value)) {
         throw NumericalError(

@@ -247,7 +247,7 @@ ParamVector CurvatureEngine::batch_gradient_at(size_t b, const ParamVector& save
       g_s = torch::autograd::grad({loss_s}, s.params, {}, false, false, true);
     }
     g_s = fill_undefined(std::move(g_s), s.params);
-    ++counters_.forwards;
+    counters_.forwards += options_.recompute_layers ? 2 : 1;
     ++counters_.backwards;
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < g.size(); ++i) {
