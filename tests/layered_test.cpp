@@ -49,6 +49,13 @@ TEST_CASE("a staged loss composes to the loss", "[engine][layers]") {
   Batch wrong = probe[0];
   wrong.inputs = wrong.inputs.clone().fill_(11);
   CHECK_THROWS_WITH(model->loss_stage(0, {}, wrong), Catch::Contains("vocabulary"));
+  // modded-nanogpt's loss is scaled: its last stage too.
+  auto modded = make_model(ModelConfig::from_json(R"({"arch": "modded", "vocab_size": 11,
+      "num_layers": 2, "model_dim": 8, "head_dim": 4, "context": 8, "loss_scale": 3.0})"),
+                           ModelInit{5, at::kDouble});
+  at::Tensor y;
+  for (size_t s = 0; s < modded->loss_stages(); ++s) y = modded->loss_stage(s, y, probe[0]);
+  CHECK(y.item<double>() == modded->loss(probe[0]).item<double>());
 }
 
 TEST_CASE("layer-wise recomputation gives the whole graph's gradient and HVPs",

@@ -126,25 +126,20 @@ class Gemma : public CausalLanguageModel {
                       c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
-
-  // The scaled embedding, one stage per layer, then the final norm and the soft-capped head.
-  size_t forward_stages() const override { return layers_.size() + 2; }
-  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                           const at::Tensor& tokens) const override {
-    if (stage == 0) {
-      const auto e = at::embedding(p(embed_), tokens, c_.pad_token_id);
-      // HF multiplies by √hidden rounded to the model's dtype.
-      return e * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden_size)), e.options());
-    }
-    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
-    const at::Tensor normed = norm(x, norm_);
-    auto logits =
-        c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
-    return softcap(logits, c_.final_logit_softcapping);
+  size_t num_layers() const override { return layers_.size(); }
+  at::Tensor embed(const at::Tensor& tokens) const override {
+    const auto e = at::embedding(p(embed_), tokens, c_.pad_token_id);
+    // HF multiplies by √hidden rounded to the model's dtype.
+    return e * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden_size)), e.options());
+  }
+  at::Tensor head(const at::Tensor& x) const override {
+    return softcap(token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings),
+                   c_.final_logit_softcapping);
   }
 
-  at::Tensor layer(const Layer& l, at::Tensor x) const {
+  at::Tensor layer(size_t index, const at::Tensor& input) const override {
+    const Layer& l = layers_[index];
+    at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_dim;
     // The layer's rotary table (global or local) again for each layer: next to nothing beside it.

@@ -102,23 +102,18 @@ class Gpt : public CausalLanguageModel {
     return fused_gelu(x, c_.activation == "gelu_tanh");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
-
-  // The embeddings, one stage per layer, then the final LayerNorm and the head.
-  size_t forward_stages() const override { return layers_.size() + 2; }
-  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                           const at::Tensor& tokens) const override {
-    if (stage == 0) {
-      auto positions = at::arange(tokens.size(1), tokens.options());
-      return at::embedding(p(0), tokens) + at::embedding(p(1), positions);
-    }
-    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
-    const at::Tensor normed = layer_norm(x, ln_f_w_);
-    // A tied head shares its weight with the token embedding: not a listed linear map.
-    return c_.tied ? at::linear(normed, p(0)) : linear_map(normed, head_);
+  size_t num_layers() const override { return layers_.size(); }
+  at::Tensor embed(const at::Tensor& tokens) const override {
+    auto positions = at::arange(tokens.size(1), tokens.options());
+    return at::embedding(p(0), tokens) + at::embedding(p(1), positions);
+  }
+  at::Tensor head(const at::Tensor& x) const override {
+    return token_head(layer_norm(x, ln_f_w_), 0, head_, c_.tied);
   }
 
-  at::Tensor layer(const Layer& l, at::Tensor x) const {
+  at::Tensor layer(size_t index, const at::Tensor& input) const override {
+    const Layer& l = layers_[index];
+    at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1), C = c_.n_embd, H = c_.n_head;
     const double scale = 1.0 / std::sqrt(static_cast<double>(C / H));
     auto h = layer_norm(x, l.ln_1_w);

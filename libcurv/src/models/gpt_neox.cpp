@@ -100,18 +100,17 @@ class GptNeox : public CausalLanguageModel {
     check_token_batch(batch, "gpt_neox", c_.vocab_size, c_.max_position_embeddings);
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
-
-  // The embedding, one stage per layer, then the final LayerNorm and the head.
-  size_t forward_stages() const override { return layers_.size() + 2; }
-  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                           const at::Tensor& tokens) const override {
-    if (stage == 0) return at::embedding(p(embed_), tokens);
-    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+  size_t num_layers() const override { return layers_.size(); }
+  at::Tensor embed(const at::Tensor& tokens) const override {
+    return at::embedding(p(embed_), tokens);
+  }
+  at::Tensor head(const at::Tensor& x) const override {
     return linear_map(norm(x, final_norm_), head_);
   }
 
-  at::Tensor layer(const Layer& l, const at::Tensor& x) const {
+  at::Tensor layer(size_t index, const at::Tensor& input) const override {
+    const Layer& l = layers_[index];
+    at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, D = c_.head_size();
     // The rotary table again for each layer: a T × D table, next to nothing beside a layer.

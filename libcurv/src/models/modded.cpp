@@ -67,16 +67,6 @@ class Modded : public CausalLanguageModel {
     return heads_structure(c_.heads(), c_.heads(), c_.head_dim);
   }
 
-  at::Tensor loss(const Batch& batch) override {
-    check(batch);
-    return mean_cross_entropy(forward(batch.inputs), batch.targets) * c_.loss_scale;
-  }
-
-  at::Tensor token_losses(const Batch& batch) override {
-    check(batch);
-    return token_cross_entropy(forward(batch.inputs), batch.targets) * c_.loss_scale;
-  }
-
   at::Tensor logits(const Batch& batch) override {
     if (c_.loss_scale != 1.0) {
       // The Gauss-Newton split assumes loss = mean cross-entropy of the logits.
@@ -115,20 +105,20 @@ class Modded : public CausalLanguageModel {
     check_token_batch(batch, "modded", c_.vocab_size, c_.context, "context");
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
-
-  // The normed embedding, one stage per layer, then the final norm and the capped head.
-  size_t forward_stages() const override { return layers_.size() + 2; }
-  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                           const at::Tensor& tokens) const override {
-    if (stage == 0) return rms_norm(at::embedding(p(embed_), tokens), norm1_);
-    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
+  size_t num_layers() const override { return layers_.size(); }
+  double loss_scale() const override { return c_.loss_scale; }
+  at::Tensor embed(const at::Tensor& tokens) const override {
+    return rms_norm(at::embedding(p(embed_), tokens), norm1_);
+  }
+  at::Tensor head(const at::Tensor& x) const override {
     auto z = linear(rms_norm(x, norm2_), head_);
     const double cap = c_.logit_cap;
     return cap > 0 ? cap * z * at::rsqrt(z.square() + cap * cap) : z;
   }
 
-  at::Tensor layer(const Layer& l, at::Tensor x) const {
+  at::Tensor layer(size_t index, const at::Tensor& input) const override {
+    const Layer& l = layers_[index];
+    at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1), H = c_.heads(), D = c_.head_dim;
     // Half-truncated rotary: frequencies (1/1024)^linspace(0, 1, D/4) on the first D/4 pairs and
     // zero on the rest; the halves x1, x2 of each head turn as (x1 cos + x2 sin, x2 cos − x1 sin).

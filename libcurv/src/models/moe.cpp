@@ -199,19 +199,17 @@ class MixtureOfExperts : public CausalLanguageModel {
     return out;
   }
 
-  at::Tensor forward(const at::Tensor& tokens) const override { return staged_forward(tokens); }
-
-  // The embedding, one stage per layer, then the final norm and the head.
-  size_t forward_stages() const override { return layers_.size() + 2; }
-  at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                           const at::Tensor& tokens) const override {
-    if (stage == 0) return at::embedding(p(embed_), tokens, c_.pad_token_id);
-    if (stage <= layers_.size()) return layer(layers_[stage - 1], x);
-    const at::Tensor normed = norm(x, norm_);
-    return c_.tie_word_embeddings ? at::linear(normed, p(embed_)) : linear_map(normed, head_);
+  size_t num_layers() const override { return layers_.size(); }
+  at::Tensor embed(const at::Tensor& tokens) const override {
+    return at::embedding(p(embed_), tokens, c_.pad_token_id);
+  }
+  at::Tensor head(const at::Tensor& x) const override {
+    return token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings);
   }
 
-  at::Tensor layer(const Layer& l, at::Tensor x) const {
+  at::Tensor layer(size_t index, const at::Tensor& input) const override {
+    const Layer& l = layers_[index];
+    at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1), C = c_.hidden_size;
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
     // The rotary table again for each layer: a T × D table, next to nothing beside a layer.

@@ -53,14 +53,23 @@ void check_token_batch(const Batch& batch, const char* arch, int64_t vocab, int6
   }
 }
 
+namespace {
+
+// loss · scale, the loss itself when scale is 1.
+at::Tensor scaled_loss(const at::Tensor& loss, double scale) {
+  return scale == 1.0 ? loss : loss * scale;
+}
+
+}  // namespace
+
 at::Tensor CausalLanguageModel::loss(const Batch& batch) {
   check(batch);
-  return mean_cross_entropy(forward(batch.inputs), batch.targets);
+  return scaled_loss(mean_cross_entropy(forward(batch.inputs), batch.targets), loss_scale());
 }
 
 at::Tensor CausalLanguageModel::token_losses(const Batch& batch) {
   check(batch);
-  return token_cross_entropy(forward(batch.inputs), batch.targets);
+  return scaled_loss(token_cross_entropy(forward(batch.inputs), batch.targets), loss_scale());
 }
 
 at::Tensor CausalLanguageModel::logits(const Batch& batch) {
@@ -68,24 +77,28 @@ at::Tensor CausalLanguageModel::logits(const Batch& batch) {
   return forward(batch.inputs);
 }
 
+at::Tensor CausalLanguageModel::forward(const at::Tensor& tokens) const {
+  at::Tensor x = embed(tokens);
+  for (size_t i = 0; i < num_layers(); ++i) x = layer(i, x);
+  return head(x);
+}
+
 at::Tensor CausalLanguageModel::loss_stage(size_t stage, const at::Tensor& x, const Batch& batch) {
-  const size_t stages = forward_stages();
-  if (stage >= stages) {
-    throw ModelError(fmt::format("{}: loss stage {} of {}", describe(), stage, stages));
+  const size_t layers = num_layers();
+  if (stage == 0) {
+    check(batch);
+    return embed(batch.inputs);
   }
-  if (stage == 0) check(batch);
-  const at::Tensor y = forward_stage(stage, x, batch.inputs);
-  return stage + 1 == stages ? mean_cross_entropy(y, batch.targets) : y;
+  if (stage <= layers) return layer(stage - 1, x);
+  if (stage == layers + 1) {
+    return scaled_loss(mean_cross_entropy(head(x), batch.targets), loss_scale());
+  }
+  throw ModelError(fmt::format("{}: loss stage {} of {}", describe(), stage, layers + 2));
 }
 
-at::Tensor CausalLanguageModel::forward_stage(size_t, const at::Tensor&, const at::Tensor&) const {
-  throw ModelError(fmt::format("{} is not computed in stages", describe()));
-}
-
-at::Tensor CausalLanguageModel::staged_forward(const at::Tensor& tokens) const {
-  at::Tensor x;
-  for (size_t s = 0; s < forward_stages(); ++s) x = forward_stage(s, x, tokens);
-  return x;
+at::Tensor CausalLanguageModel::token_head(const at::Tensor& normed, size_t embedding, size_t head,
+                                           bool tied) const {
+  return tied ? at::linear(normed, p(embedding)) : linear_map(normed, head);
 }
 
 at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) const {

@@ -40,8 +40,8 @@ class CausalLanguageModel : public FunctionalModel {
   at::Tensor loss(const Batch& batch) override;
   at::Tensor token_losses(const Batch& batch) override;
   at::Tensor logits(const Batch& batch) override;
-  // forward_stages() with the cross-entropy after the last.
-  size_t loss_stages() const override { return forward_stages(); }
+  // The embedding, each layer, then the head with the loss (Objective::loss_stages).
+  size_t loss_stages() const override { return num_layers() + 2; }
   at::Tensor loss_stage(size_t stage, const at::Tensor& x, const Batch& batch) override;
 
  protected:
@@ -70,15 +70,21 @@ class CausalLanguageModel : public FunctionalModel {
   // ModelError naming what a batch the model cannot read gets wrong.
   virtual void check(const Batch& batch) const = 0;
   // Logits [B, T, vocab] of int64 tokens [B, T].
-  virtual at::Tensor forward(const at::Tensor& tokens) const = 0;
-  // forward() as a chain of stages for layer-wise recomputation (Objective::loss_stages): the
-  // embedding (x undefined), each layer, then the head's logits, so that running them in order is
-  // forward(). 0 (the default): not staged.
-  virtual size_t forward_stages() const { return 0; }
-  virtual at::Tensor forward_stage(size_t stage, const at::Tensor& x,
-                                   const at::Tensor& tokens) const;
-  // The stages run in order.
-  at::Tensor staged_forward(const at::Tensor& tokens) const;
+  // head(layer(…layer(embed(tokens)))): the stages layer-wise recomputation runs one by one.
+  at::Tensor forward(const at::Tensor& tokens) const;
+  virtual size_t num_layers() const = 0;
+  // The hidden states [B, T, hidden] of int64 tokens [B, T].
+  virtual at::Tensor embed(const at::Tensor& tokens) const = 0;
+  // Decoder layer `index` on the hidden states: a function of them and the parameters only.
+  virtual at::Tensor layer(size_t index, const at::Tensor& x) const = 0;
+  // The logits of the last layer's hidden states.
+  virtual at::Tensor head(const at::Tensor& x) const = 0;
+  // What the mean cross-entropy is multiplied by in loss() and token_losses() (modded-nanogpt's
+  // loss_scale); 1 for the others.
+  virtual double loss_scale() const { return 1.0; }
+  // A head's logits from the final norm's output: by the token embedding when `tied` (then not a
+  // listed linear map, the embedding being looked up too), else by the head weight.
+  at::Tensor token_head(const at::Tensor& normed, size_t embedding, size_t head, bool tied) const;
   at::Tensor linear(const at::Tensor& x, const Linear& l) const;
   // The parameters' roles with the attention's head counts.
   ModelStructure heads_structure(int64_t n_head, int64_t n_kv_head, int64_t head_dim) const;
