@@ -13,14 +13,16 @@
 #       one sequence with graphs recomputed (at vocabulary 128256 the float32 logits of 64 × 1024
 #       tokens alone take 34 GB); plain PyTorch's audit of the delta under the same rule
 #       (bench/python/plain_torch_audit.py --recompute --batch-size 1), bfloat16; then the top 3
-#       eigenvalues in bfloat16 with bfloat16 solver vectors (24 Lanczos steps). Engine time
+#       eigenvalues in bfloat16 with bfloat16 solver vectors (24 Lanczos steps, the basis in
+#       host memory: on the device it would take 24 parameter-sized vectors). Engine time
 #       (ndsprobe's summary line), peak device memory (each unit's peak_memory) and the plans.
 #   7b: a LLaMA of Llama-2-7B's shape in bfloat16, written by bench/python/
 #       write_scale_checkpoints.py (a random init and the init plus ±2e-4 per entry: AdamW's
 #       state does not fit beside the model), 16 probe sequences of 1024 tokens: the delta's
-#       audit (--coupling none) and λ_max by Lanczos without a basis (three vectors), bfloat16
+#       audit (--coupling none) and λ_max alone (--eig-bottom 0) by Lanczos without a basis (two
+#       vectors, three while the recurrence runs again for the Ritz vector's residual), bfloat16
 #       vectors, micro-batches of one sequence, one layer's graph at a time (--recompute-layers:
-#       planned at 65.2 GiB, within an 80 GB card).
+#       planned at 52.6 GiB, within an 80 GB card).
 #   Both keep θ's saved copy and the next checkpoint in host memory (--host-copies).
 #
 # usage: bench/scale_gpu.sh 1b|7b BUILD_DIR [WORK_DIR]
@@ -92,7 +94,7 @@ print("plain: audit %.1f s, peak %.2f GiB, NDS %.6g"
       % (r["audit_seconds"], r["peak_memory"] / 2**30, c["curvature"] / c["sq_norm"]))
 PY
   planned_run "$work/eig.h5" "${common[@]}" --directions delta --dtype bfloat16 \
-    --vector-dtype bfloat16 --spectrum --eig-top 3 --eig-max-hvps 24
+    --vector-dtype bfloat16 --spectrum --eig-top 3 --eig-max-hvps 24 --krylov-basis host
 elif [ "$size" = 7b ]; then
   cat > "$work/7b.json" <<'JSON'
 {"arch": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -104,7 +106,8 @@ JSON
     "$work/7b.json" "$run" --sequences 16 --device cuda
   planned_run "$work/7b.h5" "$run" --data "$run/probe.safetensors" --device cuda \
     --micro-batch 1 --recompute-layers --host-copies --quiet --directions delta --coupling none \
-    --dtype bfloat16 --vector-dtype bfloat16 --spectrum --eig-top 1 --krylov-basis none
+    --dtype bfloat16 --vector-dtype bfloat16 --spectrum --eig-top 1 --eig-bottom 0 \
+    --krylov-basis none
 else
   echo "scale_gpu.sh: size '$size': expected 1b or 7b" >&2
   exit 2

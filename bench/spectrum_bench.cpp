@@ -68,7 +68,7 @@ void eigen_rows(curv::HessianOperator& h, int seed, double lmax, double lmin, do
     std::fflush(stdout);
   }
 
-  // The same without a basis: three vectors, no reorthogonalisation, the Ritz vectors (for the
+  // The same without a basis: two vectors, no reorthogonalisation, the Ritz vectors (for the
   // measured residuals) from the recurrence run again.
   lo.bound = curv::ErrorBound::kGap;
   lo.basis = curv::KrylovBasis::kNone;

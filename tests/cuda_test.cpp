@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 
 #include "curv/analysis/spectrum.h"
 #include "curv/core/engine.h"
@@ -250,6 +251,53 @@ TEST_CASE("layer-wise recomputation on CUDA: the CPU's numbers, a fraction of th
   const int64_t whole = peak(false), by_layer = peak(true);
   INFO("HVP peak over in-use: " << whole << " B whole, " << by_layer << " B layer by layer");
   CHECK(by_layer * 3 <= whole);
+}
+
+TEST_CASE("a layer-wise product added into the solver's vector holds no product of its own",
+          "[.cuda]") {
+  require_cuda();
+  const c10::Device device(kDevice);
+  // Parameters that dwarf the activations: a wide vocabulary, a short context.
+  const ModelConfig wide = ModelConfig::from_json(
+      R"({"arch": "llama", "vocab_size": 16384, "hidden_size": 256, "intermediate_size": 512,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+          "max_position_embeddings": 8})");
+  auto model = make_model(wide, ModelInit{3, at::kFloat, kDevice});
+  EngineOptions options;
+  options.recompute_layers = true;
+  CurvatureEngine engine(*model, gpt_probe(2, 4, 4, 16384, 8), options);
+  HessianOperator h(engine, {}, at::kFloat);
+  const at::Tensor x = at::randn({h.rows()}, vector_options(h));
+  const int64_t vector = h.rows() * 4;
+  auto peak_over = [&](const std::function<void()>& call) {
+    reset_peak_memory(device);
+    const int64_t before = device_memory(device).in_use;
+    call();
+    return device_memory(device).peak - before;
+  };
+  ParamVector v(engine.space().size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = x.narrow(0, offset, engine.space()[i].numel).view(engine.space()[i].shape);
+    offset += engine.space()[i].numel;
+  }
+  at::Tensor y = at::zeros_like(x);
+  ParamVector returned;
+  const int64_t added = peak_over([&] { h.apply_add(x, y); });
+  const int64_t whole = peak_over([&] { returned = engine.hvp(v); });
+  INFO("peak over in-use: " << added << " B added into y, " << whole << " B returned; a vector is "
+                            << vector << " B");
+  CHECK(added + vector <= whole);
+  // The same product.
+  double diff = 0, norm = 0;
+  offset = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const at::Tensor part = y.narrow(0, offset, engine.space()[i].numel).view_as(returned[i]);
+    diff += (part - returned[i]).to(at::kDouble).square().sum().item<double>();
+    norm += returned[i].to(at::kDouble).square().sum().item<double>();
+    offset += engine.space()[i].numel;
+  }
+  CHECK(std::sqrt(diff) <= 1e-5 * std::sqrt(norm));
 }
 
 namespace {

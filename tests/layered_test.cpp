@@ -1,7 +1,8 @@
 // Layer-wise recomputation (EngineOptions::recompute_layers): the staged loss composes to the
 // loss, and the gradients and Hessian-vector products formed one layer's graph at a time equal
 // those of the whole graph (float64: to rounding) on the built-in LLaMA, with partial
-// supports and targets, micro-batches and finite differences; ndsprobe plans one layer's graph and
+// supports and targets, micro-batches and finite differences, returned or written into a caller's
+// flat vector (hvp_into); ndsprobe plans one layer's graph and
 // writes the whole graph's numbers; models not computed in stages are refused by name.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -130,6 +131,62 @@ TEST_CASE("layer-wise recomputation in float32 and bfloat16 stays within their r
   }
 }
 
+TEST_CASE("hvp_into writes the product into views of a caller's flat vector", "[engine][layers]") {
+  auto model = make_model(llama_config(true), ModelInit{7, at::kDouble});
+  const ProbeSet probe = gpt_probe(4, 7, 3, 11, 5);
+  const ParamVector u = random_direction(*model, 11);
+  CurvatureEngine reference(*model, probe);
+  const ParamVector want = reference.hvp(u);
+  const size_t n = u.size();
+  std::vector<size_t> support, targets;
+  for (size_t i = n / 2; i < n; ++i) support.push_back(i);
+  for (size_t i = 0; i < n / 2 + 2; ++i) targets.push_back(i);
+  const ParamVector part_want = reference.hvp(u, support, targets);
+  for (const bool by_layer : {false, true}) {
+    for (const int64_t micro_batch : {int64_t{0}, int64_t{2}}) {
+      INFO((by_layer ? "layer-wise" : "whole graph") << ", micro_batch " << micro_batch);
+      EngineOptions options;
+      options.recompute_layers = by_layer;
+      options.micro_batch = micro_batch;
+      CurvatureEngine engine(*model, probe, options);
+      // One float64 buffer holding every parameter's product, pre-filled with garbage.
+      const at::Tensor flat = at::full({engine.space().numel()}, 7.0, at::kDouble);
+      ParamVector views(n);
+      int64_t offset = 0;
+      for (size_t i = 0; i < n; ++i) {
+        views[i] = flat.narrow(0, offset, engine.space()[i].numel).view(engine.space()[i].shape);
+        offset += engine.space()[i].numel;
+      }
+      engine.hvp_into(u, views);
+      CHECK(relative_error(views, want) <= 1e-12);
+      CHECK(flat.data_ptr() == views.front().data_ptr());
+      // On targets only: the others are neither read nor written.
+      ParamVector part(n);
+      for (size_t i : targets) part[i] = at::full(engine.space()[i].shape, 7.0, at::kDouble);
+      engine.hvp_into(u, support, targets, part);
+      for (size_t i : targets) {
+        CHECK(relative_error({part[i]}, {part_want[i]}) <= 1e-12);
+      }
+    }
+  }
+  // A float32 destination of a bfloat16 model (the default vector dtype of 16-bit models) gets
+  // the product hvp() returns, within bfloat16's rounding of the passes.
+  auto bf16 = make_model(llama_config(true), ModelInit{7, at::kBFloat16});
+  EngineOptions layered;
+  layered.recompute_layers = true;
+  CurvatureEngine engine(*bf16, probe, layered);
+  ParamVector out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = at::empty(engine.space()[i].shape, at::kFloat);
+  engine.hvp_into(u, out);
+  CHECK(relative_error(out, engine.hvp(u)) <= 1e-2);
+  CHECK(relative_error(out, want) <= 5e-2);
+  // A destination of the wrong shape is named.
+  ParamVector wrong = out;
+  wrong[1] = at::empty({3}, at::kFloat);
+  CURV_CHECK_THROWS(engine.hvp_into(u, wrong), InvalidArgument,
+                    Catch::Matchers::Contains(engine.space()[1].name));
+}
+
 TEST_CASE("layer-wise recomputation refuses a model not computed in stages", "[engine][layers]") {
   auto model = make_model(tiny_mlp_config(), ModelInit{3, at::kDouble});
   EngineOptions options;
@@ -164,9 +221,10 @@ TEST_CASE("ndsprobe --recompute-layers: one layer's graph in the plan, the whole
   CHECK(rc == 0);
   CHECK_THAT(plan, Catch::Matchers::Contains("layer-wise pass") &&
                        Catch::Matchers::Contains("a layer's graph of 24 tokens") &&
-                       Catch::Matchers::Contains("between the 5 stages") &&
-                       Catch::Matchers::Contains("a spectrum's Hv"));
-  CHECK_THAT(plan, !Catch::Matchers::Contains("kept graphs") &&
+                       Catch::Matchers::Contains("between the 5 stages"));
+  // The spectrum's products are added into the solver's vectors as each stage's share appears.
+  CHECK_THAT(plan, !Catch::Matchers::Contains("  product ") &&
+                       !Catch::Matchers::Contains("kept graphs") &&
                        !Catch::Matchers::Contains("recomputed graph"));
   // The spectrum runs without the cached gradient.
   CHECK_THAT(plan, Catch::Matchers::Matches("(.|\n)*\n  gradient [^\n]*\\[audit\\]\n(.|\n)*"));

@@ -1,5 +1,6 @@
 #include "curv/core/linear_operator.h"
 
+#include <ATen/ATen.h>
 #include <Spectra/SymEigsSolver.h>
 
 #include <Eigen/Eigenvalues>
@@ -7,6 +8,7 @@
 
 #include "curv/core/blocks.h"
 #include "curv/core/engine.h"
+#include "curv/core/error.h"
 #include "curv/core/spectra_adapter.h"
 #include "fixtures.h"
 #include "test_support.h"
@@ -72,5 +74,44 @@ TEST_CASE("HessianOperator on each layer block of a tied GPT is its principal su
     for (size_t r = 0; r < index.size(); ++r)
       for (size_t c = 0; c < index.size(); ++c) expected(r, c) = h(index[r], index[c]);
     CHECK((to_dense(sub) - expected).norm() <= 1e-10 * expected.norm());
+  }
+}
+
+TEST_CASE("apply_add adds the product into y's own memory", "[linear_operator]") {
+  Eigen::MatrixXd m = Eigen::MatrixXd::Random(6, 6);
+  DenseOperator dense((m + m.transpose()) / 2);
+  const at::Tensor x = at::randn({6}, at::kDouble), y0 = at::randn({6}, at::kDouble);
+  at::Tensor y = y0.clone();
+  const void* memory = y.data_ptr();
+  dense.apply_add(x, y);
+  CHECK(y.data_ptr() == memory);
+  CHECK(at::allclose(y, y0 + dense.apply(x), 1e-14, 1e-14));
+  CHECK(dense.num_applies() == 2);
+  CURV_CHECK_THROWS(dense.apply_add(x, x), InvalidArgument, Catch::Matchers::Contains("share"));
+  at::Tensor narrow = y.to(at::kFloat);
+  CURV_CHECK_THROWS(dense.apply_add(x, narrow), InvalidArgument,
+                    Catch::Matchers::Contains("apply_add: y is a Float"));
+  // The Hessian, whole and on a sub-matrix, with whole-graph and layer-wise products: the engine
+  // adds each share into y's views.
+  const ModelConfig llama = ModelConfig::from_json(
+      R"({"arch": "llama", "vocab_size": 11, "hidden_size": 8, "intermediate_size": 12,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+          "max_position_embeddings": 8, "tie_word_embeddings": true})");
+  auto model = make_model(llama, ModelInit{4, at::kDouble});
+  const ProbeSet probe = gpt_probe(3, 6, 3, 11, 5);
+  for (const bool by_layer : {false, true}) {
+    INFO((by_layer ? "layer-wise" : "whole graph"));
+    EngineOptions options;
+    options.recompute_layers = by_layer;
+    CurvatureEngine engine(*model, probe, options);
+    for (const std::vector<size_t>& params : {std::vector<size_t>{}, std::vector<size_t>{3, 0}}) {
+      HessianOperator h(engine, params);
+      const at::Tensor hx = at::randn({h.rows()}, at::kDouble);
+      const at::Tensor start = at::randn({h.rows()}, at::kDouble);
+      at::Tensor sum = start.clone();
+      h.apply_add(hx, sum);
+      const at::Tensor want = start + h.apply(hx);
+      CHECK((sum - want).norm().item<double>() <= 1e-13 * want.norm().item<double>());
+    }
   }
 }

@@ -334,6 +334,79 @@ TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by
   CHECK(part(cpu, "θ saved to restore it").fix.empty());
 }
 
+TEST_CASE("the memory plan counts the solver vectors each spectrum method holds at its peak",
+          "[ndsprobe][memory_plan]") {
+  Fixture f;
+  ProbeJob job;
+  job.run.runs = {f.run};
+  job.run.directions = {"delta"};
+  job.model.init.dtype = at::kBFloat16;  // float32 solver vectors
+  job.model.init.device = "cuda";
+  job.data.path = f.data;
+  int64_t n = 0;
+  for (const auto& t : f.thetas.front()) n += t.numel();
+  auto& sp = job.run.spectrum;
+  auto vectors = [&]() -> int64_t {
+    const MemoryPlan plan = plan_probe_job(job);
+    INFO(plan.describe());
+    for (const auto& p : plan.parts) {
+      if (p.name == "solver vectors") {
+        CHECK(p.phase == MemoryPhase::kSpectrum);
+        CHECK(p.bytes % (4 * n) == 0);
+        return p.bytes / (4 * n);
+      }
+    }
+    return 0;
+  };
+  CHECK(vectors() == 0);
+  sp.eigenvalues = true;
+  sp.eigen.top = 1;
+  sp.eigen.bottom = 0;
+  sp.eigen.basis = KrylovBasis::kNone;
+  // Without a basis: two, and the Ritz vector beside them when the recurrence runs again.
+  CHECK(vectors() == 3);
+  sp.eigen.bottom = 1;
+  CHECK(vectors() == 4);
+  sp.eigen.check_residuals = false;
+  sp.eigen.keep_vectors = false;
+  CHECK(vectors() == 2);
+  sp.eigen.check_residuals = true;
+  // A basis on the device: every step's vector, then the Ritz vectors beside them.
+  sp.eigen.basis = KrylovBasis::kDevice;
+  sp.eigen.top = 3;
+  sp.eigen.max_hvps = 24;
+  CHECK(vectors() == 28);
+  // In host memory: the recurrence's two and the staging buffer, or the Ritz vectors and a
+  // residual's product; on the CPU that memory is the device's.
+  sp.eigen.basis = KrylovBasis::kHost;
+  CHECK(vectors() == 5);
+  job.model.init.device = "cpu";
+  CHECK(vectors() == 28);
+  job.model.init.device = "cuda";
+  // Power iteration: the pairs found, its vector and product. The density's runs without a basis
+  // hold two; the most of what is on is counted.
+  sp.eigen.method = EigenMethod::kPower;
+  sp.eigen.top = 2;
+  sp.eigen.bottom = 0;
+  CHECK(vectors() == 3);
+  sp.density = true;
+  sp.density_options.basis = KrylovBasis::kDevice;
+  sp.density_options.steps = 10;
+  CHECK(vectors() == 11);
+  // Overlap keeps the top eigenvectors through the units.
+  sp.overlap = true;
+  const MemoryPlan plan = plan_probe_job(job);
+  bool kept = false;
+  for (const auto& p : plan.parts) {
+    if (p.name == "eigenvectors (overlap)") {
+      kept = true;
+      CHECK(p.bytes == 2 * 4 * n);
+      CHECK(p.phase == MemoryPhase::kAudit);
+    }
+  }
+  CHECK(kept);
+}
+
 TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",
           "[ndsprobe][spectrum]") {
   Fixture f;

@@ -269,7 +269,7 @@ void SpectrumArgs::add_to(CLI::App& app) {
                  "Where the Lanczos basis of --spectrum and --density and Hutch++'s sketch of "
                  "--trace live: device (the model's; no transfer per HVP), host (pinned host "
                  "memory on a GPU: device memory for a few vectors only, the vectors copied in "
-                 "as they are used) or none (three vectors, no reorthogonalisation: one "
+                 "as they are used) or none (two vectors, no reorthogonalisation: one "
                  "eigenvalue per end, Ritz vectors by running again; not for hutchpp)")
       ->capture_default_str()
       ->check(CLI::IsMember({"device", "host", "none"}));

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "curv/analysis/spectrum.h"
@@ -99,15 +100,33 @@ inline double norm_value(const at::Tensor& a) {
                                         : std::sqrt(float64_dot(a, a).item<double>());
 }
 
+// A NumericalError for a product that holds NaN or Inf (`where` names the step).
+[[noreturn]] inline void throw_non_finite_product(const std::string& where) {
+  throw NumericalError(fmt::format(
+      "operator product holds NaN or Inf ({}): is the loss twice differentiable at these "
+      "parameters?",
+      where));
+}
+
+// op's product, checked through its float64 norm (NaN and Inf reach it; no mask of the vector's
+// size is formed).
 inline at::Tensor apply(LinearOperator& op, const at::Tensor& x) {
   at::Tensor y = op.apply(x);
-  if (!at::isfinite(y).all().item<bool>()) {
-    throw NumericalError(
-        fmt::format("operator product holds NaN or Inf (input norm {:.6g}): is the loss twice "
-                    "differentiable at these parameters?",
-                    norm_value(x)));
+  if (!std::isfinite(norm_value(y))) {
+    throw_non_finite_product(fmt::format("input norm {:.6g}", norm_value(x)));
   }
   return y;
+}
+
+// w ← A q − β q′ for the three-term recurrence: with `previous` (q′, the caller's to give up) the
+// product is added into q′'s own memory after scaling it by −β, one vector less than forming A q
+// apart; without, A q alone.
+inline at::Tensor recurrence_product(LinearOperator& op, const at::Tensor& current,
+                                     at::Tensor previous, double beta) {
+  if (!previous.defined()) return op.apply(current);
+  previous.mul_(-beta);
+  op.apply_add(current, previous);
+  return previous;
 }
 
 // Lanczos tridiagonalisation with full reorthogonalisation (two Gram–Schmidt passes, which keep
@@ -137,38 +156,51 @@ inline at::Tensor moved(const at::Tensor& x, const at::TensorOptions& options) {
 }
 
 // Runs until `max_steps` steps, an invariant subspace, or `stop(krylov)` returns true after a step.
+// `start` is the run's own: normalised in place, it becomes the first vector. Without a basis on
+// the device (kNone, or kHost on a GPU) q_{j−1} is the recurrence's alone, and each product is
+// added into its memory (w = A q_j − β q_{j−1}, then α_j = q_jᵀ w: Paige's ordering of the
+// recurrence), so the device holds two vectors during a product; a device basis keeps every q, w
+// apart.
 template <class Stop>
-void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, KrylovBasis where,
-             Krylov& k, Stop stop) {
+void lanczos(LinearOperator& op, at::Tensor start, int64_t max_steps, KrylovBasis where, Krylov& k,
+             Stop stop) {
   const int64_t n = op.rows();
   const bool kept = where != KrylovBasis::kNone;
   const at::TensorOptions basis = basis_options(op, where), device = vector_options(op);
   max_steps = std::min(max_steps, n);
   const double start_norm = norm_value(start);
   if (!(start_norm > 0)) throw InvalidArgument("Lanczos: start vector is zero");
-  const bool spilled = basis.device() != device.device();
+  // A basis in host memory on a CPU device is the device's: its vectors are the recurrence's.
+  const bool spilled = basis.device() != device.device(), in_place = !kept || spilled;
   // q_j and q_{j−1} on the device: the recurrence's own terms, never staged.
-  at::Tensor current = moved(start / start_norm, device), previous;
+  at::Tensor current = moved(start, device), previous;
+  start = at::Tensor();
+  current.div_(start_norm);
   at::Tensor staging = spilled ? at::empty({n}, device) : at::Tensor();
   if (kept) k.q.push_back(moved(current, basis));
   double scale = 0.0;  // largest |α| or β seen: what "negligibly small β" is relative to
   for (int64_t j = 0; j < max_steps; ++j) {
-    at::Tensor w = apply(op, current);
+    at::Tensor w =
+        in_place ? recurrence_product(op, current, std::move(previous), j > 0 ? k.beta[j - 1] : 0.0)
+                 : op.apply(current);
     const double a = dot_value(current, w);
     w.sub_(current, a);
-    if (j > 0) w.sub_(previous, k.beta[j - 1]);
+    if (j > 0 && !in_place) w.sub_(previous, k.beta[j - 1]);
     for (int pass = 0; pass < 2; ++pass) {  // over no vectors when no basis is kept
       for (size_t i = 0; i < k.q.size(); ++i) {
         const auto ii = static_cast<int64_t>(i);
-        const at::Tensor& q = !spilled      ? k.q[i]
-                              : ii == j     ? current
-                              : ii == j - 1 ? previous
-                                            : staging.copy_(k.q[i], /*non_blocking=*/true);
+        const at::Tensor& q = !spilled  ? k.q[i]
+                              : ii == j ? current
+                                        : staging.copy_(k.q[i], /*non_blocking=*/true);
         // w −= (qᵀw) q with the coefficient left on the device: no synchronisation per vector.
         w.addcmul_(q, dot_tensor(q, w), -1);
       }
     }
     const double b = norm_value(w);
+    // NaN or Inf in a product reaches α or β.
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      throw_non_finite_product(fmt::format("Lanczos step {}", j + 1));
+    }
     k.alpha.push_back(a);
     k.beta.push_back(b);
     scale = std::max({scale, std::abs(a), b});
@@ -184,23 +216,25 @@ void lanczos(LinearOperator& op, const at::Tensor& start, int64_t max_steps, Kry
 }
 
 // The Ritz vectors Σ_l c(l) q_l, one per column of coefficients c, of a Lanczos run `k` that kept
-// no basis (KrylovBasis::kNone): the recurrence run again from `start` with k's own α and β, each
-// q_l added into the vectors as it is formed; m − 1 HVPs for m steps, three vectors besides the
-// results.
+// no basis (KrylovBasis::kNone): the recurrence run again from the same `start` (given up as in
+// lanczos()) with k's own α and β, each q_l added into the vectors as it is formed; m − 1 HVPs
+// for m steps, two vectors besides the results.
 inline std::vector<at::Tensor> rerun_ritz_vectors(
-    LinearOperator& op, const at::Tensor& start, const Krylov& k,
+    LinearOperator& op, at::Tensor start, const Krylov& k,
     const std::vector<Eigen::VectorXd>& coefficients) {
   const int64_t m = static_cast<int64_t>(k.alpha.size());
   const at::TensorOptions device = vector_options(op);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < coefficients.size(); ++i) out.push_back(at::zeros({op.rows()}, device));
-  at::Tensor current = moved(start / norm_value(start), device), previous;
+  at::Tensor current = moved(start, device), previous;
+  start = at::Tensor();
+  current.div_(norm_value(current));
   for (int64_t l = 0; l < m; ++l) {
     for (size_t i = 0; i < coefficients.size(); ++i) out[i].add_(current, coefficients[i][l]);
     if (l + 1 == m) break;
-    at::Tensor w = apply(op, current);
+    at::Tensor w =
+        recurrence_product(op, current, std::move(previous), l > 0 ? k.beta[l - 1] : 0.0);
     w.sub_(current, k.alpha[l]);
-    if (l > 0) w.sub_(previous, k.beta[l - 1]);
     previous = current;
     current = w.div_(k.beta[l]);
   }

@@ -158,39 +158,104 @@ bool held_in(const MemoryPart& part, MemoryPhase phase) {
   return part.phase == MemoryPhase::kBoth || part.phase == phase;
 }
 
-// The solver's vectors of a checkpoint's spectrum, in their phase.
+// Vectors a Lanczos run holds on the device at its peak (analysis/krylov.h): with the basis
+// there, its `steps` vectors and the product, then the `ritz` vectors formed from it; spilled to
+// the host, the recurrence's two vectors and the staging buffer, then the Ritz vectors and a
+// residual's product; without a basis, two vectors (each product added into the older one's
+// memory), then the rerun that forms the Ritz vectors beside them.
+int64_t lanczos_vectors(KrylovBasis basis, int64_t steps, int64_t ritz, bool gpu) {
+  // On the CPU the host is the device: a basis there is counted.
+  switch (basis == KrylovBasis::kHost && !gpu ? KrylovBasis::kDevice : basis) {
+    case KrylovBasis::kDevice:
+      return steps + std::max<int64_t>(1, ritz);
+    case KrylovBasis::kHost:
+      return std::max<int64_t>(3, ritz + 1);
+    case KrylovBasis::kNone:
+      break;
+  }
+  return 2 + ritz;
+}
+
+// The same for an eigen-solver asked for `top` and `bottom` pairs: Ritz vectors are formed for
+// residual checks or to be kept; power iteration holds the pairs found, its vector and product;
+// Spectra, a host solver, the vector copied to the device and its product, then the pairs.
+int64_t eigen_vectors(const EigenOptions& e, int64_t top, int64_t bottom, bool gpu) {
+  const int64_t ritz = e.check_residuals || e.keep_vectors ? top + bottom : 0;
+  switch (e.method) {
+    case EigenMethod::kPower:
+      return top + 1;
+    case EigenMethod::kSpectra:
+      return std::max<int64_t>(2, ritz + 1);
+    case EigenMethod::kLanczos:
+      break;
+  }
+  return lanczos_vectors(e.basis, e.max_hvps, ritz, gpu);
+}
+
+// The solver vectors of a checkpoint's spectrum, in their phase: the most that any of the
+// solvers switched on holds (they run one after another); eigenvectors kept for overlap are held
+// through the audit too.
 void add_spectrum_parts(const ProbeJob& job, double n, at::ScalarType p, MemoryPlan& plan) {
-  const auto& spectrum = job.run.spectrum;
-  if (spectrum.eigenvalues || spectrum.density || spectrum.trace || spectrum.overlap) {
-    const at::ScalarType k = krylov_dtype(p, job.engine.vector_dtype);
-    const double kb = static_cast<double>(element_bytes(k));
-    const KrylovBasis basis = spectrum.eigen.basis;
-    // The longest basis of what is switched on: Lanczos for eigenpairs, each SLQ run's, Hutch++'s
-    // sketch (a third of its products).
-    int64_t steps = 0;
-    if (spectrum.eigenvalues || spectrum.overlap) steps = spectrum.eigen.max_hvps;
-    if (spectrum.density) steps = std::max(steps, spectrum.density_options.steps);
-    if (spectrum.trace) steps = std::max(steps, spectrum.trace_options.matvecs / 3);
-    if (basis == KrylovBasis::kDevice) {
-      add_part(plan, "Krylov basis", static_cast<double>(steps) * n * kb,
-               fmt::format("up to {} steps × {}", steps, count_times(n, k)),
-               "no basis with {4} none (λ_max and λ_min only)", MemoryPhase::kSpectrum);
-    } else {
-      // Without a basis: the three-term recurrence's vectors; a basis in host memory adds the
-      // staging buffer each spilled vector is copied in through.
-      const int64_t vectors = basis == KrylovBasis::kHost ? 4 : 3;
-      add_part(plan, "Krylov vectors", static_cast<double>(vectors) * n * kb,
-               fmt::format("{} × {}", vectors, count_times(n, k)), "", MemoryPhase::kSpectrum);
-    }
+  const auto& sp = job.run.spectrum;
+  if (!sp.any()) return;
+  const at::ScalarType k = krylov_dtype(p, job.engine.vector_dtype);
+  const double kb = static_cast<double>(element_bytes(k));
+  const bool gpu = !c10::Device(plan.device).is_cpu();
+  struct Solver {
+    int64_t vectors;
+    std::string what;
+  };
+  std::vector<Solver> solvers;
+  const EigenOptions& e = sp.eigen;
+  const std::string method = e.method == EigenMethod::kLanczos
+                                 ? "Lanczos, basis " + to_string(e.basis)
+                                 : to_string(e.method);
+  if (sp.eigenvalues || sp.overlap) {
+    solvers.push_back({eigen_vectors(e, e.top, sp.eigenvalues ? e.bottom : 0, gpu),
+                       "the eigen-solver (" + method + ")"});
+  }
+  if (sp.precond_sharpness) {
+    // The scaled operator's product: D x and A D x beside the solver's vectors.
+    solvers.push_back(
+        {eigen_vectors(e, 1, 0, gpu) + 2, "the preconditioned λ_max (" + method + ")"});
+  }
+  if (sp.density) {
+    solvers.push_back(
+        {lanczos_vectors(sp.density_options.basis, sp.density_options.steps, 0, gpu),
+         "each spectral density run (basis " + to_string(sp.density_options.basis) + ")"});
+  }
+  if (sp.trace) {
+    const TraceOptions& t = sp.trace_options;
+    const int64_t sketch = t.method == TraceMethod::kHutchPlusPlus ? t.matvecs / 3 : 0;
+    // Hutch++ on the device: the sketch and its QR factor; a probe and its product.
+    solvers.push_back(
+        {t.method == TraceMethod::kHutchPlusPlus && (t.basis == KrylovBasis::kDevice || !gpu)
+             ? 2 * sketch + 2
+             : 3,
+         "the trace estimator (" + to_string(t.method) + ")"});
+  }
+  const Solver* most = &solvers.front();
+  for (const Solver& s : solvers) {
+    if (s.vectors > most->vectors) most = &s;
+  }
+  add_part(plan, "solver vectors", static_cast<double>(most->vectors) * n * kb,
+           fmt::format("{} × {}: {}", most->vectors, count_times(n, k), most->what),
+           most->vectors > 4 ? "fewer with {4} host, or none (λ_max and λ_min only)" : "",
+           MemoryPhase::kSpectrum);
+  if (sp.overlap) {
+    add_part(plan, "eigenvectors (overlap)", static_cast<double>(e.top) * n * kb,
+             fmt::format("{} × {}, kept through the units", e.top, count_times(n, k)), "",
+             MemoryPhase::kAudit);
   }
 }
 
 // A pass of layer-wise recomputation (EngineOptions::recompute_layers): the activations between
 // the stages (and, for an HVP, their tangents) and the graph of the largest stage (a layer, or the
 // head with its logits) with its create_graph backward. An audit's block products are dotted as
-// each stage's share appears; a spectrum's products are whole vectors, summed over the stages.
-void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, double n,
-                    at::ScalarType p, bool exact, bool spectrum) {
+// each stage's share appears, and a spectrum's shares are added into the solver's vector
+// (CurvatureEngine::hvp_into): no product-sized tensor besides.
+void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, at::ScalarType p,
+                    bool exact) {
   const double pb = static_cast<double>(element_bytes(p));
   const Activations a = activations(t, static_cast<double>(tokens), p);
   const double layers = static_cast<double>(std::max<int64_t>(1, t.layers));
@@ -208,11 +273,6 @@ void add_layer_pass(MemoryPlan& plan, const TokenShape& t, int64_t tokens, doubl
                        exact ? " (activations and tangents)" : ""),
            "lower it with {1} (fewer tokens per pass)", MemoryPhase::kBoth, false,
            /*in_passes=*/true);
-  if (exact && spectrum) {
-    add_part(plan, "product", n * pb,
-             count_times(n, p) + " (a spectrum's Hv, summed over the stages)", "",
-             MemoryPhase::kSpectrum, false, /*in_passes=*/true);
-  }
 }
 
 // The shapes of a built-in model (its config from the job or the checkpoint), none for a
@@ -322,12 +382,7 @@ MemoryPlan plan_probe_job(const ProbeJob& job) {
   double per_graph = 0, second = 0;
   std::string graph_how = "TorchScript model: activations not estimated";
   if (const std::optional<TokenShape> t = model_shape(job, first)) {
-    if (by_layer) {
-      const auto& sp = job.run.spectrum;
-      const bool spectrum =
-          sp.eigenvalues || sp.density || sp.trace || sp.overlap || sp.precond_sharpness;
-      add_layer_pass(plan, *t, largest_slice, n, p, exact, spectrum);
-    }
+    if (by_layer) add_layer_pass(plan, *t, largest_slice, p, exact);
     const Activations a = activations(*t, static_cast<double>(largest_slice), p);
     per_graph = a.total();
     second = kSecondBackwardShare * per_graph;

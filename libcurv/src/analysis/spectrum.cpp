@@ -49,8 +49,10 @@ void measure_residuals(LinearOperator& op, std::vector<RitzPair>& pairs, EigenRe
     if (!p.vector.defined()) continue;
     const double length = norm_value(p.vector);
     if (!(length > 0)) continue;
-    const at::Tensor v = p.vector / length;
-    p.residual = norm_value(apply(op, v).sub_(v, p.value));
+    // Normalised in place (a Ritz vector is a unit vector up to rounding): its product is the
+    // one vector more.
+    p.vector.div_(length);
+    p.residual = norm_value(apply(op, p.vector).sub_(p.vector, p.value));
     ++result.residual_hvps;
   }
 }
@@ -62,8 +64,8 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
   Random rng(o.seed);
   Krylov k;
   bool converged = false;
-  const at::Tensor start = rng.gaussian(n, vector_options(op));
-  lanczos(op, start, o.max_hvps, o.basis, k, [&](const Krylov& kr) {
+  // The start vector is not kept: a rerun for the Ritz vectors draws it again from the seed.
+  lanczos(op, rng.gaussian(n, vector_options(op)), o.max_hvps, o.basis, k, [&](const Krylov& kr) {
     const int64_t m = static_cast<int64_t>(kr.alpha.size());
     auto eig = tridiagonal_eigen(kr, true);
     const Eigen::VectorXd& theta = eig.eigenvalues();
@@ -132,7 +134,8 @@ EigenResult solve_lanczos(LinearOperator& op, const EigenOptions& o) {
     // No basis was kept: the vectors from the same recurrence again.
     std::vector<Eigen::VectorXd> coefficients;
     for (int64_t i : wanted) coefficients.push_back(s.col(i));
-    std::vector<at::Tensor> vectors = rerun_ritz_vectors(op, start, k, coefficients);
+    std::vector<at::Tensor> vectors =
+        rerun_ritz_vectors(op, Random(o.seed).gaussian(n, vector_options(op)), k, coefficients);
     result.hvps += m - 1;
     for (size_t j = 0; j < wanted.size(); ++j) {
       RitzPair& p = j < largest ? result.largest[j] : result.smallest[j - largest];

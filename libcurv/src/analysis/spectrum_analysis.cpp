@@ -141,8 +141,10 @@ class SpectrumAnalysis : public UnitAnalysis {
     if (o_.eigenvalues || o_.overlap) {
       HessianOperator h(c.engine);
       EigenOptions options = o_.eigen;
-      // Overlap alone, or a resumed run whose eigenvalues are in the file, needs the top only.
+      // Overlap alone, or a resumed run whose eigenvalues are in the file, needs the top only;
+      // the eigenvectors are kept (a vector each through the units) for overlap alone.
       if (!write || !o_.eigenvalues) options.bottom = 0;
+      options.keep_vectors = o_.overlap;
       EigenResult global = extreme_eigenpairs(h, options);
       const auto& top = options.method == EigenMethod::kPower ? global.dominant : global.largest;
       for (const auto& p : top) top_vectors_.push_back(p.vector);

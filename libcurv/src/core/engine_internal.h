@@ -121,10 +121,11 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
                        const ParamVector* v, bool want_gradient, const StageSink* sink = nullptr);
 // One slice's H v by a staged pass: every parameter's product, or with `targets` (ascending)
 // only theirs (the other shares are dropped as they appear); with `gradient`, the slice's
-// gradient there too, zeros where no stage reaches.
+// gradient there too, zeros where no stage reaches. With `sink`, the targets' shares go to its
+// product as they appear and the returned product is all undefined.
 ParamVector staged_slice_hvp(Objective& objective, const Batch& batch, const ParamVector& params,
                              const ParamVector& v, const std::vector<size_t>* targets,
-                             ParamVector* gradient);
+                             ParamVector* gradient, const StageSink* sink = nullptr);
 // One slice's block products by staged passes, one per product with a nonzero support:
 // M(l, k) = u_lᵀ (H d_k)_l for blocks l ≥ products[k].first_block, and g·u_l in `first_order`
 // when it is given, each dotted in float64 from the stages' shares as they are formed (no

@@ -199,20 +199,25 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
 
 ParamVector staged_slice_hvp(Objective& objective, const Batch& batch, const ParamVector& params,
                              const ParamVector& v, const std::vector<size_t>* targets,
-                             ParamVector* gradient) {
+                             ParamVector* gradient, const StageSink* sink) {
   ParamVector hv(params.size());
-  StageSink on_targets;
-  if (targets != nullptr) {
-    on_targets.product = [&](size_t i, const at::Tensor& part) {
-      if (std::binary_search(targets->begin(), targets->end(), i)) {
-        hv[i] = hv[i].defined() ? hv[i] + part : part;
-      }
+  auto on_target = [&](size_t i) {
+    return targets == nullptr || std::binary_search(targets->begin(), targets->end(), i);
+  };
+  StageSink to_targets;
+  if (sink != nullptr) {
+    to_targets.product = [&](size_t i, const at::Tensor& part) {
+      if (on_target(i)) sink->product(i, part);
+    };
+  } else if (targets != nullptr) {
+    to_targets.product = [&](size_t i, const at::Tensor& part) {
+      if (on_target(i)) hv[i] = hv[i].defined() ? hv[i] + part : part;
     };
   }
   StagedPass pass = staged_pass(objective, batch, params, &v, gradient != nullptr,
-                                targets != nullptr ? &on_targets : nullptr);
+                                to_targets.product ? &to_targets : nullptr);
   if (gradient != nullptr) *gradient = fill_undefined(std::move(pass.grads), params);
-  if (targets == nullptr) hv = std::move(pass.hv);
+  if (!to_targets.product) hv = std::move(pass.hv);
   return hv;
 }
 

@@ -13,17 +13,38 @@
 
 namespace curv {
 
-at::Tensor LinearOperator::apply(const at::Tensor& x) {
-  if (x.dim() != 1 || x.size(0) != rows() || x.scalar_type() != dtype() || x.device() != device()) {
+namespace {
+
+// An InvalidArgument unless `x` is a 1-D vector of op's rows, dtype and device.
+void check_vector(const LinearOperator& op, const at::Tensor& x, const char* what) {
+  if (x.dim() != 1 || x.size(0) != op.rows() || x.scalar_type() != op.dtype() ||
+      x.device() != op.device()) {
     throw InvalidArgument(fmt::format(
-        "LinearOperator::apply: x is a {} tensor of shape [{}] on {}; the operator takes a "
-        "{} vector of {} entries on {}",
-        c10::toString(x.scalar_type()), fmt::join(x.sizes(), ", "), x.device().str(),
-        dtype_name(dtype()), rows(), device().str()));
+        "LinearOperator::{} {} tensor of shape [{}] on {}; the operator takes a {} vector of {} "
+        "entries on {}",
+        what, c10::toString(x.scalar_type()), fmt::join(x.sizes(), ", "), x.device().str(),
+        dtype_name(op.dtype()), op.rows(), op.device().str()));
   }
+}
+
+}  // namespace
+
+at::Tensor LinearOperator::apply(const at::Tensor& x) {
+  check_vector(*this, x, "apply: x is a");
   at::Tensor y = product(x);
   ++applies_;
   return y;
+}
+
+void LinearOperator::apply_add(const at::Tensor& x, const at::Tensor& y) {
+  check_vector(*this, x, "apply_add: x is a");
+  check_vector(*this, y, "apply_add: y is a");
+  if (!y.is_contiguous() || x.is_same(y) || (x.storage().is_alias_of(y.storage()))) {
+    throw InvalidArgument(
+        "LinearOperator::apply_add: y must be a contiguous vector that does not share x's memory");
+  }
+  product_add(x, y);
+  ++applies_;
 }
 
 void LinearOperator::apply_host(const double* x, double* y) {
@@ -76,29 +97,30 @@ HessianOperator::HessianOperator(CurvatureEngine& engine, std::vector<size_t> pa
 c10::Device HessianOperator::device() const { return engine_.device(); }
 
 at::Tensor HessianOperator::product(const at::Tensor& x) {
+  at::Tensor out = at::empty({rows_}, x.options());
+  write_product(x, out, /*add=*/false);
+  return out;
+}
+
+void HessianOperator::product_add(const at::Tensor& x, const at::Tensor& y) {
+  write_product(x, y, /*add=*/true);
+}
+
+void HessianOperator::write_product(const at::Tensor& x, const at::Tensor& y, bool add) {
   const auto& space = engine_.space();
-  // A sub-matrix's vector is left undefined off S and its product formed on S alone: the second
-  // backward starts from S's gradients and differentiates toward S only, so autograd skips every
-  // product that cannot reach H_SS x (hvp(v, support, targets)).
-  const bool whole = params_.size() == space.size();
-  // In the engine's vector dtype: views of x where that is x's own (the engine writes nothing
-  // into them), converted copies otherwise.
-  const at::ScalarType dtype = engine_.vector_dtype();
-  ParamVector v(space.size());
+  // x and y as per-parameter views of the flat vectors: the engine converts each view of x to the
+  // parameters' dtype (no copy when it is theirs) and adds the product's shares into y's views in
+  // the operator's dtype. A sub-matrix's views exist on S alone: the second backward starts from
+  // S's gradients and differentiates toward S only, so autograd skips every product that cannot
+  // reach H_SS x.
+  ParamVector v(space.size()), hv(space.size());
   int64_t offset = 0;
   for (size_t i : params_) {
-    v[i] = x.narrow(0, offset, space[i].numel).reshape(space[i].shape).to(dtype);
+    v[i] = x.narrow(0, offset, space[i].numel).reshape(space[i].shape);
+    hv[i] = y.narrow(0, offset, space[i].numel).view(space[i].shape);
     offset += space[i].numel;
   }
-  const ParamVector hv = whole ? engine_.hvp(v) : engine_.hvp(v, params_, params_);
-  // Each product written once into the flat result, converted as it is copied.
-  at::Tensor out = at::empty({rows_}, x.options());
-  offset = 0;
-  for (size_t i : params_) {
-    out.narrow(0, offset, space[i].numel).view(hv[i].sizes()).copy_(hv[i].detach());
-    offset += space[i].numel;
-  }
-  return out;
+  engine_.hvp_into(v, params_, params_, hv, add);
 }
 
 ScaledOperator::ScaledOperator(LinearOperator& inner, const Eigen::VectorXd& d) : inner_(inner) {

@@ -48,11 +48,11 @@ enum class KrylovBasis {
   // doubles of device memory (1 GB per step at 124M parameters).
   kDevice,
   // Spilled to host memory (pinned when the operator is on CUDA): the recurrence and the
-  // reorthogonalisation still run on the device, which holds four vectors; each Gram–Schmidt
+  // reorthogonalisation still run on the device, which holds three vectors; each Gram–Schmidt
   // pass copies the spilled vectors in one at a time, and each step's new vector goes out.
   kHost,
   // No basis: the three-term recurrence alone, without reorthogonalisation, so the device holds
-  // three vectors at any step count (a λ_max of a model whose float64 copies do not fit by the
+  // two vectors at any step count (a λ_max of a model whose float64 copies do not fit by the
   // dozen). Rounding makes converged Ritz values reappear as copies (Paige), so the eigen-solver
   // gives one eigenvalue per end (top, bottom <= 1); its Ritz vectors, when wanted (residual
   // checks, kept vectors), come from running the same recurrence again from the same start (as

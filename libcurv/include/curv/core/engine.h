@@ -22,6 +22,7 @@ namespace curv {
 namespace engine_detail {
 struct BlockReader;
 struct BlockProduct;
+struct StageSink;
 }  // namespace engine_detail
 
 struct EngineOptions {
@@ -186,6 +187,15 @@ class CurvatureEngine {
   // gradient.
   ParamVector hvp(const ParamVector& v, const std::vector<size_t>& support,
                   const std::vector<size_t>& targets, const BatchObserver& observer = {});
+  // The product hvp(v, support, targets) gives, written into `out` on the targets (overwriting
+  // it, or with `add` added to what it holds): out[i] a floating tensor of parameter i's shape
+  // on device(), in any dtype (a view of a solver's flat vector, which then receives H v in its
+  // own dtype with no copy in between); entries off the targets are not read and may be
+  // undefined. Under layer-wise recomputation each stage's share is added to `out` as it
+  // appears: no other product-sized tensor is held.
+  void hvp_into(const ParamVector& v, ParamVector& out, bool add = false);
+  void hvp_into(const ParamVector& v, const std::vector<size_t>& support,
+                const std::vector<size_t>& targets, ParamVector& out, bool add = false);
   ParamVector hvp_exact(const ParamVector& v);
   // Central difference per batch, (g_b(θ + hv) − g_b(θ − hv)) / 2h; `step` overrides
   // options().fd_step for this call. An observer costs one more gradient per batch (g_b at θ).
@@ -278,9 +288,24 @@ class CurvatureEngine {
   int64_t memory_in_use() const;
   bool over_memory_budget() const;
   // hvp_exact for v on the parameters in `support`, the product on those in `targets` (all when
-  // null).
+  // null); written into `into` (hvp_into, added to it with `add`) when given, and nothing
+  // returned.
   ParamVector hvp_exact_on(const ParamVector& v, const std::vector<size_t>* support,
-                           const std::vector<size_t>* targets, const BatchObserver& observer);
+                           const std::vector<size_t>* targets, const BatchObserver& observer,
+                           ParamVector* into, bool add = false);
+  // Slice k of batch b's H v for a prepared v (on the parameters, undefined off `support`), on
+  // `targets` (all when null; `inputs` are their tensors): by a layer-wise pass, whose shares go to
+  // `sink` when given, or by a second backward of the slice's kept or recomputed gradient graph.
+  // `gradient`, when given, receives the slice's gradient.
+  ParamVector slice_hvp(size_t b, size_t k, const ParamVector& v,
+                        const std::vector<size_t>& support, const std::vector<size_t>* targets,
+                        const std::vector<at::Tensor>& inputs, ParamVector* gradient,
+                        const engine_detail::StageSink* sink);
+  // out ← Σ_ranks out on `indices`, in place (reduce() for a caller's buffer).
+  void reduce_into(ParamVector& out, const std::vector<size_t>& indices);
+  // Before a product is added into `out` on `indices`: zeroed to overwrite it; to add to it, kept
+  // on rank 0 and zeroed on the others, whose sum over the ranks then adds it once.
+  void prepare_into(ParamVector& out, const std::vector<size_t>& indices, bool add);
   // u's parts on `blocks`, validated (`what` names the call in errors).
   engine_detail::BlockReader read_blocks(const ParamVector& u,
                                          const std::vector<std::vector<size_t>>& blocks,

@@ -30,11 +30,18 @@ class LinearOperator {
   // The same on host buffers of rows() doubles that do not alias: one copy of x to device() and
   // one of y back. For solvers that work on host memory (Spectra) and for to_dense.
   void apply_host(const double* x, double* y);
+  // y ← y + A x in y's own memory, x and y as for apply() (each checked) and not aliased: a
+  // recurrence forms A q − β q′ where q′ was, one vector less than apply() and a subtraction.
+  // Counts as one application.
+  void apply_add(const at::Tensor& x, const at::Tensor& y);
   int64_t num_applies() const { return applies_; }
 
  protected:
   // A x, for an x that apply() has checked.
   virtual at::Tensor product(const at::Tensor& x) = 0;
+  // y += A x for checked x and y: apply()'s product added, unless the operator writes its
+  // product into y directly.
+  virtual void product_add(const at::Tensor& x, const at::Tensor& y) { y.add_(product(x)); }
 
  private:
   int64_t applies_ = 0;
@@ -47,7 +54,9 @@ at::TensorOptions vector_options(const LinearOperator& op);
 // operator is the principal sub-matrix H_SS for those parameters (coordinates concatenated in
 // the order given): x is zero outside S and y is read on S only. Vectors live on the engine's
 // device in `dtype` (Undefined: krylov_dtype(engine)); each product converts x to the
-// parameters' dtype there.
+// parameters' dtype there, and the engine adds each batch's (or, under layer-wise
+// recomputation, each layer's) share of the product into the result's memory
+// (CurvatureEngine::hvp_into): no vector is split off or concatenated.
 class HessianOperator : public LinearOperator {
  public:
   explicit HessianOperator(CurvatureEngine& engine, std::vector<size_t> params = {},
@@ -59,8 +68,12 @@ class HessianOperator : public LinearOperator {
 
  protected:
   at::Tensor product(const at::Tensor& x) override;
+  void product_add(const at::Tensor& x, const at::Tensor& y) override;
 
  private:
+  // x's and y's per-parameter views, written into by the engine.
+  void write_product(const at::Tensor& x, const at::Tensor& y, bool add);
+
   CurvatureEngine& engine_;
   std::vector<size_t> params_;
   int64_t rows_ = 0;
