@@ -110,12 +110,18 @@ GradientGraph first_backward(const at::Tensor& loss, const ParamVector& params,
 struct StagedPass {
   at::Tensor loss;
   ParamVector grads, hv;
+  // Each parameter's lowest stage that the reverse sweep reached it in (loss_stages() when none):
+  // where a later pass whose shares are wanted on some parameters only may stop.
+  std::vector<size_t> first_stage;
 };
 // Where a staged pass hands each stage's share of the gradient or of the product, parameter by
 // parameter, as the reverse sweep forms it, instead of summing them into StagedPass (a tied
 // parameter gets one share per stage that reads it). The tensor lives only during the call.
 struct StageSink {
   std::function<void(size_t, const at::Tensor&)> gradient, product;
+  // Unless the gradient is wanted, the reverse sweep stops below this stage: the shares wanted
+  // are all formed at or above it (StagedPass::first_stage of their parameters).
+  size_t lowest_stage = 0;
 };
 StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVector& params,
                        const ParamVector* v, bool want_gradient, const StageSink* sink = nullptr);

@@ -128,9 +128,11 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
   // the loss itself needs no cotangent).
   StagedPass out;
   out.grads.resize(params.size());
+  out.first_stage.assign(params.size(), stages);
   if (hvp) out.hv.resize(params.size());
+  const size_t lowest = sink != nullptr && !want_gradient ? sink->lowest_stage : 0;
   at::Tensor a, a_dot;
-  for (size_t s = stages; s-- > 0;) {
+  for (size_t s = stages; s-- > lowest;) {
     const bool last = s + 1 == stages;
     const at::Tensor x = stage_input(xs[s]);
     xs[s] = at::Tensor();
@@ -144,6 +146,9 @@ StagedPass staged_pass(Objective& objective, const Batch& batch, const ParamVect
     ParamVector grads = torch::autograd::grad(
         {y}, inputs, last ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{a},
         /*retain_graph=*/second, /*create_graph=*/second, /*allow_unused=*/true);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (grads[offset + i].defined()) out.first_stage[i] = s;
+    }
     at::Tensor next_a_dot;
     if (second) {
       std::vector<at::Tensor> outputs, tangents;
@@ -239,6 +244,9 @@ Eigen::MatrixXd staged_block_products(Objective& objective, const Batch& batch,
     cells.emplace_back(static_cast<Eigen::Index>(l), column);
   };
   bool first_done = first_order == nullptr;
+  // From the first pass, which runs every stage: where each parameter's shares are formed, so
+  // that a product wanted on the blocks from first_block up stops its reverse sweep below them.
+  std::vector<size_t> first_stage;
   for (Eigen::Index k = 0; k < K; ++k) {
     const BlockProduct& product = products[static_cast<size_t>(k)];
     if (product.support.empty()) continue;
@@ -249,7 +257,16 @@ Eigen::MatrixXd staged_block_products(Objective& objective, const Batch& batch,
       dot_into(i, part, k, product.first_block);
     };
     if (!first_done) sink.gradient = [&](size_t i, const at::Tensor& g) { dot_into(i, g, K, 0); };
-    staged_pass(objective, batch, params, &d, !first_done, &sink);
+    if (!first_stage.empty()) {
+      sink.lowest_stage = objective.loss_stages();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const bool wanted = reader.block_of[i] >= static_cast<int64_t>(product.first_block) &&
+                            reader.v[i].defined();
+        if (wanted) sink.lowest_stage = std::min(sink.lowest_stage, first_stage[i]);
+      }
+    }
+    StagedPass pass = staged_pass(objective, batch, params, &d, !first_done, &sink);
+    if (first_stage.empty()) first_stage = std::move(pass.first_stage);
     first_done = true;
     ++passes;
   }
