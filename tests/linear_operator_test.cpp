@@ -91,18 +91,19 @@ TEST_CASE("apply_add adds the product into y's own memory", "[linear_operator]")
   at::Tensor narrow = y.to(at::kFloat);
   CURV_CHECK_THROWS(dense.apply_add(x, narrow), InvalidArgument,
                     Catch::Matchers::Contains("apply_add: y is a Float"));
-  // The Hessian, whole and on a sub-matrix, with whole-graph and layer-wise products: the engine
-  // adds each share into y's views.
+  // The Hessian, whole and on a sub-matrix, by whole-graph, layer-wise and finite-difference
+  // products: the engine adds each share into y's views.
   const ModelConfig llama = ModelConfig::from_json(
       R"({"arch": "llama", "vocab_size": 11, "hidden_size": 8, "intermediate_size": 12,
           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
           "max_position_embeddings": 8, "tie_word_embeddings": true})");
   auto model = make_model(llama, ModelInit{4, at::kDouble});
   const ProbeSet probe = gpt_probe(3, 6, 3, 11, 5);
-  for (const bool by_layer : {false, true}) {
-    INFO((by_layer ? "layer-wise" : "whole graph"));
+  for (const int route : {0, 1, 2}) {
+    INFO((route == 0 ? "whole graph" : route == 1 ? "layer-wise" : "finite differences"));
     EngineOptions options;
-    options.recompute_layers = by_layer;
+    options.recompute_layers = route == 1;
+    if (route == 2) options.hvp_method = HvpMethod::kFiniteDifference;
     CurvatureEngine engine(*model, probe, options);
     for (const std::vector<size_t>& params : {std::vector<size_t>{}, std::vector<size_t>{3, 0}}) {
       HessianOperator h(engine, params);

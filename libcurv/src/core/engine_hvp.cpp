@@ -104,7 +104,9 @@ void CurvatureEngine::hvp_into(const ParamVector& v, const std::vector<size_t>& 
     hvp_exact_on(v, &from, &onto, {}, &out, add);
     return;
   }
-  const ParamVector hv = hvp(v, from, onto);
+  // Finite differences difference whole gradients; the whole operator's needs no padding.
+  const bool whole = from.size() == params.size() && onto.size() == params.size();
+  const ParamVector hv = whole ? hvp_finite_difference(v) : hvp(v, from, onto);
   c10::NoGradGuard no_grad;
   for (size_t i : onto) add ? out[i].add_(hv[i]) : out[i].copy_(hv[i]);
 }
