@@ -142,13 +142,9 @@ class Gemma : public CausalLanguageModel {
     at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_dim;
-    // The layer's rotary table (global or local) again for each layer: next to nothing beside it.
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope =
-        l.sliding ? rotary_table(rotary_inverse_frequencies(c_.rope_local_theta, D, f64), T,
-                                 x.scalar_type())
-                  : rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64) / c_.rope_factor,
-                                 T, x.scalar_type());
+    // The layer's rotary table: local (sliding) layers their own θ, global ones scaled.
+    const RotaryTable rope = l.sliding ? layer_rotary_table(x, c_.rope_local_theta, D)
+                                       : layer_rotary_table(x, c_.rope_theta, D, c_.rope_factor);
     AttentionScores scores;
     scores.scale = 1.0 / std::sqrt(c_.query_pre_attn_scalar);
     scores.softcap = c_.attn_logit_softcapping;

@@ -113,10 +113,7 @@ class GptNeox : public CausalLanguageModel {
     at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, D = c_.head_size();
-    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope = rotary_table(
-        rotary_inverse_frequencies(c_.rotary_emb_base, c_.rotary_dims(), f64), T, x.scalar_type());
+    const RotaryTable rope = layer_rotary_table(x, c_.rotary_emb_base, c_.rotary_dims());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     auto mlp = [&](const at::Tensor& h) {
       return linear(fused_gelu(linear(h, l.up), c_.gelu_tanh), l.down);

@@ -18,12 +18,13 @@ namespace curv {
 
 namespace {
 
-class Llama : public CausalLanguageModel {
+class Llama : public RmsNormDecoder {
  public:
-  Llama(const LlamaConfig& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
+  Llama(const LlamaConfig& c, const ModelInit& init)
+      : RmsNormDecoder(init, c.pad_token_id, c.rms_norm_eps, c.tie_word_embeddings), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    embed_ = add_token_embedding(c.vocab_size, C);
+    add_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (q, k, v, o), mlp (gate, up, down), then the norms.
     const bool qkv_bias = c.attention_bias || c.qkv_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -47,8 +48,7 @@ class Llama : public CausalLanguageModel {
       layers_.push_back(layer);
     }
     layer_ = -1;
-    norm_ = add_gain("model.norm", C);
-    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
+    add_final_norm_and_head(c.vocab_size, C);
     finish();
   }
 
@@ -65,10 +65,6 @@ class Llama : public CausalLanguageModel {
     size_t input_norm = 0, post_norm = 0;
     size_t q_norm = 0, k_norm = 0;  // Qwen3's per-head query and key norms
   };
-
-  at::Tensor norm(const at::Tensor& x, size_t gain) const {
-    return rms_norm(x, p(gain), c_.rms_norm_eps);
-  }
 
   // One decoder layer: x plus attention, then plus the gated MLP.
   at::Tensor layer(size_t index, const at::Tensor& input) const override {
@@ -144,16 +140,9 @@ class Llama : public CausalLanguageModel {
   }
 
   size_t num_layers() const override { return layers_.size(); }
-  at::Tensor embed(const at::Tensor& tokens) const override {
-    return at::embedding(p(embed_), tokens, c_.pad_token_id);
-  }
-  at::Tensor head(const at::Tensor& x) const override {
-    return token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings);
-  }
 
   LlamaConfig c_;
   std::vector<Layer> layers_;
-  size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
 class LlamaArchitecture : public DeclaredConfigArchitecture<LlamaConfig> {

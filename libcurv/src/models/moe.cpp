@@ -68,14 +68,16 @@ const char* family_name(MoeFamily f) {
   }
 }
 
-class MixtureOfExperts : public CausalLanguageModel {
+class MixtureOfExperts : public RmsNormDecoder {
  public:
   MixtureOfExperts(const MoeConfig& c, MoeFamily family, const ModelInit& init)
-      : CausalLanguageModel(init), c_(c), family_(family) {
+      : RmsNormDecoder(init, c.pad_token_id, c.rms_norm_eps, c.tie_word_embeddings),
+        c_(c),
+        family_(family) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads();
     const bool mixtral = family == MoeFamily::kMixtral;
-    embed_ = add_token_embedding(c.vocab_size, C);
+    add_embedding(c.vocab_size, C);
     const bool bias = c.attention_bias;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string h = fmt::format("model.layers.{}.", l);
@@ -125,8 +127,7 @@ class MixtureOfExperts : public CausalLanguageModel {
       layers_.push_back(y);
     }
     layer_ = -1;
-    norm_ = add_gain("model.norm", C);
-    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
+    add_final_norm_and_head(c.vocab_size, C);
     finish();
   }
 
@@ -165,9 +166,6 @@ class MixtureOfExperts : public CausalLanguageModel {
     size_t q_norm = 0, k_norm = 0, input_norm = 0, post_attention_norm = 0;
   };
 
-  at::Tensor norm(const at::Tensor& x, size_t gain) const {
-    return rms_norm(x, p(gain), c_.rms_norm_eps);
-  }
   at::Tensor swiglu(const at::Tensor& x, const Expert& e) const {
     return at::linear(
         fused_gated_silu(at::linear(x, p(e.gate.weight)), at::linear(x, p(e.up.weight))),
@@ -200,22 +198,13 @@ class MixtureOfExperts : public CausalLanguageModel {
   }
 
   size_t num_layers() const override { return layers_.size(); }
-  at::Tensor embed(const at::Tensor& tokens) const override {
-    return at::embedding(p(embed_), tokens, c_.pad_token_id);
-  }
-  at::Tensor head(const at::Tensor& x) const override {
-    return token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings);
-  }
 
   at::Tensor layer(size_t index, const at::Tensor& input) const override {
     const Layer& l = layers_[index];
     at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1), C = c_.hidden_size;
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope =
-        rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64), T, x.scalar_type());
+    const RotaryTable rope = layer_rotary_table(x, c_.rope_theta, D);
     AttentionScores scores;
     scores.scale = 1.0 / std::sqrt(static_cast<double>(D));
     scores.window = c_.sliding_window;
@@ -246,7 +235,6 @@ class MixtureOfExperts : public CausalLanguageModel {
   std::vector<Layer> layers_;
   // Set while expert_choices runs the forward pass: each routed layer's choices, in order.
   std::vector<at::Tensor>* choices_ = nullptr;
-  size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
 class MoeArchitecture : public DeclaredConfigArchitecture<MoeConfig> {

@@ -34,12 +34,13 @@ struct Olmo2Config {
   int64_t head_size() const { return hidden_size / num_attention_heads; }
 };
 
-class Olmo2 : public CausalLanguageModel {
+class Olmo2 : public RmsNormDecoder {
  public:
-  Olmo2(const Olmo2Config& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
+  Olmo2(const Olmo2Config& c, const ModelInit& init)
+      : RmsNormDecoder(init, c.pad_token_id, c.rms_norm_eps, c.tie_word_embeddings), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
-    embed_ = add_token_embedding(c.vocab_size, C);
+    add_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (q, k, v, o, q_norm, k_norm), mlp (gate, up,
     // down), then the two post-norms.
     const bool bias = c.attention_bias;
@@ -61,8 +62,7 @@ class Olmo2 : public CausalLanguageModel {
       layers_.push_back(y);
     }
     layer_ = -1;
-    norm_ = add_gain("model.norm", C);
-    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
+    add_final_norm_and_head(c.vocab_size, C);
     finish();
   }
 
@@ -79,30 +79,18 @@ class Olmo2 : public CausalLanguageModel {
     size_t q_norm = 0, k_norm = 0, post_attention_norm = 0, post_mlp_norm = 0;
   };
 
-  at::Tensor norm(const at::Tensor& x, size_t gain) const {
-    return rms_norm(x, p(gain), c_.rms_norm_eps);
-  }
   void check(const Batch& batch) const override {
     check_token_batch(batch, "olmo2", c_.vocab_size, c_.max_position_embeddings);
   }
 
   size_t num_layers() const override { return layers_.size(); }
-  at::Tensor embed(const at::Tensor& tokens) const override {
-    return at::embedding(p(embed_), tokens, c_.pad_token_id);
-  }
-  at::Tensor head(const at::Tensor& x) const override {
-    return token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings);
-  }
 
   at::Tensor layer(size_t index, const at::Tensor& input) const override {
     const Layer& l = layers_[index];
     at::Tensor x = input;
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
-    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope =
-        rotary_table(rotary_inverse_frequencies(c_.rope_theta, D, f64), T, x.scalar_type());
+    const RotaryTable rope = layer_rotary_table(x, c_.rope_theta, D);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     auto q = norm(linear(x, l.q), l.q_norm).view({B, T, H, D}).transpose(1, 2);
     auto k = norm(linear(x, l.k), l.k_norm).view({B, T, KV, D}).transpose(1, 2);
@@ -115,7 +103,6 @@ class Olmo2 : public CausalLanguageModel {
 
   Olmo2Config c_;
   std::vector<Layer> layers_;
-  size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
 class Olmo2Architecture : public DeclaredConfigArchitecture<Olmo2Config> {

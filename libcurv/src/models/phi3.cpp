@@ -40,13 +40,14 @@ struct Phi3Config {
   }
 };
 
-class Phi3 : public CausalLanguageModel {
+class Phi3 : public RmsNormDecoder {
  public:
-  Phi3(const Phi3Config& c, const ModelInit& init) : CausalLanguageModel(init), c_(c) {
+  Phi3(const Phi3Config& c, const ModelInit& init)
+      : RmsNormDecoder(init, c.pad_token_id, c.rms_norm_eps, c.tie_word_embeddings), c_(c) {
     const int64_t C = c.hidden_size, D = c.head_size(), H = c.num_attention_heads;
     const int64_t KV = c.kv_heads(), F = c.intermediate_size;
     const int64_t qkv_rows = (H + 2 * KV) * D;
-    embed_ = add_token_embedding(c.vocab_size, C);
+    add_embedding(c.vocab_size, C);
     // HF's named_parameters order: self_attn (o, then qkv: its registration order), mlp
     // (gate_up, down), then the norms.
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -63,8 +64,7 @@ class Phi3 : public CausalLanguageModel {
       layers_.push_back(y);
     }
     layer_ = -1;
-    norm_ = add_gain("model.norm", C);
-    head_ = add_untied_head(c.vocab_size, C, c.tie_word_embeddings);
+    add_final_norm_and_head(c.vocab_size, C);
     finish();
   }
 
@@ -81,9 +81,6 @@ class Phi3 : public CausalLanguageModel {
     size_t input_norm = 0, post_norm = 0;
   };
 
-  at::Tensor norm(const at::Tensor& x, size_t gain) const {
-    return rms_norm(x, p(gain), c_.rms_norm_eps);
-  }
   void check(const Batch& batch) const override {
     check_token_batch(batch, "phi3", c_.vocab_size, c_.max_position_embeddings);
     if (c_.sliding_window > 0 && batch.inputs.size(1) > c_.sliding_window) {
@@ -95,12 +92,6 @@ class Phi3 : public CausalLanguageModel {
   }
 
   size_t num_layers() const override { return layers_.size(); }
-  at::Tensor embed(const at::Tensor& tokens) const override {
-    return at::embedding(p(embed_), tokens, c_.pad_token_id);
-  }
-  at::Tensor head(const at::Tensor& x) const override {
-    return token_head(norm(x, norm_), embed_, head_, c_.tie_word_embeddings);
-  }
 
   at::Tensor layer(size_t index, const at::Tensor& input) const override {
     const Layer& l = layers_[index];
@@ -108,10 +99,7 @@ class Phi3 : public CausalLanguageModel {
     const int64_t B = x.size(0), T = x.size(1);
     const int64_t H = c_.num_attention_heads, KV = c_.kv_heads(), D = c_.head_size();
     const int64_t F = c_.intermediate_size;
-    // The rotary table again for each layer: a T × D table, next to nothing beside a layer.
-    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-    const RotaryTable rope = rotary_table(
-        rotary_inverse_frequencies(c_.rope_theta, c_.rotary_dims(), f64), T, x.scalar_type());
+    const RotaryTable rope = layer_rotary_table(x, c_.rope_theta, c_.rotary_dims());
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     auto qkv = linear(norm(x, l.input_norm), l.qkv);
     auto q = qkv.narrow(-1, 0, H * D).view({B, T, H, D}).transpose(1, 2);
@@ -125,7 +113,6 @@ class Phi3 : public CausalLanguageModel {
 
   Phi3Config c_;
   std::vector<Layer> layers_;
-  size_t embed_ = 0, norm_ = 0, head_ = 0;
 };
 
 class Phi3Architecture : public DeclaredConfigArchitecture<Phi3Config> {

@@ -101,6 +101,23 @@ at::Tensor CausalLanguageModel::token_head(const at::Tensor& normed, size_t embe
   return tied ? at::linear(normed, p(embedding)) : linear_map(normed, head);
 }
 
+void RmsNormDecoder::add_embedding(int64_t vocab, int64_t hidden) {
+  embed_ = add_token_embedding(vocab, hidden);
+}
+
+void RmsNormDecoder::add_final_norm_and_head(int64_t vocab, int64_t hidden) {
+  norm_ = add_gain("model.norm", hidden);
+  head_ = add_untied_head(vocab, hidden, tied_);
+}
+
+at::Tensor RmsNormDecoder::embed(const at::Tensor& tokens) const {
+  return at::embedding(p(embed_), tokens, pad_token_id_);
+}
+
+at::Tensor RmsNormDecoder::head(const at::Tensor& x) const {
+  return token_head(norm(x, norm_), embed_, head_, tied_);
+}
+
 at::Tensor CausalLanguageModel::linear(const at::Tensor& x, const Linear& l) const {
   return linear_map(x, l.weight, l.bias ? l.weight + 1 : LinearUse::kNoBias);
 }
@@ -179,6 +196,12 @@ RotaryTable rotary_table(const at::Tensor& inverse_frequencies, int64_t T, at::S
   auto angles = at::outer(at::arange(T, f64), inverse_frequencies);
   auto emb = at::cat({angles, angles}, -1);
   return {emb.cos().to(dtype), emb.sin().to(dtype), emb.size(-1)};
+}
+
+RotaryTable layer_rotary_table(const at::Tensor& x, double theta, int64_t dims, double factor) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+  const at::Tensor inv = rotary_inverse_frequencies(theta, dims, f64);
+  return rotary_table(factor == 1.0 ? inv : inv / factor, x.size(1), x.scalar_type());
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& t) {

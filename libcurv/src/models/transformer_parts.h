@@ -110,6 +110,29 @@ at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targe
 // model's dtype (HF normalises in float32 whatever the dtype; here float64 stays exact).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gain, double eps);
 
+// A causal language model in HF's decoder shell with RMSNorm (llama and the families read as it,
+// olmo2, phi3, the mixtures of experts): the token embedding before the layers, the final norm's
+// gain and the head (or its tie to the embedding) after them, every norm an RMSNorm of one
+// epsilon. The family registers its layers between the two and computes layer().
+class RmsNormDecoder : public CausalLanguageModel {
+ protected:
+  RmsNormDecoder(const ModelInit& init, int64_t pad_token_id, double rms_norm_eps, bool tied)
+      : CausalLanguageModel(init), pad_token_id_(pad_token_id), eps_(rms_norm_eps), tied_(tied) {}
+  // `model.embed_tokens.weight` [vocab, hidden], registered before the layers.
+  void add_embedding(int64_t vocab, int64_t hidden);
+  // `model.norm.weight` and, unless tied, `lm_head.weight`, registered after the layers.
+  void add_final_norm_and_head(int64_t vocab, int64_t hidden);
+  at::Tensor norm(const at::Tensor& x, size_t gain) const { return rms_norm(x, p(gain), eps_); }
+  at::Tensor embed(const at::Tensor& tokens) const override;
+  at::Tensor head(const at::Tensor& x) const override;
+
+ private:
+  int64_t pad_token_id_;
+  double eps_;
+  bool tied_;
+  size_t embed_ = 0, norm_ = 0, head_ = 0;
+};
+
 // θ^(−2i/dims) for i < dims / 2, in float64 (the default rope type).
 at::Tensor rotary_inverse_frequencies(double theta, int64_t dims, const at::TensorOptions& f64);
 
@@ -120,6 +143,12 @@ struct RotaryTable {
   int64_t dims = 0;  // the features of each head that rotate: the first `dims`
 };
 RotaryTable rotary_table(const at::Tensor& inverse_frequencies, int64_t T, at::ScalarType dtype);
+// The table of a layer's hidden states x [B, T, …] for the default rope θ over the first `dims`
+// features of each head, its frequencies divided by `factor` (linear scaling): in float64 on x's
+// device, cast to x's dtype. Each layer forms it again: a T × dims table, next to nothing beside
+// a layer.
+RotaryTable layer_rotary_table(const at::Tensor& x, double theta, int64_t dims,
+                               double factor = 1.0);
 
 // x [..., T, head_dim] rotated by position: x·cos + rotate_half(x)·sin over the first
 // table.dims features, the rest passed through (GPT-NeoX's partial rotary).
