@@ -64,6 +64,32 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The fixture's delta audit in bfloat16 on a GPU, for plan_probe_job (planning reads shapes only,
+// so a GPU run is planned without a GPU).
+ProbeJob gpu_delta_job(const Fixture& f) {
+  ProbeJob job;
+  job.run.runs = {f.run};
+  job.run.directions = {"delta"};
+  job.model.init.dtype = at::kBFloat16;
+  job.model.init.device = "cuda";
+  job.data.path = f.data;
+  return job;
+}
+
+int64_t parameter_count(const Fixture& f) {
+  int64_t n = 0;
+  for (const auto& t : f.thetas.front()) n += t.numel();
+  return n;
+}
+
+// The plan's part `name`, or nullptr.
+const MemoryPart* find_part(const MemoryPlan& plan, const std::string& name) {
+  for (const auto& p : plan.parts) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 TEST_CASE("ndsprobe end to end on a checkpoint directory, checked with h5py", "[ndsprobe]") {
@@ -250,8 +276,7 @@ TEST_CASE(
   CHECK(rc == 0);
   CHECK_FALSE(fs::exists(out));
   // The parameters in bfloat16, the gradient and u in float32 (the tiny GPT's 308 numbers).
-  int64_t n = 0;
-  for (const auto& t : f.thetas.front()) n += t.numel();
+  const int64_t n = parameter_count(f);
   CHECK_THAT(plan, Catch::Matchers::Contains(fmt::format("{} B  {} × 2 B (bfloat16)", 2 * n, n)));
   CHECK_THAT(plan, Catch::Matchers::Contains(fmt::format(
                        "gradient                      1.2 KiB  {} × 4 B (float32)", n)));
@@ -275,20 +300,11 @@ TEST_CASE(
 
 TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by their bytes",
           "[ndsprobe][memory_plan]") {
-  // Planning reads shapes only, so a GPU run is planned without a GPU.
   Fixture f;
-  ProbeJob job;
-  job.run.runs = {f.run};
-  job.run.directions = {"delta"};
-  job.model.init.dtype = at::kBFloat16;
-  job.model.init.device = "cuda";
-  job.data.path = f.data;
-  int64_t n = 0;
-  for (const auto& t : f.thetas.front()) n += t.numel();
+  ProbeJob job = gpu_delta_job(f);
+  const int64_t n = parameter_count(f);
   auto part = [](const MemoryPlan& plan, const std::string& name) -> const MemoryPart& {
-    for (const auto& p : plan.parts) {
-      if (p.name == name) return p;
-    }
+    if (const MemoryPart* p = find_part(plan, name)) return *p;
     FAIL("no part " << name << " in\n" << plan.describe());
     throw std::logic_error("unreachable");
   };
@@ -337,26 +353,17 @@ TEST_CASE("the memory plan of a GPU run: host copies leave the device's total by
 TEST_CASE("the memory plan counts the solver vectors each spectrum method holds at its peak",
           "[ndsprobe][memory_plan]") {
   Fixture f;
-  ProbeJob job;
-  job.run.runs = {f.run};
-  job.run.directions = {"delta"};
-  job.model.init.dtype = at::kBFloat16;  // float32 solver vectors
-  job.model.init.device = "cuda";
-  job.data.path = f.data;
-  int64_t n = 0;
-  for (const auto& t : f.thetas.front()) n += t.numel();
+  ProbeJob job = gpu_delta_job(f);  // bfloat16: float32 solver vectors
+  const int64_t n = parameter_count(f);
   auto& sp = job.run.spectrum;
   auto vectors = [&]() -> int64_t {
     const MemoryPlan plan = plan_probe_job(job);
     INFO(plan.describe());
-    for (const auto& p : plan.parts) {
-      if (p.name == "solver vectors") {
-        CHECK(p.phase == MemoryPhase::kSpectrum);
-        CHECK(p.bytes % (4 * n) == 0);
-        return p.bytes / (4 * n);
-      }
-    }
-    return 0;
+    const MemoryPart* p = find_part(plan, "solver vectors");
+    if (p == nullptr) return 0;
+    CHECK(p->phase == MemoryPhase::kSpectrum);
+    CHECK(p->bytes % (4 * n) == 0);
+    return p->bytes / (4 * n);
   };
   CHECK(vectors() == 0);
   sp.eigenvalues = true;
@@ -396,15 +403,10 @@ TEST_CASE("the memory plan counts the solver vectors each spectrum method holds 
   // Overlap keeps the top eigenvectors through the units.
   sp.overlap = true;
   const MemoryPlan plan = plan_probe_job(job);
-  bool kept = false;
-  for (const auto& p : plan.parts) {
-    if (p.name == "eigenvectors (overlap)") {
-      kept = true;
-      CHECK(p.bytes == 2 * 4 * n);
-      CHECK(p.phase == MemoryPhase::kAudit);
-    }
-  }
-  CHECK(kept);
+  const MemoryPart* kept = find_part(plan, "eigenvectors (overlap)");
+  REQUIRE(kept != nullptr);
+  CHECK(kept->bytes == 2 * 4 * n);
+  CHECK(kept->phase == MemoryPhase::kAudit);
 }
 
 TEST_CASE("ndsprobe spectrum options end to end, checked with h5py; resume skips them",

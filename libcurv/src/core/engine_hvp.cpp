@@ -21,6 +21,17 @@ using engine_detail::fill_zeros;
 using engine_detail::StageSink;
 using engine_detail::Stopwatch;
 
+namespace {
+
+// 0, 1, …, n − 1: every parameter as a support or target list.
+std::vector<size_t> every_index(size_t n) {
+  std::vector<size_t> all(n);
+  std::iota(all.begin(), all.end(), size_t{0});
+  return all;
+}
+
+}  // namespace
+
 ParamVector CurvatureEngine::hvp(const ParamVector& v, const BatchObserver& observer) {
   return options_.hvp_method == HvpMethod::kExact
              ? hvp_exact_on(v, nullptr, nullptr, observer, nullptr)
@@ -44,9 +55,7 @@ std::vector<size_t> CurvatureEngine::parameter_subset(const std::vector<size_t>&
 
 ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support,
                                  const BatchObserver& observer) {
-  std::vector<size_t> all(state_->params.size());
-  std::iota(all.begin(), all.end(), size_t{0});
-  return hvp(v, support, all, observer);
+  return hvp(v, support, every_index(state_->params.size()), observer);
 }
 
 ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>& support,
@@ -75,8 +84,7 @@ ParamVector CurvatureEngine::hvp(const ParamVector& v, const std::vector<size_t>
 }
 
 void CurvatureEngine::hvp_into(const ParamVector& v, ParamVector& out, bool add) {
-  std::vector<size_t> all(state_->params.size());
-  std::iota(all.begin(), all.end(), size_t{0});
+  const std::vector<size_t> all = every_index(state_->params.size());
   hvp_into(v, all, all, out, add);
 }
 
@@ -177,8 +185,7 @@ ParamVector CurvatureEngine::hvp_exact_on(const ParamVector& v_in,
   const bool needs_first_order = !s.have_first_order || (options_.reuse_graph && !s.graphs_current);
   if (needs_first_order && !options_.recompute_layers) compute_first_order(options_.reuse_graph);
   Stopwatch timer(counters_.seconds);
-  std::vector<size_t> all(v_in.size());
-  std::iota(all.begin(), all.end(), size_t{0});
+  const std::vector<size_t> all = every_index(v_in.size());
   if (support == nullptr) support = &all;
   // v on the parameters' device and dtype, undefined outside the support; scaled for a float16
   // model (tangent_scale), the products divided by it per batch.
